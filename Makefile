@@ -1,0 +1,31 @@
+# Every target does its own setup first (idempotent, cached), so any of them works on a fresh clone.
+.DEFAULT_GOAL := help
+VENV := .venv/bin
+
+.PHONY: help setup up test check test-only format
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## install the Python dependencies and find or build the stack's components
+	@bash scripts/setup.sh
+
+up: setup ## the main job: start the local stack and keep it running until Ctrl-C
+	$(VENV)/ferry up
+
+test: setup ## the test command: static checks, then every test against a real local stack
+	$(MAKE) --no-print-directory check
+	$(VENV)/pytest
+
+check: ## ruff (lint and format), mypy --strict and import-linter
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+	$(VENV)/mypy
+	$(VENV)/lint-imports
+
+test-only: ## run pytest without setup or checks (pass ARGS="-k name")
+	$(VENV)/pytest $(ARGS)
+
+format: ## apply ruff's fixes and formatting
+	$(VENV)/ruff check --fix .
+	$(VENV)/ruff format .

@@ -1,0 +1,1 @@
+"""ferry's shared, side-effect-free models: the Migration API and every workflow and activity input."""

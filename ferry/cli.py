@@ -1,0 +1,105 @@
+"""The `ferry` command: the entry point that configures logging and dispatches subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from ferry.stack import install
+from ferry.stack.errors import StackError
+from ferry.stack.stack import Stack, describe
+
+log = logging.getLogger("ferry")
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("FERRY_STATE_DIR", ".ferry/stack"))
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    binaries = install.ensure_binaries()
+    for field, value in vars(binaries).items():
+        print(f"{field:25} {value}")
+    print(f"setup finished in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    stack = Stack(Path(args.state_dir), timeout=args.timeout)
+    try:
+        info = stack.start()
+        print(describe(info), flush=True)
+        print("\nThe stack is up. Press Ctrl-C to stop it.", flush=True)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        print("\nstopping the stack...", flush=True)
+    finally:
+        stack.stop()
+    print("stopped; no process of the stack is left.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ferry",
+        description="Durable, reversible migrations of stateful services on Kubernetes, run as Temporal sagas.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    setup = commands.add_parser(
+        "setup",
+        help="find or build every component of the local stack (cached by version)",
+        description="Finds or builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, "
+        "and versitygw (cache: $FERRY_CACHE_DIR or ~/.cache/ferry), and installs PostgreSQL "
+        "from Debian's packages when it is missing.",
+    )
+    setup.set_defaults(run=_cmd_setup)
+
+    up = commands.add_parser(
+        "up",
+        help="start the local stack and keep it running until Ctrl-C",
+        description="Starts etcd, kube-apiserver, controller-manager, scheduler, kwok, the Temporal dev "
+        "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
+        "loopback, prints where they are, and stops them all on Ctrl-C.",
+    )
+    up.add_argument(
+        "--state-dir",
+        default=str(_default_state_dir()),
+        help="folder for the stack's data, logs and kubeconfig; reused across runs "
+        "(default: $FERRY_STATE_DIR or .ferry/stack)",
+    )
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
+    up.set_defaults(run=_cmd_up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.run(args))
+    except StackError as error:
+        log.error("%s", error)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Starts the stack's programs so that none of them can outlive the stack.
+
+Three guards, from the gentlest to the bluntest:
+1. `stop()` signals each program's whole process group, waits, then kills it.
+2. Every child asks the kernel for SIGKILL when the process that started it dies
+   (PR_SET_PDEATHSIG), so a stack whose owner is killed outright still goes away.
+3. The pids of a run are written to a file in the state folder; the next start of
+   the same state folder kills any that are still alive before starting anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from ferry.stack.errors import StartError
+
+log = logging.getLogger("ferry.stack.processes")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec, after any change of user: the kernel
+    # clears the parent-death signal on credential changes, so it must be set last.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclasses.dataclass
+class ManagedProcess:
+    """One long-running program of the stack, with its own log file."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    user: str | None = None
+    """Run as this user (PostgreSQL refuses to run as root)."""
+    stop_signal: int = signal.SIGTERM
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # The parent-death signal fires when the *thread* that forked exits.
+            raise RuntimeError("stack processes must be started from the main thread")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            log_file.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(self.argv)}\n".encode())
+            log_file.flush()
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                user=self.user,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        log.debug("started %s (pid %d): %s", self.name, self.popen.pid, " ".join(self.argv))
+
+    @property
+    def pid(self) -> int:
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        """Raises StartError with the log's tail when the program has exited."""
+        if self.popen is not None and self.popen.poll() is not None:
+            raise StartError(f"{self.name} exited with code {self.popen.returncode} while starting.\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except FileNotFoundError:
+            return f"(no log at {self.log_path})"
+        return f"Last lines of {self.log_path}:\n" + "\n".join(text)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, self.stop_signal)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", self.name, timeout)
+        # Whatever the leader left behind in its group goes too.
+        _signal_group(self.popen.pid, signal.SIGKILL)
+        if self.popen.poll() is None:
+            self.popen.wait(5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class PidFile:
+    """Remembers which programs a state folder's stack started, to clean up after a crash."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def record(self, processes: list[ManagedProcess]) -> None:
+        entries = [{"name": p.name, "pid": p.pid, "start_time": _start_time(p.pid)} for p in processes if p.popen]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(entries, indent=1))
+
+    def kill_leftovers(self) -> list[str]:
+        """Kills the process groups of a previous run that are still alive; returns their names."""
+        if not self.path.exists():
+            return []
+        killed = []
+        for entry in json.loads(self.path.read_text()):
+            pid = int(entry["pid"])
+            # A pid is only the same process if its start time matches too.
+            if _start_time(pid) is not None and _start_time(pid) == entry.get("start_time"):
+                _signal_group(pid, signal.SIGKILL)
+                killed.append(str(entry["name"]))
+        self.path.unlink()
+        return killed
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # Field 22 is the start time; the command name (field 2) may contain spaces.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def group_members(pgids: set[int]) -> list[int]:
+    """Every live process whose process group is one of `pgids`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) in pgids:
+            members.append(int(entry.name))
+    return members
+
+
+def processes_under(folder: Path) -> list[tuple[int, str]]:
+    """Every live process whose command line mentions `folder`: for checking cleanup."""
+    needle = str(folder)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if needle in cmdline and int(entry.name) != os.getpid():
+            found.append((int(entry.name), cmdline.strip()))
+    return found

@@ -1,0 +1,199 @@
+"""The whole local stack: start in dependency order, describe the endpoints, stop everything.
+
+Everything a stack owns lives in one state folder: data (etcd, Temporal's SQLite file,
+S3 objects, PostgreSQL clusters), key material, kubeconfigs, logs and the pid file.
+Starting a stack on a folder that held one before resumes its data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ferry.stack.errors import StartError
+from ferry.stack.install import Binaries, ensure_binaries
+from ferry.stack.kube import KubeControlPlane
+from ferry.stack.postgres import PostgresEndpoint, PostgresInstance
+from ferry.stack.processes import ManagedProcess, PidFile
+from ferry.stack.readiness import PortBook
+from ferry.stack.s3 import REGION, S3Server
+from ferry.stack.temporal import NAMESPACE, TemporalDevServer
+
+log = logging.getLogger("ferry.stack")
+
+COMPONENTS = frozenset({"kubernetes", "temporal", "s3", "postgres"})
+POSTGRES_INSTANCES = ("source", "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class StackInfo:
+    """Where a running stack's components listen; also written to `<state>/stack.json`."""
+
+    state_dir: Path
+    logs_dir: Path
+    kubeconfig: Path | None = None
+    kube_server: str | None = None
+    temporal_address: str | None = None
+    temporal_namespace: str | None = None
+    temporal_ui_url: str | None = None
+    s3_endpoint: str | None = None
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_region: str | None = None
+    postgres: dict[str, PostgresEndpoint] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> str:
+        raw: dict[str, Any] = dataclasses.asdict(self)
+        return json.dumps(raw, indent=2, default=str)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> StackInfo:
+        """Reads the description a running stack wrote, for other processes to attach to it."""
+        raw = json.loads((state_dir / "stack.json").read_text())
+        raw["postgres"] = {name: PostgresEndpoint(**endpoint) for name, endpoint in raw["postgres"].items()}
+        for key in ("state_dir", "logs_dir", "kubeconfig"):
+            if raw.get(key) is not None:
+                raw[key] = Path(raw[key])
+        return cls(**raw)
+
+
+class Stack:
+    """Starts and stops the real components in one state folder.
+
+    Use as a context manager, or call `start()` and make sure `stop()` runs. `components`
+    picks a subset (any of kubernetes, temporal, s3, postgres) for tests that need less.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        components: frozenset[str] = COMPONENTS,
+        binaries: Binaries | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        unknown = components - COMPONENTS
+        if unknown:
+            raise ValueError(f"unknown stack components {sorted(unknown)}; choose from {sorted(COMPONENTS)}")
+        self.state_dir = state_dir.resolve()
+        self.components = components
+        self.timeout = timeout
+        self._binaries = binaries
+        self._processes: list[ManagedProcess] = []
+        self._pidfile = PidFile(self.state_dir / "pids.json")
+        self.info: StackInfo | None = None
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def start(self) -> StackInfo:
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        leftovers = self._pidfile.kill_leftovers()
+        if leftovers:
+            log.warning("killed processes left by an earlier run of this stack: %s", ", ".join(leftovers))
+        binaries = self._binaries or ensure_binaries()
+        ports = PortBook(self.state_dir / "ports.json")
+        try:
+            info = self._start(binaries, ports)
+        except BaseException:
+            self.stop()
+            raise
+        (self.state_dir / "stack.json").write_text(info.to_json())
+        self.info = info
+        log.info("stack is up in %.1fs (state in %s)", time.monotonic() - started, self.state_dir)
+        return info
+
+    def _launch(self, process: ManagedProcess) -> ManagedProcess:
+        self._processes.append(process)
+        self._pidfile.record(self._processes)
+        return process
+
+    def _start(self, binaries: Binaries, ports: PortBook) -> StackInfo:
+        fields: dict[str, Any] = {"state_dir": self.state_dir, "logs_dir": self.logs_dir}
+        # Launch what needs nothing else first, so they boot while the control plane does.
+        kube = temporal = s3 = None
+        etcd = None
+        postgres: list[PostgresInstance] = []
+        if "kubernetes" in self.components:
+            kube = KubeControlPlane(binaries, self.state_dir / "kubernetes", ports, self.logs_dir)
+            etcd = self._launch(kube.start_etcd())
+        if "temporal" in self.components:
+            temporal = TemporalDevServer(binaries, self.state_dir / "temporal", ports, self.logs_dir)
+            self._launch(temporal.start())
+        if "s3" in self.components:
+            s3 = S3Server(binaries, self.state_dir / "s3", ports, self.logs_dir)
+            self._launch(s3.start())
+        if "postgres" in self.components:
+            for name in POSTGRES_INSTANCES:
+                instance = PostgresInstance(name, binaries, self.state_dir / "postgres" / name, ports, self.logs_dir)
+                self._launch(instance.start())
+                postgres.append(instance)
+
+        if kube is not None and etcd is not None:
+            kube.wait_etcd(etcd, self.timeout)
+            apiserver = self._launch(kube.start_apiserver())
+            kube.wait_apiserver(apiserver, self.timeout)
+            kube.write_kubeconfigs()
+            controllers = [self._launch(p) for p in kube.start_controllers()]
+            kube.wait_controllers(controllers, self.timeout)
+            fields.update(kubeconfig=kube.kubeconfig, kube_server=kube.server)
+        if temporal is not None:
+            temporal.wait(self.timeout)
+            fields.update(
+                temporal_address=temporal.address, temporal_namespace=NAMESPACE, temporal_ui_url=temporal.ui_url
+            )
+        if s3 is not None:
+            s3.wait(self.timeout)
+            access, secret = s3.credentials
+            fields.update(s3_endpoint=s3.endpoint, s3_access_key=access, s3_secret_key=secret, s3_region=REGION)
+        for instance in postgres:
+            instance.wait(self.timeout)
+        fields["postgres"] = {instance.name: instance.endpoint for instance in postgres}
+        return StackInfo(**fields)
+
+    def stop(self) -> None:
+        """Stops every process this stack started, the last started first."""
+        for process in reversed(self._processes):
+            process.stop()
+        self._processes.clear()
+        self._pidfile.clear()
+        (self.state_dir / "stack.json").unlink(missing_ok=True)
+        self.info = None
+
+    def __enter__(self) -> StackInfo:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def describe(info: StackInfo) -> str:
+    """A human-readable summary of where everything is."""
+    lines = [f"state folder:      {info.state_dir}", f"logs:              {info.logs_dir}"]
+    if info.kubeconfig:
+        lines += [f"kubeconfig:        {info.kubeconfig}", f"  export KUBECONFIG={info.kubeconfig}"]
+    if info.temporal_address:
+        lines += [
+            f"Temporal:          {info.temporal_address} (namespace {info.temporal_namespace})",
+            f"Temporal Web UI:   {info.temporal_ui_url}",
+        ]
+    if info.s3_endpoint:
+        lines += [f"S3:                {info.s3_endpoint} (access key {info.s3_access_key}, secret in stack.json)"]
+    for name, endpoint in info.postgres.items():
+        lines.append(f"PostgreSQL {name + ':':8}{endpoint.host}:{endpoint.port} (user {endpoint.user})")
+    return "\n".join(lines)
+
+
+def require(info: StackInfo | None) -> StackInfo:
+    if info is None:
+        raise StartError("the stack is not running; call start() first")
+    return info

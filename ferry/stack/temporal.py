@@ -1,0 +1,74 @@
+"""The Temporal dev server from the temporal CLI: persisted to a file, Web UI on."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+from ferry.api import search_attributes
+from ferry.stack.install import Binaries
+from ferry.stack.processes import ManagedProcess
+from ferry.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
+
+NAMESPACE = "default"
+
+
+@dataclasses.dataclass
+class TemporalDevServer:
+    """`temporal server start-dev` with ferry's search attributes registered."""
+
+    binaries: Binaries
+    folder: Path
+    ports: PortBook
+    logs: Path
+    process: ManagedProcess | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.ports.port('temporal')}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.port('temporal-ui')}"
+
+    def start(self) -> ManagedProcess:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(self.binaries.temporal),
+            "server",
+            "start-dev",
+            f"--ip={LOOPBACK}",
+            f"--port={self.ports.port('temporal')}",
+            f"--ui-port={self.ports.port('temporal-ui')}",
+            f"--http-port={self.ports.port('temporal-http')}",
+            f"--metrics-port={self.ports.port('temporal-metrics')}",
+            f"--db-filename={self.folder / 'temporal.db'}",
+            "--ui-disable-news-fetch",  # the stack runs offline
+            "--log-level=warn",
+        ]
+        for key in search_attributes.ALL:
+            argv.append(f"--search-attribute={key.name}=Keyword")
+        self.process = ManagedProcess(name="temporal", argv=argv, log_path=self.logs / "temporal.log")
+        self.process.start()
+        return self.process
+
+    def wait(self, timeout: float) -> None:
+        wait_until("Temporal dev server", self._search_attributes_registered, timeout=timeout, process=self.process)
+        wait_until("Temporal Web UI", lambda: http_ok(self.ui_url), timeout=timeout, process=self.process)
+
+    def _search_attributes_registered(self) -> bool:
+        listed = subprocess.run(
+            [
+                str(self.binaries.temporal),
+                "operator",
+                "search-attribute",
+                "list",
+                f"--address={self.address}",
+                f"--namespace={NAMESPACE}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return listed.returncode == 0 and all(key.name in listed.stdout for key in search_attributes.ALL)

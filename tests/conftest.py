@@ -1,0 +1,101 @@
+"""Shared fixtures: one real stack per test session, a fresh namespace and task queue per test.
+
+The stack's state folder is removed after a green session and kept (with every
+component's log) after a red one; its path is printed either way. Set
+FERRY_TEST_STATE_DIR to choose the folder, e.g. to read logs while tests run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.client import Client
+
+from ferry.stack.install import Binaries, ensure_binaries
+from ferry.stack.stack import Stack, StackInfo
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def make_state_dir(prefix: str) -> Path:
+    """A fresh folder the PostgreSQL service user can also reach (mkdtemp makes it 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
+    folder.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Binaries:
+    return ensure_binaries()
+
+
+@pytest.fixture(scope="session")
+def stack(request: pytest.FixtureRequest, binaries: Binaries) -> Iterator[StackInfo]:
+    configured = os.environ.get("FERRY_TEST_STATE_DIR")
+    state_dir = Path(configured) if configured else make_state_dir("ferry-tests-")
+    with Stack(state_dir, binaries=binaries) as info:
+        yield info
+    failed = request.session.testsfailed
+    if failed or configured:
+        print(f"\nstack state and logs kept in {state_dir}")
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kube_api(stack: StackInfo) -> Iterator[k8s.ApiClient]:
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(stack.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube_api: k8s.ApiClient) -> Iterator[str]:
+    """A namespace of the test's own, deleted afterwards."""
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
+    name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
+    core = k8s.CoreV1Api(kube_api)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"ferry-test-{uuid.uuid4()}"
+
+
+@pytest.fixture(scope="session")
+async def temporal_client(stack: StackInfo) -> Client:
+    assert stack.temporal_address
+    assert stack.temporal_namespace
+    return await Client.connect(stack.temporal_address, namespace=stack.temporal_namespace)
+
+
+@pytest.fixture(scope="session")
+def kubectl(stack: StackInfo, binaries: Binaries) -> Kubectl:
+    """Runs the stack's kubectl; `check=False` returns failures instead of raising."""
+
+    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(binaries.kubectl), f"--kubeconfig={stack.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    return run

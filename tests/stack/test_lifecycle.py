@@ -1,0 +1,136 @@
+"""A stack keeps its data across a stop and a start, and leaves no process behind.
+
+These tests run stacks of their own, in their own state folders, beside the session's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import psycopg
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from temporalio.client import Client
+
+from ferry.stack.install import Binaries
+from ferry.stack.processes import group_members, processes_under
+from ferry.stack.stack import Stack, StackInfo
+from tests.conftest import make_state_dir
+
+
+@pytest.fixture
+def own_state_dir() -> Iterator[Path]:
+    folder = make_state_dir("ferry-lifecycle-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _s3(info: StackInfo):  # type: ignore[no-untyped-def]
+    return boto3.client(
+        "s3",
+        endpoint_url=info.s3_endpoint,
+        aws_access_key_id=info.s3_access_key,
+        aws_secret_access_key=info.s3_secret_key,
+        region_name=info.s3_region,
+    )
+
+
+def _wait_for_no_process(state_dir: Path, groups: set[int], timeout: float = 15) -> list[object]:
+    deadline = time.monotonic() + timeout
+    left: list[object] = []
+    while time.monotonic() < deadline:
+        left = [*processes_under(state_dir), *group_members(groups)]
+        if not left:
+            break
+        time.sleep(0.2)
+    return left
+
+
+async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown(
+    own_state_dir: Path, binaries: Binaries
+) -> None:
+    stack = Stack(own_state_dir, binaries=binaries)
+    marker = uuid.uuid4().hex
+    info = stack.start()
+    try:
+        with psycopg.connect(info.postgres["source"].dsn) as conn:
+            conn.execute("create table survivors (marker text)")
+            conn.execute("insert into survivors values (%s)", (marker,))
+        _s3(info).create_bucket(Bucket="survivors")
+        _s3(info).put_object(Bucket="survivors", Key="marker", Body=marker.encode())
+        api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
+        k8s.CoreV1Api(api).create_namespaced_config_map(
+            "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="survivor"), data={"marker": marker})
+        )
+        api.close()
+        temporal = await Client.connect(str(info.temporal_address))
+        await temporal.start_workflow("NeverRuns", id=f"survivor-{marker}", task_queue="nobody-polls")
+    finally:
+        stack.stop()
+
+    info = stack.start()
+    try:
+        with psycopg.connect(info.postgres["source"].dsn) as conn:
+            row = conn.execute("select marker from survivors").fetchone()
+        body = _s3(info).get_object(Bucket="survivors", Key="marker")["Body"].read()
+        api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
+        config_map = k8s.CoreV1Api(api).read_namespaced_config_map("survivor", "default")
+        api.close()
+        temporal = await Client.connect(str(info.temporal_address))
+        described = await temporal.get_workflow_handle(f"survivor-{marker}").describe()
+        pids = {int(entry) for entry in _recorded_pids(own_state_dir)}
+    finally:
+        stack.stop()
+
+    assert row == (marker,)
+    assert body == marker.encode()
+    assert config_map.data == {"marker": marker}
+    assert described.id == f"survivor-{marker}"
+    assert _wait_for_no_process(own_state_dir, pids) == []
+
+
+def _recorded_pids(state_dir: Path) -> list[int]:
+    import json
+
+    return [entry["pid"] for entry in json.loads((state_dir / "pids.json").read_text())]
+
+
+def _start_ferry_up(state_dir: Path) -> tuple[subprocess.Popen[str], set[int]]:
+    up = subprocess.Popen(
+        [sys.executable, "-m", "ferry.cli", "up", f"--state-dir={state_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert up.stdout is not None
+    seen = []
+    for line in up.stdout:
+        seen.append(line)
+        if "The stack is up" in line:
+            return up, set(_recorded_pids(state_dir))
+    raise AssertionError("ferry up ended before the stack was up:\n" + "".join(seen))
+
+
+@pytest.mark.parametrize(
+    ("how", "sig"), [("interrupted with Ctrl-C", signal.SIGINT), ("killed outright", signal.SIGKILL)]
+)
+def test_no_process_is_left_when_ferry_up_is(how: str, sig: int, own_state_dir: Path, binaries: Binaries) -> None:
+    up, groups = _start_ferry_up(own_state_dir)
+    assert group_members(groups), "the stack's processes should be running before the signal"
+
+    os.kill(up.pid, sig)
+    up.communicate(timeout=60)
+
+    assert _wait_for_no_process(own_state_dir, groups) == []
+    if sig == signal.SIGINT:
+        assert up.returncode == 0

@@ -1,0 +1,26 @@
+"""Both PostgreSQL instances accept authenticated connections over TCP."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from ferry.stack.stack import StackInfo
+
+
+@pytest.mark.parametrize("instance", ["source", "target"])
+def test_postgres_instance_accepts_connections(stack: StackInfo, instance: str) -> None:
+    endpoint = stack.postgres[instance]
+
+    with psycopg.connect(endpoint.dsn, connect_timeout=5) as conn:
+        version = conn.execute("show server_version_num").fetchone()
+
+    assert version is not None
+    assert int(version[0]) >= 150000
+
+
+def test_postgres_refuses_a_wrong_password(stack: StackInfo) -> None:
+    endpoint = stack.postgres["source"]
+
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(endpoint.dsn.replace(endpoint.password, "wrong"), connect_timeout=5)
