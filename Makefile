@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 VENV := .venv/bin
 
-.PHONY: help setup up test check test-only format
+.PHONY: help setup up test check test-only generate format
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ check: ## ruff (lint and format), mypy --strict and import-linter
 
 test-only: ## run pytest without setup or checks (pass ARGS="-k name")
 	$(VENV)/pytest $(ARGS)
+
+generate: setup ## regenerate deploy/crd from the API models
+	$(VENV)/ferry crd -o deploy/crd/migrations.ferry.dev.yaml
 
 format: ## apply ruff's fixes and formatting
 	$(VENV)/ruff check --fix .

@@ -53,6 +53,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from ferry.api import crd
+
+    text = crd.manifest_yaml()
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ferry",
@@ -85,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
     up.set_defaults(run=_cmd_up)
+    crd = commands.add_parser(
+        "crd",
+        help="print the Migration CustomResourceDefinition generated from ferry's API models",
+        description="Generates the CRD manifest (schema, CEL rules, printer columns) from ferry/api/migration.py.",
+    )
+    crd.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
+    crd.set_defaults(run=_cmd_crd)
     return parser
 
 

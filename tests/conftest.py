@@ -99,3 +99,14 @@ def kubectl(stack: StackInfo, binaries: Binaries) -> Kubectl:
         return result
 
     return run
+
+
+CRD_MANIFEST = Path(__file__).parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
+
+
+@pytest.fixture(scope="session")
+def migration_crd(kubectl: Kubectl) -> str:
+    """Installs the committed Migration CRD once per session; returns its name."""
+    kubectl("apply", "--server-side", "-f", str(CRD_MANIFEST))
+    kubectl("wait", "--for=condition=Established", "crd/migrations.ferry.dev", "--timeout=60s")
+    return "migrations.ferry.dev"

@@ -1,0 +1,53 @@
+"""Failures that retrying cannot fix: activities raise them, the workflow's retry policies list them.
+
+Temporal records an activity's exception under its class name; every retry policy in
+the workflow names these types as non-retryable, so a failure of this kind goes
+straight to the failure policy (roll back, or pause for a person) with its message.
+Each message says what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+
+class PermanentError(Exception):
+    """Root of the failures that retrying cannot fix."""
+
+
+class InvalidSpec(PermanentError):
+    """The Migration asks for something impossible, e.g. a source StatefulSet that does not exist."""
+
+
+class MissingSecret(PermanentError):
+    """A Secret named in the Migration, or one of its keys, does not exist."""
+
+
+class DatabaseUnreachable(PermanentError):
+    """The database refused or never answered connections after the driver's own retries."""
+
+
+class BadCredentials(PermanentError):
+    """The database or S3 rejected the credentials from the Secret."""
+
+
+class BucketMissing(PermanentError):
+    """The snapshot bucket does not exist or is not accessible."""
+
+
+class SnapshotCorrupt(PermanentError):
+    """The snapshot object does not match the checksum recorded when it was written."""
+
+
+class VerificationMismatch(PermanentError):
+    """Source and target hold different data; the message names the tables."""
+
+
+NON_RETRYABLE: tuple[type[PermanentError], ...] = (
+    InvalidSpec,
+    MissingSecret,
+    DatabaseUnreachable,
+    BadCredentials,
+    BucketMissing,
+    SnapshotCorrupt,
+    VerificationMismatch,
+)
+NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

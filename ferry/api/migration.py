@@ -1,0 +1,346 @@
+"""The Migration custom resource (ferry.dev/v1alpha1): spec, status and their vocabulary.
+
+These models are the single source of truth for the API: the CRD manifest under
+deploy/crd/ is generated from them (`ferry crd`), and a test fails when it drifts.
+Field names are snake_case in Python and camelCase in the resource, as Kubernetes
+conventions want. Nothing here has side effects, so workflow code may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "ferry.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Migration"
+PLURAL = "migrations"
+SINGULAR = "migration"
+SHORT_NAMES = ("mig",)
+
+FINALIZER = f"{GROUP}/migration"
+"""Held on every Migration while ferry still has work to do for it (undo, retention cleanup)."""
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MIGRATION_LABEL = f"{GROUP}/migration"
+"""Label on every object ferry creates, naming the Migration it belongs to."""
+STATEFULSET_LABEL = f"{GROUP}/statefulset"
+"""Pod label of a target StatefulSet; the stable Service selects it after switch-traffic."""
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+
+
+class ApiModel(BaseModel):
+    """Base of every API type: camelCase in the resource, snake_case in Python, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        frozen=True,
+        extra="ignore",
+        use_enum_values=False,
+    )
+
+
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+Quantity = Annotated[str, Field(pattern=QUANTITY)]
+
+
+class StepName(enum.StrEnum):
+    """The saga's steps, in the order they run."""
+
+    PROVISION = "provision"
+    FREEZE = "freeze"
+    SNAPSHOT = "snapshot"
+    MIGRATE = "migrate"
+    VERIFY = "verify"
+    SWITCH_TRAFFIC = "switch-traffic"
+    SCALE_DOWN_OLD = "scale-down-old"
+
+
+STEP_ORDER: tuple[StepName, ...] = tuple(StepName)
+
+
+class Phase(enum.StrEnum):
+    """Where a Migration stands, as `kubectl get migrations` shows it."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PAUSED = "Paused"
+    ROLLING_BACK = "RollingBack"
+    SUCCEEDED = "Succeeded"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+    ABANDONED = "Abandoned"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_PHASES
+
+
+FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED, Phase.ABANDONED})
+
+
+class StepState(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+
+
+class FailurePolicy(enum.StrEnum):
+    """What happens when a step fails for good."""
+
+    ROLL_BACK = "RollBack"
+    """Undo the completed steps at once."""
+    PAUSE = "Pause"
+    """Stop in phase Paused and wait for a person to retry the step or roll back."""
+
+
+class DeadlinePolicy(enum.StrEnum):
+    """What happens when the approval deadline passes without an approval."""
+
+    ROLL_BACK = "RollBack"
+    PROCEED = "Proceed"
+
+
+class AfterSuccess(enum.StrEnum):
+    """What happens to the snapshot in S3 once the migration succeeded."""
+
+    KEEP = "Keep"
+    """Keep it; deleting it is up to the bucket's lifecycle rules."""
+    DELETE = "Delete"
+    """Delete it as soon as the migration succeeded."""
+    DELETE_WITH_MIGRATION = "DeleteWithMigration"
+    """Keep it until the Migration resource is deleted."""
+
+
+class AfterRollback(enum.StrEnum):
+    """What happens to the snapshot in S3 after a rollback."""
+
+    KEEP = "Keep"
+    DELETE = "Delete"
+
+
+# --- spec ----------------------------------------------------------------------------------
+
+
+class SourceSpec(ApiModel):
+    """The deployment being moved away from, in the Migration's namespace."""
+
+    stateful_set: Name = Field(description="Name of the source StatefulSet.")
+    service: Name = Field(
+        description="The stable Service clients use. switch-traffic points its selector at the target's Pods."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources for the target's containers, as in a Pod spec."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Minimum resources, e.g. cpu: 500m.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Maximum resources, e.g. memory: 2Gi.")
+
+
+class TargetSpec(ApiModel):
+    """The new deployment: the source's Pod template with these changes."""
+
+    stateful_set: Annotated[str, Field(max_length=52, pattern=DNS_LABEL)] = Field(
+        description="Name of the target StatefulSet (at most 52 characters, so its Pods' labels stay valid). "
+        "Its headless Service gets the same name."
+    )
+    image: str = Field(min_length=1, description="Container image of the target, e.g. postgres:16.")
+    container: Name | None = Field(
+        default=None,
+        description="Which container of the source's Pod template gets the new image (default: the first).",
+    )
+    replicas: int = Field(default=1, ge=1, le=100, description="Replicas of the target StatefulSet.")
+    storage_class_name: Name | None = Field(
+        default=None,
+        description="StorageClass of the target's volumes (default: the source's, else the cluster default).",
+    )
+    storage_size: Quantity = Field(description="Size of each target volume, e.g. 20Gi.")
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Resources of the target container (default: the source's)."
+    )
+
+
+class DriverType(enum.StrEnum):
+    POSTGRESQL = "postgresql"
+
+
+class DriverSpec(ApiModel):
+    """How to reach the data: Secrets with keys host, port, username, password and database."""
+
+    type: DriverType = Field(default=DriverType.POSTGRESQL, description="The data driver.")
+    source_secret: SecretName = Field(description="Secret holding the connection to the source database.")
+    target_secret: SecretName = Field(description="Secret holding the connection to the target database.")
+
+
+class RetentionSpec(ApiModel):
+    """How long the snapshot object is kept."""
+
+    after_success: AfterSuccess = Field(default=AfterSuccess.DELETE_WITH_MIGRATION)
+    after_rollback: AfterRollback = Field(default=AfterRollback.DELETE)
+
+
+class SnapshotSpec(ApiModel):
+    """Where the snapshot goes: an S3 bucket, reached with credentials from a Secret."""
+
+    bucket: Annotated[str, Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")]
+    prefix: Annotated[str, Field(max_length=512, pattern=r"^([^/].*/)?$")] = Field(
+        default="", description="Key prefix, empty or ending in '/'."
+    )
+    endpoint: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None, description="S3 endpoint URL (default: AWS for the region)."
+    )
+    region: str = Field(default="us-east-1", min_length=1)
+    credentials_secret: SecretName = Field(description="Secret with keys accessKeyId and secretAccessKey.")
+    retention: RetentionSpec = Field(default_factory=RetentionSpec)
+
+
+class ApprovalSpec(ApiModel):
+    """Whether a person must approve before traffic moves to the target."""
+
+    required: bool = Field(default=False, description="Wait for an approval before switch-traffic.")
+    deadline_seconds: int | None = Field(
+        default=None, ge=1, description="How long to wait for the approval (default: forever)."
+    )
+    on_deadline: DeadlinePolicy = Field(default=DeadlinePolicy.ROLL_BACK, description="What to do when it passes.")
+
+
+class StepTimeouts(ApiModel):
+    """Seconds each step may take, per attempt."""
+
+    provision: int = Field(default=900, ge=10)
+    freeze: int = Field(default=120, ge=10)
+    snapshot: int = Field(default=3600, ge=10)
+    migrate: int = Field(default=3600, ge=10)
+    verify: int = Field(default=1800, ge=10)
+    switch_traffic: int = Field(default=300, ge=10)
+    scale_down_old: int = Field(default=600, ge=10)
+
+    def for_step(self, step: StepName) -> int:
+        value: int = getattr(self, step.value.replace("-", "_"))
+        return value
+
+
+IMMUTABLE_SPEC_FIELDS = (
+    "source",
+    "target",
+    "driver",
+    "snapshot",
+    "approval",
+    "failurePolicy",
+    "timeouts",
+    "soakSeconds",
+)
+"""The plan: fixed at creation (a CEL rule enforces it). Only control fields may change."""
+
+
+class MigrationSpec(ApiModel):
+    """What to move, where to, and how carefully."""
+
+    source: SourceSpec
+    target: TargetSpec
+    driver: DriverSpec
+    snapshot: SnapshotSpec
+    approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
+    failure_policy: FailurePolicy = Field(default=FailurePolicy.ROLL_BACK)
+    timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
+    soak_seconds: int = Field(
+        default=0, ge=0, le=7 * 24 * 3600, description="Time to watch the target serve traffic before scale-down-old."
+    )
+    paused: bool = Field(
+        default=False, description="Control field: true holds the saga before its next step; false lets it go on."
+    )
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+class StepStatus(ApiModel):
+    name: StepName
+    state: StepState = StepState.PENDING
+    attempts: int = Field(default=0, description="How many times the saga started this step.")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error: str | None = None
+
+
+class EventType(enum.StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A Kubernetes condition (type, status, reason, message, observedGeneration, lastTransitionTime)."""
+
+    type: str
+    status: ConditionStatus
+    reason: Annotated[str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: datetime
+
+
+class WorkflowRef(ApiModel):
+    """The Temporal run behind this Migration."""
+
+    namespace: str
+    id: str
+    run_id: str | None = None
+    url: str | None = Field(default=None, description="The run in the Temporal Web UI.")
+
+
+class SnapshotStatus(ApiModel):
+    location: str = Field(description="s3://bucket/key of the snapshot object.")
+    sha256: str
+    size_bytes: int
+    deleted: bool = Field(default=False, description="Whether retention has deleted the object.")
+
+
+class ControlsStatus(ApiModel):
+    """Which kubectl controls (annotations) ferry has already acted on, so none acts twice."""
+
+    acknowledged: dict[str, str] = Field(default_factory=dict)
+
+
+class MigrationStatus(ApiModel):
+    phase: Phase | None = None
+    current_step: StepName | None = None
+    message: str | None = None
+    steps: list[StepStatus] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    workflow: WorkflowRef | None = None
+    snapshot: SnapshotStatus | None = None
+    approved_by: str | None = None
+    controls: ControlsStatus | None = None
+
+
+class Migration(ApiModel):
+    """A whole Migration object as read from the API server."""
+
+    api_version: Literal["ferry.dev/v1alpha1"] = "ferry.dev/v1alpha1"
+    kind: Literal["Migration"] = "Migration"
+    metadata: dict[str, Any]
+    spec: MigrationSpec
+    status: MigrationStatus | None = None

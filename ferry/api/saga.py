@@ -1,0 +1,286 @@
+"""Inputs and results of the migration workflow, its signals and every activity it calls.
+
+One input model per call, so fields can be added without breaking running histories.
+Activity names are constants here: the workflow calls activities by name, the worker
+registers implementations under the same names, and tests register fakes under them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field
+
+from ferry.api.migration import (
+    AfterRollback,
+    AfterSuccess,
+    ApiModel,
+    DriverSpec,
+    EventType,
+    MigrationSpec,
+    MigrationStatus,
+    Phase,
+    SnapshotSpec,
+    SnapshotStatus,
+)
+
+TASK_QUEUE = "ferry"
+"""The default task queue of ferry's workers."""
+
+WORKFLOW_NAME = "Migration"
+
+
+class MigrationRef(ApiModel):
+    """Which Migration object a call is about."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def workflow_id(ref: MigrationRef) -> str:
+    """The one workflow ID of a Migration object; a re-created object (new UID) gets a new one."""
+    return f"migration/{ref.namespace}/{ref.name}/{ref.uid}"
+
+
+# --- workflow ------------------------------------------------------------------------------
+
+
+class MigrationInput(ApiModel):
+    ref: MigrationRef
+    generation: int
+    spec: MigrationSpec
+
+
+class MigrationResult(ApiModel):
+    phase: Phase
+    message: str
+    snapshot: SnapshotStatus | None = None
+
+
+class Signal(enum.StrEnum):
+    """Signals the workflow accepts; tctl and the temporal CLI send them by these names."""
+
+    APPROVE = "approve"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETRY = "retry"
+    ROLLBACK = "rollback"
+
+
+PROGRESS_QUERY = "progress"
+
+
+class ControlRequest(ApiModel):
+    """Payload of every signal: who asked, and why. All fields are optional."""
+
+    by: str = Field(default="", description="Who asked, e.g. a user name; shown in status and events.")
+    reason: str = Field(default="", description="Why, in a few words.")
+    generation: int | None = Field(default=None, description="The Migration generation that carried the request.")
+
+
+# --- Kubernetes activities -----------------------------------------------------------------
+
+
+class KubeActivity(enum.StrEnum):
+    """Names of the Kubernetes-side activities; each step's undo is named after it."""
+
+    PROVISION = "provision"
+    UNDO_PROVISION = "undo_provision"
+    SWITCH_TRAFFIC = "switch_traffic"
+    UNDO_SWITCH_TRAFFIC = "undo_switch_traffic"
+    SCALE_DOWN_OLD = "scale_down_old"
+    UNDO_SCALE_DOWN_OLD = "undo_scale_down_old"
+    MIRROR_STATUS = "mirror_status"
+
+
+class EventRecord(ApiModel):
+    """A Kubernetes Event to record against the Migration, once."""
+
+    type: EventType
+    reason: str
+    message: str
+    key: str = Field(description="Unique per transition, so a retried recording does not duplicate the Event.")
+
+
+class MirrorStatusInput(ApiModel):
+    ref: MigrationRef
+    status: MigrationStatus
+    event: EventRecord | None = None
+
+
+class MirrorStatusResult(ApiModel):
+    found: bool = Field(description="False when the Migration no longer exists; nothing was written.")
+    conflicts: int = Field(default=0, description="How many 409 Conflicts were retried from a fresh read.")
+
+
+class ProvisionInput(ApiModel):
+    ref: MigrationRef
+    spec: MigrationSpec
+
+
+class ProvisionResult(ApiModel):
+    stateful_set: str
+    service: str
+    ready_replicas: int
+
+
+class UndoProvisionInput(ApiModel):
+    ref: MigrationRef
+    stateful_set: str
+
+
+class SwitchTrafficInput(ApiModel):
+    ref: MigrationRef
+    service: str
+    target_stateful_set: str
+
+
+class SwitchTrafficResult(ApiModel):
+    previous_selector: dict[str, str]
+    endpoints: list[str] = Field(description="Pods the Service's EndpointSlices list after the switch.")
+
+
+class UndoSwitchTrafficInput(ApiModel):
+    ref: MigrationRef
+    service: str
+    previous_selector: dict[str, str]
+    source_stateful_set: str
+
+
+class ScaleDownOldInput(ApiModel):
+    ref: MigrationRef
+    stateful_set: str
+
+
+class ScaleDownOldResult(ApiModel):
+    previous_replicas: int
+
+
+class UndoScaleDownOldInput(ApiModel):
+    ref: MigrationRef
+    stateful_set: str
+    replicas: int
+
+
+# --- data-driver activities ----------------------------------------------------------------
+
+
+class DriverOperation(enum.StrEnum):
+    """What every data driver implements; the activity name is `<driver>.<operation>`."""
+
+    FREEZE = "freeze"
+    UNDO_FREEZE = "undo_freeze"
+    SNAPSHOT = "snapshot"
+    MIGRATE = "migrate"
+    VERIFY = "verify"
+
+
+def driver_activity(driver: str, operation: DriverOperation) -> str:
+    """Name of a data-driver activity, e.g. `postgresql.freeze`."""
+    return f"{driver}.{operation.value}"
+
+
+class SnapshotStoreActivity(enum.StrEnum):
+    """Driver-independent activities on the snapshot object in S3."""
+
+    UNDO_SNAPSHOT = "undo_snapshot"
+    DELETE_SNAPSHOT = "delete_snapshot"
+
+
+class FreezeInput(ApiModel):
+    ref: MigrationRef
+    driver: DriverSpec
+
+
+class FreezeResult(ApiModel):
+    previous_setting: str = Field(description="The source's write setting before the freeze, restored by the undo.")
+    sessions_ended: int = 0
+
+
+class UndoFreezeInput(ApiModel):
+    ref: MigrationRef
+    driver: DriverSpec
+    previous_setting: str
+
+
+class SnapshotInput(ApiModel):
+    ref: MigrationRef
+    driver: DriverSpec
+    snapshot: SnapshotSpec
+    key: str = Field(description="Object key, deterministic per Migration, so a retry replaces, never duplicates.")
+
+
+class SnapshotResult(ApiModel):
+    bucket: str
+    key: str
+    sha256: str
+    size_bytes: int
+
+    @property
+    def location(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class UndoSnapshotInput(ApiModel):
+    ref: MigrationRef
+    snapshot: SnapshotSpec
+    artifact: SnapshotResult
+    keep: bool = Field(description="Retention says to keep the object; the undo then leaves it.")
+
+
+class MigrateInput(ApiModel):
+    ref: MigrationRef
+    driver: DriverSpec
+    snapshot: SnapshotSpec
+    artifact: SnapshotResult
+
+
+class MigrateResult(ApiModel):
+    tables: int = 0
+    bytes_restored: int = 0
+
+
+class VerifyInput(ApiModel):
+    ref: MigrationRef
+    driver: DriverSpec
+
+
+class TableCheck(ApiModel):
+    table: str
+    source_rows: int
+    target_rows: int
+    source_checksum: str
+    target_checksum: str
+
+    @property
+    def equal(self) -> bool:
+        return self.source_rows == self.target_rows and self.source_checksum == self.target_checksum
+
+
+class VerifyResult(ApiModel):
+    tables: list[TableCheck]
+
+
+class DeleteSnapshotInput(ApiModel):
+    """Retention cleanup, run by the workflow after success or by the watcher on deletion."""
+
+    ref: MigrationRef
+    snapshot: SnapshotSpec
+    artifact: SnapshotResult
+
+
+def snapshot_key(ref: MigrationRef, spec: SnapshotSpec) -> str:
+    """The object key of a Migration's snapshot: the same for every attempt."""
+    return f"{spec.prefix}{ref.namespace}/{ref.name}/{ref.uid}/snapshot.dump"
+
+
+def keep_after_success(policy: AfterSuccess) -> bool:
+    return policy is not AfterSuccess.DELETE
+
+
+def keep_after_rollback(policy: AfterRollback) -> bool:
+    return policy is AfterRollback.KEEP

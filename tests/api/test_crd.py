@@ -1,0 +1,115 @@
+"""The Migration CRD, generated from the models, is what the real API server enforces."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from ferry.api import crd
+from tests import samples
+from tests.conftest import CRD_MANIFEST, Kubectl
+
+
+def _apply(kubectl: Kubectl, namespace: str, obj: dict[str, Any]) -> Any:
+    return kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(obj), check=False)
+
+
+def test_committed_crd_matches_the_models() -> None:
+    assert CRD_MANIFEST.read_text() == crd.manifest_yaml(), "run `make generate` and commit deploy/crd"
+
+
+def test_a_valid_migration_is_accepted_with_defaults_filled_in(
+    kubectl: Kubectl, migration_crd: str, namespace: str
+) -> None:
+    applied = _apply(kubectl, namespace, samples.migration())
+    assert applied.returncode == 0, applied.stderr
+
+    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "yaml").stdout)
+
+    spec = stored["spec"]
+    assert spec["failurePolicy"] == "RollBack"
+    assert spec["approval"] == {"required": False, "onDeadline": "RollBack"}
+    assert spec["target"]["replicas"] == 1
+    assert spec["snapshot"]["retention"] == {"afterSuccess": "DeleteWithMigration", "afterRollback": "Delete"}
+    assert spec["timeouts"]["snapshot"] == 3600
+    assert "resources" not in spec["target"]
+
+
+def test_kubectl_get_shows_the_printer_columns(kubectl: Kubectl, migration_crd: str, namespace: str) -> None:
+    _apply(kubectl, namespace, samples.migration())
+
+    header = kubectl("get", "mig", "-n", namespace).stdout.splitlines()[0].split()
+
+    assert header == ["NAME", "PHASE", "STEP", "AGE", "MESSAGE"]
+
+
+INVALID = {
+    "a malformed storage size": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "20 gigs"}},
+        ["spec.target.storageSize"],
+    ),
+    "zero target replicas": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "1Gi", "replicas": 0}},
+        ["spec.target.replicas", "should be greater than or equal to 1"],
+    ),
+    "a target named like the source": (
+        {"target": {"statefulSet": "orders-db", "image": "postgres:16", "storageSize": "1Gi"}},
+        ["spec.target.statefulSet", "must differ from spec.source.statefulSet"],
+    ),
+    "the same secret for source and target": (
+        {"driver": {"sourceSecret": "db", "targetSecret": "db"}},
+        ["spec.driver.targetSecret", "cannot be migrated into itself"],
+    ),
+    "a missing bucket": (
+        {"snapshot": {"credentialsSecret": "snapshot-credentials"}},
+        ["spec.snapshot.bucket", "Required value"],
+    ),
+    "an unknown failure policy": (
+        {"failurePolicy": "Shrug"},
+        ["spec.failurePolicy", 'Unsupported value: "Shrug"'],
+    ),
+    "an approval deadline without required approval": (
+        {"approval": {"required": False, "deadlineSeconds": 60}},
+        ["spec.approval.deadlineSeconds", "only applies with spec.approval.required: true"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", INVALID.keys())
+def test_the_api_server_rejects_an_invalid_spec_naming_the_field(
+    case: str, kubectl: Kubectl, migration_crd: str, namespace: str
+) -> None:
+    overrides, expected = INVALID[case]
+
+    rejected = _apply(kubectl, namespace, samples.migration("invalid", **overrides))
+
+    assert rejected.returncode != 0
+    for fragment in expected:
+        assert fragment in rejected.stderr
+    assert "NotFound" in kubectl("get", "migration", "invalid", "-n", namespace, check=False).stderr
+
+
+def test_the_plan_cannot_change_after_creation(kubectl: Kubectl, migration_crd: str, namespace: str) -> None:
+    _apply(kubectl, namespace, samples.migration())
+
+    changed = kubectl(
+        "patch", "migration", "orders-db-to-16", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"target": {"image": "postgres:17"}}}),
+        check=False,
+    )  # fmt: skip
+
+    assert changed.returncode != 0
+    assert "spec.target" in changed.stderr
+    assert "cannot change after creation" in changed.stderr
+
+
+def test_control_fields_may_change_after_creation(kubectl: Kubectl, migration_crd: str, namespace: str) -> None:
+    _apply(kubectl, namespace, samples.migration())
+
+    kubectl("patch", "migration", "orders-db-to-16", "-n", namespace, "--type=merge", "-p", '{"spec":{"paused":true}}')
+
+    paused = kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "jsonpath={.spec.paused}")
+    assert paused.stdout == "true"
