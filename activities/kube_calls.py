@@ -1,0 +1,138 @@
+"""Reads and writes through the generated Kubernetes client, the way ferry's activities need them.
+
+Objects that ferry writes back are read as raw JSON, not as the client's models: the
+models drop fields they do not know when reading, and refuse them when writing, so a
+model round trip would lose or reject whatever a newer API server adds.
+
+Conditional writes are JSON Patches that start by setting metadata.resourceVersion to
+the one of the read they were computed from. The API server answers 409 Conflict when
+the object changed since that read, so no concurrent change is ever overwritten; the
+caller reads again and recomputes (`retry_on_conflict`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+
+CONFLICT_ATTEMPTS = 10
+"""Fresh reads a conditional write gets before the activity fails and Temporal retries it."""
+
+APPLY_PATCH = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+
+
+def is_not_found(error: ApiException) -> bool:
+    return getattr(error, "status", None) == 404
+
+
+def is_conflict(error: ApiException) -> bool:
+    """409: the object changed since it was read, or (on create) it already exists."""
+    return getattr(error, "status", None) == 409
+
+
+def read_json(read: Callable[..., Any], name: str, namespace: str) -> dict[str, Any]:
+    """Calls a generated `read_namespaced_*` method and returns the object exactly as the server sent it."""
+    response = read(name, namespace, _preload_content=False)
+    try:
+        raw: dict[str, Any] = json.loads(response.data)
+        return raw
+    finally:
+        response.release_conn()
+
+
+def read_json_or_none(read: Callable[..., Any], name: str, namespace: str) -> dict[str, Any] | None:
+    """Like `read_json`, but None when the object does not exist."""
+    try:
+        return read_json(read, name, namespace)
+    except ApiException as error:
+        if is_not_found(error):
+            return None
+        raise
+
+
+def read_or_none(read: Callable[..., Any], name: str, namespace: str) -> Any:
+    """A generated `read_namespaced_*` call returning the client's model, or None when the object does not exist."""
+    try:
+        return read(name, namespace)
+    except ApiException as error:
+        if is_not_found(error):
+            return None
+        raise
+
+
+def delete_if_present(delete: Callable[..., Any], name: str, namespace: str) -> None:
+    """A generated `delete_namespaced_*` call for which NotFound means the work is done."""
+    try:
+        delete(name, namespace, propagation_policy="Background")
+    except ApiException as error:
+        if not is_not_found(error):
+            raise
+
+
+def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: str) -> Any:
+    """Server-side applies a full manifest through a generated `patch_namespaced_*` method."""
+    metadata = manifest["metadata"]
+    return patch(
+        metadata["name"],
+        metadata["namespace"],
+        manifest,
+        field_manager=field_manager,
+        force=True,
+        _content_type=APPLY_PATCH,
+    )
+
+
+def patch_if_unchanged(patch: Callable[..., Any], read_object: dict[str, Any], operations: list[dict[str, Any]]) -> Any:
+    """Applies JSON Patch operations unless the object changed since `read_object` was read (then 409)."""
+    metadata = read_object["metadata"]
+    guard = {"op": "replace", "path": "/metadata/resourceVersion", "value": metadata["resourceVersion"]}
+    return patch(metadata["name"], metadata["namespace"], [guard, *operations], _content_type=JSON_PATCH)
+
+
+def set_value(path: str, value: Any) -> dict[str, Any]:
+    """A JSON Patch operation that sets `path` to `value`, replacing (never merging) what was there."""
+    return {"op": "add", "path": path, "value": value}
+
+
+def set_annotation(read_object: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    """A JSON Patch operation setting one annotation, also when the object has none yet."""
+    if read_object["metadata"].get("annotations") is None:
+        return set_value("/metadata/annotations", {key: value})
+    return set_value(f"/metadata/annotations/{_pointer_token(key)}", value)
+
+
+def remove_annotation(key: str) -> dict[str, Any]:
+    """A JSON Patch operation removing an annotation that the guarded read showed present."""
+    return {"op": "remove", "path": f"/metadata/annotations/{_pointer_token(key)}"}
+
+
+def annotations_of(read_object: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = read_object["metadata"].get("annotations") or {}
+    return found
+
+
+def retry_on_conflict(attempt: Callable[[], T], attempts: int = CONFLICT_ATTEMPTS) -> tuple[T, int]:
+    """Runs read-compute-write `attempt`s until one is not answered 409; returns its result and the conflicts.
+
+    After `attempts` conflicts in a row the last one is raised: the activity fails and
+    Temporal retries it later, which is what to do under that much contention.
+    """
+    conflicts = 0
+    while True:
+        try:
+            return attempt(), conflicts
+        except ApiException as error:
+            if not is_conflict(error) or conflicts + 1 >= attempts:
+                raise
+            conflicts += 1
+
+
+def _pointer_token(key: str) -> str:
+    """Escapes a map key for a JSON Pointer (RFC 6901): annotation keys contain '/'."""
+    return key.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,153 @@
+"""The objects provision creates, built from the source as plain manifests.
+
+Pure functions from what was read to what is applied, so the rules read in one place:
+what is copied from the source, which labels the target's Pods carry (none that the
+stable Service selects, so it cannot send them traffic before switch-traffic), and
+which requests are refused. Manifests are plain dicts, as the API server sends and
+server-side apply takes them; objects are read as raw JSON (see kube_calls).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ferry.api.errors import InvalidSpec
+from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, TargetSpec
+from ferry.api.saga import MigrationRef
+
+MANAGED_BY = "ferry"
+PREVIOUS_SELECTOR_ANNOTATION = "ferry.dev/previous-selector"
+"""On the stable Service while it points at the target: its selector before switch-traffic, as JSON."""
+PREVIOUS_REPLICAS_ANNOTATION = "ferry.dev/previous-replicas"
+"""On the source StatefulSet while scaled down: its replicas before scale-down-old."""
+MAX_LABEL_VALUE = 63
+
+
+def belongs_to(obj: dict[str, Any] | None, migration: str) -> bool:
+    """Whether ferry created `obj` for the Migration named `migration` (its MIGRATION_LABEL says so)."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(MIGRATION_LABEL) == migration)
+
+
+def is_pod_of(stateful_set: str, pod: str) -> bool:
+    """Whether `pod` is named like a Pod of `stateful_set`: `<stateful_set>-<ordinal>`."""
+    prefix = f"{stateful_set}-"
+    return pod.startswith(prefix) and pod[len(prefix) :].isdigit()
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def target_pod_labels(ref: MigrationRef, target: str) -> dict[str, str]:
+    """Labels that mark the target's Pods and claims; the stable Service selects the first after the switch."""
+    if len(ref.name) > MAX_LABEL_VALUE:
+        raise InvalidSpec(
+            f"metadata.name: ferry labels the objects it creates with the Migration's name, which must then be "
+            f"at most {MAX_LABEL_VALUE} characters; re-create Migration {ref} with a shorter name."
+        )
+    return {STATEFULSET_LABEL: target, MIGRATION_LABEL: ref.name}
+
+
+def object_labels(ref: MigrationRef) -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY, MIGRATION_LABEL: ref.name}
+
+
+def target_stateful_set(
+    source: dict[str, Any], service: dict[str, Any], ref: MigrationRef, target: TargetSpec
+) -> dict[str, Any]:
+    """The target StatefulSet: the source's Pod template with the new image, resources and storage.
+
+    No ownerReference points at the Migration: the target must outlive it.
+    """
+    source_spec = source["spec"]
+    template = copy.deepcopy(source_spec["template"])
+    pod_spec = template["spec"]
+    _set_image_and_resources(pod_spec["containers"], source["metadata"]["name"], target)
+
+    own = target_pod_labels(ref, target.stateful_set)
+    selected_by_stable_service = set(service["spec"].get("selector") or {})
+    source_template_metadata = template.get("metadata") or {}
+    pod_labels = {
+        key: value
+        for key, value in (source_template_metadata.get("labels") or {}).items()
+        if key not in selected_by_stable_service
+    }
+    pod_metadata: dict[str, Any] = {"labels": {**pod_labels, **own}}
+    if source_template_metadata.get("annotations"):
+        pod_metadata["annotations"] = source_template_metadata["annotations"]
+
+    spec: dict[str, Any] = {
+        "replicas": target.replicas,
+        "serviceName": target.stateful_set,
+        "selector": {"matchLabels": {STATEFULSET_LABEL: target.stateful_set}},
+        "template": {"metadata": pod_metadata, "spec": pod_spec},
+        "volumeClaimTemplates": _claim_templates(source, own, target),
+    }
+    for copied in ("podManagementPolicy", "updateStrategy"):
+        if copied in source_spec:
+            spec[copied] = copy.deepcopy(source_spec[copied])
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": target.stateful_set, "namespace": ref.namespace, "labels": object_labels(ref)},
+        "spec": spec,
+    }
+
+
+def headless_service(service: dict[str, Any], ref: MigrationRef, target: TargetSpec) -> dict[str, Any]:
+    """The target's governing Service: headless, selecting only the target's Pods, on the stable Service's ports."""
+    ports = [
+        {key: port[key] for key in ("name", "port", "targetPort", "protocol") if key in port}
+        for port in service["spec"].get("ports") or []
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": target.stateful_set, "namespace": ref.namespace, "labels": object_labels(ref)},
+        "spec": {"clusterIP": "None", "selector": {STATEFULSET_LABEL: target.stateful_set}, "ports": ports},
+    }
+
+
+def _set_image_and_resources(containers: list[dict[str, Any]], source: str, target: TargetSpec) -> None:
+    names = [container["name"] for container in containers]
+    wanted = target.container or names[0]
+    if wanted not in names:
+        raise InvalidSpec(
+            f"spec.target.container: the Pod template of StatefulSet {source} has no container {wanted!r} "
+            f"(it has {', '.join(names)}); re-create the Migration naming one of those."
+        )
+    container = containers[names.index(wanted)]
+    container["image"] = target.image
+    if target.resources is not None:
+        resources = {"requests": dict(target.resources.requests), "limits": dict(target.resources.limits)}
+        container["resources"] = {key: value for key, value in resources.items() if value}
+
+
+def _claim_templates(source: dict[str, Any], own_labels: dict[str, str], target: TargetSpec) -> list[dict[str, Any]]:
+    claims = source["spec"].get("volumeClaimTemplates") or []
+    if not claims:
+        raise InvalidSpec(
+            f"spec.source.statefulSet: StatefulSet {source['metadata']['name']} has no volumeClaimTemplates, "
+            "and ferry gives the target the source's volumes with the new class and size. "
+            "Migrate only StatefulSets that keep their data in volumeClaimTemplates."
+        )
+    templates = []
+    for claim in claims:
+        metadata = claim.get("metadata") or {}
+        spec = copy.deepcopy(claim["spec"])
+        spec.pop("volumeName", None)
+        if target.storage_class_name is not None:
+            spec["storageClassName"] = target.storage_class_name
+        spec.setdefault("resources", {}).setdefault("requests", {})["storage"] = target.storage_size
+        claim_metadata: dict[str, Any] = {
+            "name": metadata["name"],
+            "labels": {**(metadata.get("labels") or {}), **own_labels},
+        }
+        if metadata.get("annotations"):
+            claim_metadata["annotations"] = metadata["annotations"]
+        templates.append(
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": claim_metadata, "spec": spec}
+        )
+    return templates

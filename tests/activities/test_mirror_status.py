@@ -1,0 +1,181 @@
+"""mirror_status shows the saga's progress in the Migration's status and Events, as kubectl users see them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.testing import ActivityEnvironment
+
+from activities.settings import KubeActivitySettings
+from activities.status import StatusActivities
+from ferry.api.migration import (
+    Condition,
+    ConditionStatus,
+    EventType,
+    MigrationStatus,
+    Phase,
+    StepName,
+    StepState,
+    StepStatus,
+    WorkflowRef,
+)
+from ferry.api.saga import EventRecord, MigrationRef, MirrorStatusInput, MirrorStatusResult, workflow_id
+from tests import samples
+from tests.activities.conftest import MIGRATION, UI_URL
+from tests.conftest import Kubectl
+
+STARTED = datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
+ACKNOWLEDGED = {"acknowledged": {"ferry.dev/approve": "approved-by-alice"}}
+
+
+@pytest.fixture
+def migration(kubectl: Kubectl, migration_crd: str, namespace: str) -> MigrationRef:
+    """The Migration orders-db-to-16, as kubectl applies it."""
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+    uid = kubectl("get", "migration", MIGRATION, "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout
+    return MigrationRef(namespace=namespace, name=MIGRATION, uid=uid)
+
+
+@pytest.fixture
+def status_activities(kube_api: k8s.ApiClient, settings: KubeActivitySettings) -> StatusActivities:
+    return StatusActivities(kube_api, settings)
+
+
+def _running(ref: MigrationRef) -> MigrationStatus:
+    return MigrationStatus(
+        phase=Phase.RUNNING,
+        current_step=StepName.PROVISION,
+        message="provisioning orders-db-16",
+        steps=[StepStatus(name=StepName.PROVISION, state=StepState.RUNNING, attempts=1, started_at=STARTED)],
+        conditions=[
+            Condition(
+                type="Ready",
+                status=ConditionStatus.FALSE,
+                reason="Provisioning",
+                message="waiting for orders-db-16",
+                last_transition_time=STARTED,
+            )
+        ],
+        workflow=WorkflowRef(namespace="default", id=workflow_id(ref), run_id="run-1"),
+    )
+
+
+def _status(kubectl: Kubectl, ref: MigrationRef) -> dict[str, Any]:
+    stored = json.loads(kubectl("get", "migration", ref.name, "-n", ref.namespace, "-o", "json").stdout)
+    status: dict[str, Any] = stored.get("status", {})
+    return status
+
+
+def _acknowledge_a_control(kubectl: Kubectl, ref: MigrationRef) -> None:
+    """What the watcher does: record in status.controls that it acted on a control."""
+    patch = json.dumps({"status": {"controls": ACKNOWLEDGED}})
+    kubectl("patch", "migration", ref.name, "-n", ref.namespace, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def _events(kubectl: Kubectl, ref: MigrationRef) -> list[dict[str, Any]]:
+    listed = kubectl(
+        "get", "events", "-n", ref.namespace, f"--field-selector=involvedObject.name={ref.name}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return items
+
+
+def test_mirror_status_writes_what_kubectl_shows_and_keeps_the_watchers_controls(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    _acknowledge_a_control(kubectl, migration)
+
+    result = activity_env.run(
+        status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration))
+    )
+
+    assert result == MirrorStatusResult(found=True, conflicts=0)
+    status = _status(kubectl, migration)
+    assert status["phase"] == "Running"
+    assert status["currentStep"] == "provision"
+    assert status["steps"] == [
+        {"name": "provision", "state": "Running", "attempts": 1, "startedAt": "2026-01-05T09:30:00Z"}
+    ]
+    assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [("Ready", "False", "Provisioning")]
+    assert status["controls"] == ACKNOWLEDGED
+    workflow_path = f"migration%2F{migration.namespace}%2F{MIGRATION}%2F{migration.uid}"
+    assert status["workflow"]["url"] == f"{UI_URL}/namespaces/default/workflows/{workflow_path}/run-1/history"
+    row = kubectl("get", "migration", MIGRATION, "-n", migration.namespace, "--no-headers").stdout.split()
+    assert row[1:3] == ["Running", "provision"]
+
+
+def test_mirror_status_records_an_event_once_even_when_run_twice(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    event = EventRecord(type=EventType.NORMAL, reason="StepStarted", message="provision started", key="provision/1")
+    mirror = MirrorStatusInput(ref=migration, status=_running(migration), event=event)
+
+    activity_env.run(status_activities.mirror_status, mirror)
+    activity_env.run(status_activities.mirror_status, mirror)
+
+    events = _events(kubectl, migration)
+    assert [(e["type"], e["reason"], e["message"], e["count"]) for e in events] == [
+        ("Normal", "StepStarted", "provision started", 1)
+    ]
+    assert events[0]["involvedObject"]["uid"] == migration.uid
+    assert events[0]["source"] == {"component": "ferry"}
+    assert (events[0]["reportingComponent"], events[0]["reportingInstance"]) == ("ferry.dev/saga", "test-worker")
+
+
+def test_mirror_status_of_a_missing_migration_writes_nothing(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    event = EventRecord(type=EventType.WARNING, reason="StepFailed", message="provision failed", key="provision/1")
+    gone = migration.model_copy(update={"name": "deleted-meanwhile"})
+    recreated = migration.model_copy(update={"uid": "uid-of-an-earlier-object"})
+
+    for ref in (gone, recreated):
+        result = activity_env.run(
+            status_activities.mirror_status, MirrorStatusInput(ref=ref, status=_running(ref), event=event)
+        )
+
+        assert result == MirrorStatusResult(found=False)
+    assert _status(kubectl, migration) == {}, "a Migration re-created under the same name is another one"
+    assert _events(kubectl, migration) == []
+
+
+class WriteBetweenReadAndWrite(StatusActivities):
+    """After its first read of the Migration, the watcher acknowledges a control: a real write to the API server.
+
+    This injects timing, not a fake: the activity's own write then carries a stale
+    resourceVersion, and the 409 Conflict it gets comes from the real API server.
+    """
+
+    def __init__(self, kube_api: k8s.ApiClient, settings: KubeActivitySettings, kubectl: Kubectl) -> None:
+        super().__init__(kube_api, settings)
+        self._kubectl = kubectl
+        self.interfered = False
+
+    def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
+        migration = super()._read(ref)
+        if not self.interfered:
+            self.interfered = True
+            _acknowledge_a_control(self._kubectl, ref)
+        return migration
+
+
+def test_a_status_write_survives_a_conflicting_write_between_its_read_and_its_write(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    settings: KubeActivitySettings,
+    activity_env: ActivityEnvironment,
+    migration: MigrationRef,
+) -> None:
+    racing = WriteBetweenReadAndWrite(kube_api, settings, kubectl)
+
+    result = activity_env.run(racing.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
+
+    assert result.found
+    assert result.conflicts >= 1
+    status = _status(kubectl, migration)
+    assert status["controls"] == ACKNOWLEDGED, "the conflicting write is kept"
+    assert status["phase"] == "Running", "and so is the mirrored status"

@@ -1,0 +1,176 @@
+"""provision builds the target from the source and waits until it is Ready; undo_provision removes it again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.cluster import ClusterActivities
+from ferry.api.errors import InvalidSpec
+from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, MigrationSpec
+from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
+from tests.activities.conftest import MIGRATION, SOURCE, SOURCE_PODS, TARGET, TARGET_PODS, endpoint_pods, ready_replicas
+
+
+def _claims(kube_api: k8s.ApiClient, namespace: str, stateful_set: str) -> list[Any]:
+    """The volume claims of a StatefulSet's Pods, by their names `<template>-<stateful_set>-<ordinal>`."""
+    claims = k8s.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
+    prefix = f"data-{stateful_set}-"
+    return sorted(
+        (c for c in claims if c.metadata.name.startswith(prefix) and c.metadata.name[len(prefix) :].isdigit()),
+        key=lambda c: c.metadata.name,
+    )
+
+
+def _absent(read: Any, name: str, namespace: str) -> bool:
+    try:
+        read(name, namespace)
+    except ApiException as error:
+        return bool(error.status == 404)
+    return False
+
+
+def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_the_stable_service_does_not_select(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    heartbeats: list[tuple[Any, ...]],
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    result = activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    assert result == ProvisionResult(stateful_set=TARGET, service=TARGET, ready_replicas=2)
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    target = apps.read_namespaced_stateful_set(TARGET, ref.namespace)
+    assert [c.image for c in target.spec.template.spec.containers] == ["postgres:16"]
+    assert target.status.ready_replicas == 2
+    assert not target.metadata.owner_references, "the target must outlive the Migration"
+    assert target.metadata.labels == {MANAGED_BY_LABEL: "ferry", MIGRATION_LABEL: MIGRATION}
+    assert "app" not in target.spec.template.metadata.labels, "the stable Service selects app"
+    claims = _claims(kube_api, ref.namespace, TARGET)
+    assert [c.metadata.name for c in claims] == ["data-orders-db-16-0", "data-orders-db-16-1"]
+    assert {(c.spec.storage_class_name, c.spec.resources.requests["storage"], c.status.phase) for c in claims} == {
+        ("fast", "2Gi", "Bound")
+    }
+    headless = core.read_namespaced_service(TARGET, ref.namespace)
+    assert headless.spec.cluster_ip == "None"
+    assert headless.spec.selector == {STATEFULSET_LABEL: TARGET}
+    assert endpoint_pods(kube_api, ref.namespace, TARGET) == TARGET_PODS
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS, "no traffic reaches the target yet"
+    assert heartbeats, "provision heartbeats while it waits"
+    assert heartbeats[-1][0]["ready"] == heartbeats[-1][0]["desired"] == 2
+
+
+def test_provision_run_again_changes_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    provisioned: ProvisionResult,
+) -> None:
+    apps = k8s.AppsV1Api(kube_api)
+    before = apps.read_namespaced_stateful_set(TARGET, ref.namespace).metadata
+
+    again = activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    assert again == provisioned
+    after = apps.read_namespaced_stateful_set(TARGET, ref.namespace).metadata
+    assert (after.uid, after.generation) == (before.uid, before.generation)
+
+
+def test_provision_of_a_missing_source_fails_naming_spec_source_stateful_set(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+) -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.source\.statefulSet: 'orders-db' does not exist"):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    assert _absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
+
+
+def test_provision_refuses_to_take_over_a_stateful_set_it_did_not_create(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    apps = k8s.AppsV1Api(kube_api)
+    theirs = apps.read_namespaced_stateful_set(SOURCE, ref.namespace)
+    theirs.metadata = k8s.V1ObjectMeta(name=TARGET, labels={"team": "payments"})
+    theirs.spec.replicas = 0
+    theirs.status = None
+    apps.create_namespaced_stateful_set(ref.namespace, theirs)
+
+    with pytest.raises(InvalidSpec, match=r"spec\.target\.statefulSet: StatefulSet .* already exists"):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    untouched = apps.read_namespaced_stateful_set(TARGET, ref.namespace)
+    assert untouched.metadata.labels == {"team": "payments"}
+    assert [c.image for c in untouched.spec.template.spec.containers] == ["postgres:15"]
+    assert untouched.metadata.generation == 1
+
+
+def test_provision_stops_waiting_when_the_activity_is_cancelled(
+    activity_env: ActivityEnvironment,
+    heartbeats: list[tuple[Any, ...]],
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    activity_env.cancel()
+
+    with pytest.raises(CancelledError, match=r"StatefulSet .*/orders-db-16 Ready"):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    assert len(heartbeats) == 1, "it stops at the first poll after the cancellation"
+
+
+def test_undo_provision_removes_the_target_its_service_and_claims_and_leaves_the_source(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    someone_elses = k8s.V1PersistentVolumeClaim(
+        metadata=k8s.V1ObjectMeta(name="keep-me", labels={STATEFULSET_LABEL: TARGET, MIGRATION_LABEL: "another"}),
+        spec=k8s.V1PersistentVolumeClaimSpec(
+            access_modes=["ReadWriteOnce"], resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"})
+        ),
+    )
+    core.create_namespaced_persistent_volume_claim(ref.namespace, someone_elses)
+
+    undo = UndoProvisionInput(ref=ref, stateful_set=TARGET)
+    activity_env.run(cluster.undo_provision, undo)
+
+    assert _absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert _absent(core.read_namespaced_service, TARGET, ref.namespace)
+    assert _claims(kube_api, ref.namespace, TARGET) == []
+    assert core.list_namespaced_pod(ref.namespace, label_selector=f"{STATEFULSET_LABEL}={TARGET}").items == []
+    assert core.read_namespaced_persistent_volume_claim("keep-me", ref.namespace).metadata.deletion_timestamp is None
+    assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2
+    assert [c.metadata.name for c in _claims(kube_api, ref.namespace, SOURCE)] == [
+        "data-orders-db-0",
+        "data-orders-db-1",
+    ]
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
+
+    activity_env.run(cluster.undo_provision, undo)  # a second run is harmless
+
+    assert _absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2

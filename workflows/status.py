@@ -1,0 +1,99 @@
+"""The saga's view of a Migration's status, kept by the workflow and mirrored into the resource.
+
+Deterministic: times come from the caller (workflow.now()), nothing does I/O. Conditions
+follow the Kubernetes conventions: one entry per type, lastTransitionTime changes only
+when the status of that condition changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+from ferry.api.migration import (
+    STEP_ORDER,
+    Condition,
+    ConditionStatus,
+    Phase,
+    SnapshotStatus,
+    StepName,
+    StepState,
+    StepStatus,
+    WorkflowRef,
+)
+from ferry.api.migration import MigrationStatus as StatusModel
+
+TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+
+CONDITION_TYPES = ("Succeeded", "Progressing", "AwaitingApproval", "Paused", "RolledBack")
+
+
+def _condition_states(phase: Phase) -> dict[str, ConditionStatus]:
+    succeeded = TRUE if phase is Phase.SUCCEEDED else FALSE if phase.finished else UNKNOWN
+    return {
+        "Succeeded": succeeded,
+        "Progressing": TRUE if phase in (Phase.PENDING, Phase.RUNNING, Phase.ROLLING_BACK) else FALSE,
+        "AwaitingApproval": TRUE if phase is Phase.AWAITING_APPROVAL else FALSE,
+        "Paused": TRUE if phase is Phase.PAUSED else FALSE,
+        "RolledBack": TRUE if phase is Phase.ROLLED_BACK else FALSE,
+    }
+
+
+@dataclasses.dataclass
+class SagaStatus:
+    """Mutable status the workflow updates at every transition."""
+
+    workflow: WorkflowRef
+    generation: int
+    phase: Phase = Phase.PENDING
+    current_step: StepName | None = None
+    message: str = ""
+    approved_by: str | None = None
+    snapshot: SnapshotStatus | None = None
+    steps: dict[StepName, StepStatus] = dataclasses.field(
+        default_factory=lambda: {step: StepStatus(name=step) for step in STEP_ORDER}
+    )
+    conditions: dict[str, Condition] = dataclasses.field(default_factory=dict)
+
+    def set_phase(self, phase: Phase, message: str, now: datetime) -> None:
+        self.phase = phase
+        self.message = message
+        for kind, state in _condition_states(phase).items():
+            previous = self.conditions.get(kind)
+            changed = previous is None or previous.status != state
+            self.conditions[kind] = Condition(
+                type=kind,
+                status=state,
+                reason=phase.value,
+                message=message,
+                observed_generation=self.generation,
+                last_transition_time=now if changed or previous is None else previous.last_transition_time,
+            )
+
+    def update_step(self, step: StepName, now: datetime, **changes: object) -> StepStatus:
+        """Replaces fields of a step's entry; state changes to RUNNING count an attempt and stamp times."""
+        entry = self.steps[step]
+        fields = dict(changes)
+        state = fields.get("state")
+        if state is StepState.RUNNING:
+            fields.setdefault("attempts", entry.attempts + 1)
+            fields.setdefault("started_at", now)
+            fields.setdefault("finished_at", None)
+            fields.setdefault("last_error", None)
+        elif state in (StepState.SUCCEEDED, StepState.FAILED, StepState.COMPENSATED, StepState.COMPENSATION_FAILED):
+            fields.setdefault("finished_at", now)
+        self.steps[step] = entry.model_copy(update=fields)
+        return self.steps[step]
+
+    def to_model(self) -> StatusModel:
+        return StatusModel(
+            phase=self.phase,
+            current_step=self.current_step,
+            message=self.message,
+            steps=[self.steps[step] for step in STEP_ORDER],
+            conditions=[self.conditions[kind] for kind in CONDITION_TYPES if kind in self.conditions],
+            observed_generation=self.generation,
+            workflow=self.workflow,
+            snapshot=self.snapshot,
+            approved_by=self.approved_by,
+        )
