@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from ferry.stack.install import Binaries, ensure_binaries
 from ferry.stack.stack import Stack, StackInfo
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+pytest_plugins = ["tests.end_to_end"]
 
 
 def make_state_dir(prefix: str) -> Path:
@@ -79,7 +82,9 @@ def task_queue() -> str:
 async def temporal_client(stack: StackInfo) -> Client:
     assert stack.temporal_address
     assert stack.temporal_namespace
-    return await Client.connect(stack.temporal_address, namespace=stack.temporal_namespace)
+    return await Client.connect(
+        stack.temporal_address, namespace=stack.temporal_namespace, data_converter=pydantic_data_converter
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,7 @@ the session stack's real API server, controllers and kwok node.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,38 +19,12 @@ from activities.settings import KubeActivitySettings
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult
 from tests import samples
+from tests.cluster import create_source
 
-SOURCE = "orders-db"
-"""The source StatefulSet, and the stable Service its clients use."""
-SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 TARGET = "orders-db-16"
 TARGET_PODS = ["orders-db-16-0", "orders-db-16-1"]
 MIGRATION = "orders-db-to-16"
 UI_URL = "http://temporal-ui.example:8233"
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Waits for something the cluster does in the background; fails naming it."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def endpoint_pods(kube_api: k8s.ApiClient, namespace: str, service: str) -> list[str]:
-    """The Pods a Service's EndpointSlices list: where its traffic goes."""
-    slices = k8s.DiscoveryV1Api(kube_api).list_namespaced_endpoint_slice(
-        namespace, label_selector=f"kubernetes.io/service-name={service}"
-    )
-    return sorted(
-        endpoint.target_ref.name for piece in slices.items for endpoint in piece.endpoints or [] if endpoint.target_ref
-    )
-
-
-def ready_replicas(kube_api: k8s.ApiClient, namespace: str, name: str) -> int:
-    status = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(name, namespace).status
-    return int(status.ready_replicas or 0)
 
 
 @pytest.fixture
@@ -98,46 +70,7 @@ def spec() -> MigrationSpec:
 @pytest.fixture
 def source(kube_api: k8s.ApiClient, namespace: str) -> str:
     """orders-db: two Ready postgres:15 replicas on 1Gi "standard" volumes, behind the stable Service orders-db."""
-    labels = {"app": SOURCE}
-    k8s.CoreV1Api(kube_api).create_namespaced_service(
-        namespace,
-        k8s.V1Service(
-            metadata=k8s.V1ObjectMeta(name=SOURCE),
-            spec=k8s.V1ServiceSpec(selector=labels, ports=[k8s.V1ServicePort(name="postgres", port=5432)]),
-        ),
-    )
-    container = k8s.V1Container(
-        name="postgres",
-        image="postgres:15",
-        volume_mounts=[k8s.V1VolumeMount(name="data", mount_path="/var/lib/postgresql/data")],
-    )
-    claim = k8s.V1PersistentVolumeClaim(
-        metadata=k8s.V1ObjectMeta(name="data"),
-        spec=k8s.V1PersistentVolumeClaimSpec(
-            access_modes=["ReadWriteOnce"],
-            storage_class_name="standard",
-            resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-        ),
-    )
-    k8s.AppsV1Api(kube_api).create_namespaced_stateful_set(
-        namespace,
-        k8s.V1StatefulSet(
-            metadata=k8s.V1ObjectMeta(name=SOURCE),
-            spec=k8s.V1StatefulSetSpec(
-                service_name=SOURCE,
-                replicas=2,
-                pod_management_policy="Parallel",
-                selector=k8s.V1LabelSelector(match_labels=labels),
-                template=k8s.V1PodTemplateSpec(
-                    metadata=k8s.V1ObjectMeta(labels=labels), spec=k8s.V1PodSpec(containers=[container])
-                ),
-                volume_claim_templates=[claim],
-            ),
-        ),
-    )
-    eventually("the source to be Ready", lambda: ready_replicas(kube_api, namespace, SOURCE) == 2)
-    eventually("the source's endpoints", lambda: endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS)
-    return SOURCE
+    return create_source(kube_api, namespace)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
-from tests.activities.conftest import MIGRATION, SOURCE, SOURCE_PODS, TARGET, TARGET_PODS, endpoint_pods, ready_replicas
+from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, ready_replicas
 
 
 def _claims(kube_api: k8s.ApiClient, namespace: str, stateful_set: str) -> list[Any]:

@@ -7,7 +7,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
 from ferry.api.saga import MigrationRef, ScaleDownOldInput, ScaleDownOldResult, UndoScaleDownOldInput
-from tests.activities.conftest import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
 
 
 def _source(kube_api: k8s.ApiClient, namespace: str) -> k8s.V1StatefulSet:

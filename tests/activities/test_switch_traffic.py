@@ -15,7 +15,8 @@ from ferry.api.saga import (
     SwitchTrafficResult,
     UndoSwitchTrafficInput,
 )
-from tests.activities.conftest import SOURCE, SOURCE_PODS, TARGET, TARGET_PODS, endpoint_pods
+from tests.activities.conftest import TARGET, TARGET_PODS
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods
 
 ORIGINAL_SELECTOR = {"app": SOURCE}
 

@@ -1,0 +1,171 @@
+"""Fixtures for whole migrations on the session stack: databases, Secrets, a bucket, a real worker.
+
+A test gets a fresh source and target database (one in each PostgreSQL instance of
+the stack), the Secrets a Migration names for them and for S3, the source StatefulSet
+and its Service in its namespace, and ferry's worker polling its own task queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import boto3
+import psycopg
+import pytest
+from kubernetes import client as k8s
+from temporalio.client import Client, WorkflowHandle
+
+from ferry.api.migration import MigrationSpec
+from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from ferry.clients import TemporalSettings
+from ferry.stack.postgres import PostgresEndpoint
+from ferry.stack.stack import StackInfo
+from tests import samples
+from tests.cluster import create_source
+from tests.conftest import Kubectl
+from worker import runner
+from worker.settings import WorkerSettings
+
+SOURCE_SECRET = "orders-db-source"
+TARGET_SECRET = "orders-db-target"
+S3_SECRET = "snapshot-credentials"
+
+
+@dataclasses.dataclass(frozen=True)
+class Databases:
+    """One test's databases: `source` in the source instance, `target` in the target instance."""
+
+    source: PostgresEndpoint
+    target: PostgresEndpoint
+
+
+def _create_database(admin: PostgresEndpoint, name: str) -> PostgresEndpoint:
+    with psycopg.connect(admin.dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    return dataclasses.replace(admin, database=name)
+
+
+def _drop_database(admin: PostgresEndpoint, name: str) -> None:
+    with psycopg.connect(admin.dsn, autocommit=True) as conn:
+        conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def databases(stack: StackInfo) -> Iterator[Databases]:
+    name = f"orders_{uuid.uuid4().hex[:10]}"
+    source_admin, target_admin = stack.postgres["source"], stack.postgres["target"]
+    dbs = Databases(source=_create_database(source_admin, name), target=_create_database(target_admin, name))
+    yield dbs
+    _drop_database(source_admin, name)
+    _drop_database(target_admin, name)
+
+
+def _secret(name: str, data: dict[str, str]) -> k8s.V1Secret:
+    return k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), string_data=data)
+
+
+def _connection(endpoint: PostgresEndpoint) -> dict[str, str]:
+    return {
+        "host": endpoint.host,
+        "port": str(endpoint.port),
+        "username": endpoint.user,
+        "password": endpoint.password,
+        "database": endpoint.database,
+    }
+
+
+@pytest.fixture
+def bucket(stack: StackInfo) -> str:
+    name = f"ferry-{uuid.uuid4().hex[:12]}"
+    s3_client(stack).create_bucket(Bucket=name)
+    return name
+
+
+def s3_client(stack: StackInfo) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=stack.s3_endpoint,
+        aws_access_key_id=stack.s3_access_key,
+        aws_secret_access_key=stack.s3_secret_key,
+        region_name=stack.s3_region,
+    )
+
+
+@pytest.fixture
+def migration_secrets(kube_api: k8s.ApiClient, namespace: str, stack: StackInfo, databases: Databases) -> None:
+    """The Secrets a Migration names: both database connections and the S3 credentials."""
+    core = k8s.CoreV1Api(kube_api)
+    core.create_namespaced_secret(namespace, _secret(SOURCE_SECRET, _connection(databases.source)))
+    core.create_namespaced_secret(namespace, _secret(TARGET_SECRET, _connection(databases.target)))
+    assert stack.s3_access_key is not None
+    assert stack.s3_secret_key is not None
+    credentials = {"accessKeyId": stack.s3_access_key, "secretAccessKey": stack.s3_secret_key}
+    core.create_namespaced_secret(namespace, _secret(S3_SECRET, credentials))
+
+
+@pytest.fixture
+def source_workload(kube_api: k8s.ApiClient, namespace: str) -> str:
+    """The source StatefulSet orders-db and its stable Service, Ready on the kwok node."""
+    return create_source(kube_api, namespace)
+
+
+def migration_manifest(stack: StackInfo, bucket: str, name: str = "orders-db-to-16", **spec: Any) -> dict[str, Any]:
+    """A Migration of orders-db into orders-db-16 through the test's bucket on the stack's S3."""
+    snapshot = {
+        "bucket": bucket,
+        "endpoint": stack.s3_endpoint,
+        "region": stack.s3_region,
+        "credentialsSecret": S3_SECRET,
+    }
+    spec.setdefault("snapshot", snapshot)
+    spec.setdefault("driver", {"type": "postgresql", "sourceSecret": SOURCE_SECRET, "targetSecret": TARGET_SECRET})
+    return samples.migration(name, **spec)
+
+
+def apply_migration(kubectl: Kubectl, namespace: str, manifest: dict[str, Any]) -> MigrationRef:
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    name = manifest["metadata"]["name"]
+    uid = kubectl("get", "migration", name, "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout
+    return MigrationRef(namespace=namespace, name=name, uid=uid)
+
+
+async def start_migration(
+    client: Client, ref: MigrationRef, manifest: dict[str, Any], task_queue: str
+) -> WorkflowHandle[Any, Any]:
+    """Starts the saga for an applied Migration directly, as the watcher would."""
+    spec = MigrationSpec.model_validate(manifest["spec"])
+    return await client.start_workflow(
+        "Migration",
+        MigrationInput(ref=ref, generation=1, spec=spec),
+        id=workflow_id(ref),
+        task_queue=task_queue,
+    )
+
+
+def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
+    assert stack.temporal_address is not None
+    return WorkerSettings(
+        temporal=TemporalSettings(address=stack.temporal_address, namespace=stack.temporal_namespace or "default"),
+        task_queue=task_queue,
+        kubeconfig=stack.kubeconfig,
+        temporal_ui_url=stack.temporal_ui_url,
+        poll_interval=0.2,
+    )
+
+
+@pytest.fixture
+async def ferry_worker(stack: StackInfo, task_queue: str) -> AsyncIterator[WorkerSettings]:
+    """ferry's real worker, in this process, polling the test's task queue."""
+    settings = worker_settings(stack, task_queue)
+    stop = asyncio.Event()
+    running = asyncio.create_task(runner.run(settings, stop=stop))
+    yield settings
+    stop.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(running, timeout=60)

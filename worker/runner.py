@@ -1,0 +1,82 @@
+"""Builds and runs ferry's worker: the migration workflow and every activity, on one task queue.
+
+Activities talk to blocking clients (Kubernetes, PostgreSQL, S3), so they are plain
+functions run in a thread pool; heartbeats are sent at least every two seconds so a
+cancellation (a rollback) reaches a running activity promptly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.cluster import ClusterActivities
+from activities.settings import KubeActivitySettings
+from activities.status import StatusActivities
+from ferry.clients import connect_temporal, kubernetes_client
+from worker.settings import WorkerSettings
+from workflows.migration import MigrationWorkflow
+
+log = logging.getLogger("ferry.worker")
+
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
+
+
+def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
+    """Every activity the saga calls, bound to its clients."""
+    kube_settings = KubeActivitySettings(poll_interval=settings.poll_interval, temporal_ui_url=settings.temporal_ui_url)
+    cluster = ClusterActivities(api, kube_settings)
+    status = StatusActivities(api, kube_settings)
+    return [
+        cluster.provision,
+        cluster.undo_provision,
+        cluster.switch_traffic,
+        cluster.undo_switch_traffic,
+        cluster.scale_down_old,
+        cluster.undo_scale_down_old,
+        status.mirror_status,
+    ]
+
+
+def build_worker(
+    client: Client,
+    api: k8s.ApiClient,
+    settings: WorkerSettings,
+    executor: concurrent.futures.Executor,
+) -> Worker:
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[MigrationWorkflow],
+        activities=activities(api, settings),
+        activity_executor=executor,
+        max_concurrent_activities=settings.max_concurrent_activities,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        identity=f"ferry-worker@{socket.gethostname()}",
+    )
+
+
+async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
+    """Runs the worker until `stop` is set (or forever); shuts down gracefully."""
+    client = await connect_temporal(settings.temporal, identity=f"ferry-worker@{socket.gethostname()}")
+    api = kubernetes_client(settings.kubeconfig)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
+        worker = build_worker(client, api, settings, executor)
+        log.info(
+            "worker polling task queue %s on %s (namespace %s)",
+            settings.task_queue,
+            settings.temporal.address,
+            settings.temporal.namespace,
+        )
+        async with worker:
+            await (stop or asyncio.Event()).wait()
+    api.close()
