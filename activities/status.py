@@ -1,17 +1,16 @@
 """Mirrors the saga's progress into the Migration's status, and records its Events, for kubectl users.
 
-The workflow owns the status; the watcher owns one part of it, status.controls (which
-kubectl controls it has acted on). So the status is written from a fresh read that
-keeps the watcher's part, conditional on that read's resourceVersion: when the watcher
-wrote in between, the API server answers 409 and the write is recomputed from a new
-read. Events get names derived from the transition they record, so a retried activity
-finds its Event already there instead of recording it twice.
+The workflow owns the status; the watcher owns two parts of it: status.controls (which
+kubectl controls it has acted on) and status.deletion (why a deleted Migration waits).
+So the status is written from a fresh read that keeps the watcher's parts, conditional
+on that read's resourceVersion: when the watcher wrote in between, the API server
+answers 409 and the write is recomputed from a new read. Events get names derived from
+the transition they record, so a retried activity finds its Event already there
+instead of recording it twice (see activities/events.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -20,16 +19,14 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities import kube_calls
+from activities.events import record_event
 from activities.settings import KubeActivitySettings
-from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION, MigrationStatus
+from ferry.api.migration import GROUP, PLURAL, VERSION, WATCHER_STATUS_FIELDS, MigrationStatus
 from ferry.api.saga import EventRecord, KubeActivity, MigrationRef, MirrorStatusInput, MirrorStatusResult
 
-CONTROLS = "controls"
-"""The status field that belongs to the watcher; mirror_status keeps whatever the fresh read holds."""
-EVENT_COMPONENT = "ferry"
+WATCHER_FIELDS = WATCHER_STATUS_FIELDS
+"""Status fields that belong to the watcher; mirror_status keeps whatever the fresh read holds."""
 REPORTING_COMPONENT = "ferry.dev/saga"
-MAX_EVENT_MESSAGE = 1024
-MAX_NAME = 253
 
 
 class StatusActivities:
@@ -95,9 +92,10 @@ class StatusActivities:
 
     def _status_document(self, status: MigrationStatus, current: dict[str, Any]) -> dict[str, Any]:
         wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        wanted.pop(CONTROLS, None)
-        if CONTROLS in current:
-            wanted[CONTROLS] = current[CONTROLS]
+        for field in WATCHER_FIELDS:
+            wanted.pop(field, None)
+            if field in current:
+                wanted[field] = current[field]
         workflow = wanted.get("workflow")
         if workflow is not None and "url" not in workflow:
             url = self._workflow_url(workflow)
@@ -115,35 +113,15 @@ class StatusActivities:
         return f"{ui.rstrip('/')}/namespaces/{namespace}/workflows/{workflow_id}/{run_id}/history"
 
     def _record_event(self, ref: MigrationRef, event: EventRecord) -> None:
-        digest = hashlib.sha256(f"{ref.uid}{event.key}".encode()).hexdigest()[:16]
-        name = f"{ref.name[: MAX_NAME - len(digest) - 1]}.{digest}"
-        now = datetime.now(UTC)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": ref.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "uid": ref.uid,
-            },
-            "type": event.type.value,
-            "reason": event.reason,
-            "message": event.message[:MAX_EVENT_MESSAGE],
-            "source": {"component": EVENT_COMPONENT},
-            "reportingComponent": REPORTING_COMPONENT,
-            "reportingInstance": self._settings.reporting_instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self._core.create_namespaced_event(ref.namespace, body)
-        except ApiException as error:
-            if not kube_calls.is_conflict(error):
-                raise
-            activity.logger.debug("Event %s/%s was already recorded", ref.namespace, name)
-            return
-        activity.logger.info("recorded %s Event %s for Migration %s: %s", event.type.value, event.reason, ref, name)
+        created = record_event(
+            self._core,
+            ref,
+            type=event.type,
+            reason=event.reason,
+            message=event.message,
+            key=event.key,
+            component=REPORTING_COMPONENT,
+            instance=self._settings.reporting_instance,
+        )
+        if created:
+            activity.logger.info("recorded %s Event %s for Migration %s", event.type.value, event.reason, ref)

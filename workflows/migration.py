@@ -117,27 +117,36 @@ class MigrationWorkflow:
         self._awaiting_decision = False
         self._events = 0
         self._indexed: tuple[str, str] | None = None
+        self._requests: set[str] = set()
 
     # --- signals and query ------------------------------------------------------------------
 
     @workflow.signal(name=Signal.APPROVE.value)
     def approve(self, request: ControlRequest | None = None) -> None:
+        if self._seen(request):
+            return
         if self._status.approved_by is None:
             self._status.approved_by = (request and request.by) or "unknown"
             self._observe(request)
 
     @workflow.signal(name=Signal.PAUSE.value)
     def pause(self, request: ControlRequest | None = None) -> None:
+        if self._seen(request):
+            return
         self._pause_requested = True
         self._observe(request)
 
     @workflow.signal(name=Signal.RESUME.value)
     def resume(self, request: ControlRequest | None = None) -> None:
+        if self._seen(request):
+            return
         self._pause_requested = False
         self._observe(request)
 
     @workflow.signal(name=Signal.RETRY.value)
     def retry(self, request: ControlRequest | None = None) -> None:
+        if self._seen(request):
+            return
         if self._awaiting_decision:
             self._retry_requested = True
         else:
@@ -146,6 +155,8 @@ class MigrationWorkflow:
 
     @workflow.signal(name=Signal.ROLLBACK.value)
     def rollback(self, request: ControlRequest | None = None) -> None:
+        if self._seen(request):
+            return
         if self._rollback is None:
             self._rollback = request or ControlRequest()
         self._observe(request)
@@ -153,6 +164,16 @@ class MigrationWorkflow:
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> MigrationStatus:
         return self._status.to_model()
+
+    def _seen(self, request: ControlRequest | None) -> bool:
+        """True for a request already acted on: the watcher may deliver a control twice after a crash."""
+        if request is None or not request.request_id:
+            return False
+        if request.request_id in self._requests:
+            workflow.logger.info("ignored repeated request %s for %s", request.request_id, self._ref)
+            return True
+        self._requests.add(request.request_id)
+        return False
 
     def _observe(self, request: ControlRequest | None) -> None:
         if request is not None and request.generation is not None:

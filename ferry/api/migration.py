@@ -317,10 +317,38 @@ class SnapshotStatus(ApiModel):
     deleted: bool = Field(default=False, description="Whether retention has deleted the object.")
 
 
-class ControlsStatus(ApiModel):
-    """Which kubectl controls (annotations) ferry has already acted on, so none acts twice."""
+CONTROL_PREFIX = f"{GROUP}/"
+"""Annotations `ferry.dev/<control>` are kubectl controls, e.g. `ferry.dev/approve=alice`."""
 
-    acknowledged: dict[str, str] = Field(default_factory=dict)
+CONTROLS = ("approve", "pause", "resume", "retry", "rollback")
+"""The controls a person can give with an annotation (or as a signal from tctl or the temporal CLI)."""
+
+
+class ControlsStatus(ApiModel):
+    """Which kubectl controls (annotations) ferry has already acted on, so none acts twice.
+
+    Written by the watcher only; the saga's status mirror keeps it as it is.
+    """
+
+    acknowledged: dict[str, str] = Field(
+        default_factory=dict, description="Annotation name to the value ferry acted on (or rejected)."
+    )
+    message: str | None = Field(default=None, description="What happened to the last control given.")
+
+
+class DeletionStatus(ApiModel):
+    """Why a deleted Migration is still there: ferry holds its finalizer until the undo or cleanup ends.
+
+    Written by the watcher only; the saga's status mirror keeps it as it is.
+    """
+
+    message: str
+    waiting_since: datetime
+    deadline: datetime = Field(description="When ferry stops waiting and releases the finalizer anyway.")
+
+
+WATCHER_STATUS_FIELDS = ("controls", "deletion")
+"""Status fields the watcher owns; everything else in the status is the saga's."""
 
 
 class MigrationStatus(ApiModel):
@@ -334,6 +362,7 @@ class MigrationStatus(ApiModel):
     snapshot: SnapshotStatus | None = None
     approved_by: str | None = None
     controls: ControlsStatus | None = None
+    deletion: DeletionStatus | None = None
 
 
 class Migration(ApiModel):

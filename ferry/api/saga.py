@@ -28,6 +28,7 @@ TASK_QUEUE = "ferry"
 """The default task queue of ferry's workers."""
 
 WORKFLOW_NAME = "Migration"
+CLEANUP_WORKFLOW_NAME = "MigrationRetentionCleanup"
 
 
 class MigrationRef(ApiModel):
@@ -44,6 +45,10 @@ class MigrationRef(ApiModel):
 def workflow_id(ref: MigrationRef) -> str:
     """The one workflow ID of a Migration object; a re-created object (new UID) gets a new one."""
     return f"migration/{ref.namespace}/{ref.name}/{ref.uid}"
+
+
+def cleanup_workflow_id(ref: MigrationRef) -> str:
+    return f"cleanup/{ref.namespace}/{ref.name}/{ref.uid}"
 
 
 # --- workflow ------------------------------------------------------------------------------
@@ -80,6 +85,10 @@ class ControlRequest(ApiModel):
     by: str = Field(default="", description="Who asked, e.g. a user name; shown in status and events.")
     reason: str = Field(default="", description="Why, in a few words.")
     generation: int | None = Field(default=None, description="The Migration generation that carried the request.")
+    request_id: str = Field(
+        default="",
+        description="Identifies one request: a signal sent twice with the same non-empty id is acted on once.",
+    )
 
 
 # --- Kubernetes activities -----------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Kubernetes Events about a Migration, recorded once per transition however often a call is retried.
+
+An Event's name is derived from the Migration's UID and a key naming the transition,
+so a second recording of the same transition finds the Event there (409) and stops.
+Used by the status mirror (the saga's Events) and by the watcher (its own Events).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import UTC, datetime
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from ferry.api.migration import API_VERSION, KIND, EventType
+from ferry.api.saga import MigrationRef
+
+MAX_MESSAGE = 1024
+MAX_NAME = 253
+
+log = logging.getLogger("ferry.events")
+
+
+def record_event(
+    core: k8s.CoreV1Api,
+    ref: MigrationRef,
+    *,
+    type: EventType,
+    reason: str,
+    message: str,
+    key: str,
+    component: str,
+    instance: str,
+) -> bool:
+    """Creates the Event unless it exists; returns whether this call created it."""
+    digest = hashlib.sha256(f"{ref.uid}{key}".encode()).hexdigest()[:16]
+    name = f"{ref.name[: MAX_NAME - len(digest) - 1]}.{digest}"
+    now = datetime.now(UTC)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": ref.namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+        },
+        "type": type.value,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "source": {"component": "ferry"},
+        "reportingComponent": component,
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        core.create_namespaced_event(ref.namespace, body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        log.debug("Event %s/%s was already recorded", ref.namespace, name)
+        return False
+    return True
