@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -64,6 +65,41 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Runs an async component until SIGINT or SIGTERM, then lets it shut down cleanly."""
+
+    async def supervise() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await main(stop)
+
+    asyncio.run(supervise())
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from worker import runner
+    from worker import settings as worker_settings
+
+    settings = worker_settings.from_arguments(args)
+    return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
+
+
+def _cmd_watcher(args: argparse.Namespace) -> int:
+    from watcher import runner
+    from watcher import settings as watcher_settings
+    from watcher.leadership import LeadershipLost
+
+    settings = watcher_settings.from_arguments(args)
+    try:
+        return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
+    except LeadershipLost as lost:
+        log.error("%s; exiting so that a fresh start can stand by again", lost)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ferry",
@@ -96,6 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
     up.set_defaults(run=_cmd_up)
+    from watcher import settings as watcher_settings
+    from worker import settings as worker_settings
+
+    worker = commands.add_parser(
+        "worker",
+        help="run ferry's Temporal worker (the saga and its activities) against a cluster",
+        description="Polls the task queue for migration workflows and runs their activities against the "
+        "Kubernetes cluster of --kubeconfig, the databases and the S3 buckets the Migrations name. "
+        "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets.",
+    )
+    worker_settings.add_arguments(worker)
+    worker.set_defaults(run=_cmd_worker)
+
+    watcher = commands.add_parser(
+        "watcher",
+        help="run ferry's watcher: each Migration becomes exactly one workflow",
+        description="Lists and watches Migrations, holds their finalizer, starts one workflow per Migration, "
+        "turns kubectl controls (annotations) into signals, and holds deletion until the undo is done. "
+        "Replicas elect one active watcher through a Lease. Every flag can also be set by the FERRY_ "
+        "variable in brackets.",
+    )
+    watcher_settings.add_arguments(watcher)
+    watcher.set_defaults(run=_cmd_watcher)
+
     crd = commands.add_parser(
         "crd",
         help="print the Migration CustomResourceDefinition generated from ferry's API models",

@@ -24,6 +24,7 @@ from activities.settings import KubeActivitySettings
 from activities.status import StatusActivities
 from ferry.clients import connect_temporal, kubernetes_client
 from worker.settings import WorkerSettings
+from workflows.cleanup import RetentionCleanupWorkflow
 from workflows.migration import MigrationWorkflow
 
 log = logging.getLogger("ferry.worker")
@@ -56,7 +57,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[MigrationWorkflow],
+        workflows=[MigrationWorkflow, RetentionCleanupWorkflow],
         activities=activities(api, settings),
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,

@@ -39,6 +39,24 @@ def _condition_states(phase: Phase) -> dict[str, ConditionStatus]:
     }
 
 
+def conditions_for(
+    phase: Phase, message: str, generation: int | None, previous: dict[str, Condition], now: datetime
+) -> dict[str, Condition]:
+    """The conditions of a Migration in `phase`; a condition keeps its lastTransitionTime unless its status changes."""
+    conditions = {}
+    for kind, state in _condition_states(phase).items():
+        before = previous.get(kind)
+        conditions[kind] = Condition(
+            type=kind,
+            status=state,
+            reason=phase.value,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=before.last_transition_time if before and before.status == state else now,
+        )
+    return conditions
+
+
 @dataclasses.dataclass
 class SagaStatus:
     """Mutable status the workflow updates at every transition."""
@@ -58,17 +76,7 @@ class SagaStatus:
     def set_phase(self, phase: Phase, message: str, now: datetime) -> None:
         self.phase = phase
         self.message = message
-        for kind, state in _condition_states(phase).items():
-            previous = self.conditions.get(kind)
-            changed = previous is None or previous.status != state
-            self.conditions[kind] = Condition(
-                type=kind,
-                status=state,
-                reason=phase.value,
-                message=message,
-                observed_generation=self.generation,
-                last_transition_time=now if changed or previous is None else previous.last_transition_time,
-            )
+        self.conditions = conditions_for(phase, message, self.generation, self.conditions, now)
 
     def update_step(self, step: StepName, now: datetime, **changes: object) -> StepStatus:
         """Replaces fields of a step's entry; state changes to RUNNING count an attempt and stamp times."""

@@ -1,0 +1,81 @@
+"""kubectl controls: annotations `ferry.dev/<control>=<who>[: <reason>]` and the spec.paused field.
+
+A control is acted on once: the watcher sends its signal with a request id derived from
+the annotation and its value (the workflow ignores an id it has seen), then records the
+value in status.controls.acknowledged, so a relist does not repeat it. To give the same
+control again, give it a new value, e.g. `kubectl annotate --overwrite ... ferry.dev/retry="alice: 2nd"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from ferry.api.migration import CONTROL_PREFIX, CONTROLS
+from ferry.api.saga import ControlRequest, Signal
+
+SPEC_PAUSED = "spec.paused"
+"""Key under which the acted-on value of spec.paused is acknowledged."""
+
+_WHO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,62}$")
+FORMAT = "'<who>' or '<who>: <reason>', where <who> is a name of up to 63 letters, digits or @._+-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """A control to send to the workflow."""
+
+    key: str
+    """The annotation (or spec.paused) that asked for it."""
+    value: str
+    """Its value, as acknowledged once acted on."""
+    signal: Signal
+    request: ControlRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """An annotation that cannot be acted on; recorded as a Warning Event and in status."""
+
+    key: str
+    value: str
+    why: str
+
+
+def pending(obj: dict[str, Any]) -> list[Control | Rejection]:
+    """The controls of a Migration object not yet acknowledged in its status, in a stable order."""
+    metadata = obj["metadata"]
+    generation = int(metadata.get("generation", 1))
+    acknowledged: dict[str, str] = ((obj.get("status") or {}).get("controls") or {}).get("acknowledged") or {}
+    found: list[Control | Rejection] = []
+    for key, value in sorted((metadata.get("annotations") or {}).items()):
+        if not key.startswith(CONTROL_PREFIX) or acknowledged.get(key) == value:
+            continue
+        found.append(_parse(key, value, generation))
+    paused = bool((obj.get("spec") or {}).get("paused", False))
+    state = str(paused).lower()
+    previous = acknowledged.get(SPEC_PAUSED)
+    # spec.paused acts on changes: at creation the workflow reads it from its input, so an
+    # unpaused Migration needs no signal until spec.paused is first set.
+    acted_on = previous.split("@")[0] if previous else "false"
+    if state != acted_on:
+        value = f"{state}@{generation}"
+        request = ControlRequest(
+            by="spec.paused", reason=f"spec.paused set to {state}", generation=generation,
+            request_id=f"{SPEC_PAUSED}={value}",
+        )  # fmt: skip
+        found.append(Control(SPEC_PAUSED, value, Signal.PAUSE if paused else Signal.RESUME, request))
+    return found
+
+
+def _parse(key: str, value: str, generation: int) -> Control | Rejection:
+    name = key[len(CONTROL_PREFIX) :]
+    if name not in CONTROLS:
+        return Rejection(key, value, f"{key} is not a control ferry knows; use one of {', '.join(CONTROLS)}")
+    who, _, reason = value.partition(":")
+    who, reason = who.strip(), reason.strip()
+    if not _WHO.match(who) or len(reason) > 256:
+        return Rejection(key, value, f"{key}={value!r} is not valid; the value must be {FORMAT}")
+    request = ControlRequest(by=who, reason=reason, generation=generation, request_id=f"{key}={value}")
+    return Control(key, value, Signal(name), request)

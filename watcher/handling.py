@@ -1,0 +1,144 @@
+"""What the watcher does with the latest state of one Migration. Level-triggered and idempotent.
+
+For a live Migration: hold the finalizer, make sure its workflow exists, turn new
+kubectl controls into signals, and (on a full list) notice a workflow terminated from
+outside. A deleted Migration goes to the deletion handler. Nothing is remembered between
+calls: everything needed is in the object, its status, and Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from ferry.api.migration import FINALIZER, FINISHED_PHASES, EventType, MigrationSpec, Phase
+from ferry.api.saga import MigrationRef, workflow_id
+from watcher import controls
+from watcher.deletion import DeletionHandler
+from watcher.patching import MigrationWriter, ref_of
+from watcher.settings import WatcherSettings
+from watcher.starting import ensure_started
+
+log = logging.getLogger("ferry.watcher.handling")
+
+_FINISHED = {phase.value for phase in FINISHED_PHASES}
+
+
+class MigrationHandler:
+    def __init__(
+        self, client: Client, writer: MigrationWriter, settings: WatcherSettings, deletion: DeletionHandler
+    ) -> None:
+        self._client = client
+        self._writer = writer
+        self._settings = settings
+        self._deletion = deletion
+
+    async def handle(self, obj: dict[str, Any], listed: bool) -> None:
+        ref = ref_of(obj)
+        if obj["metadata"].get("deletionTimestamp"):
+            await self._deletion.handle(obj)
+            return
+        status = obj.get("status") or {}
+        finished = status.get("phase") in _FINISHED
+        if not finished:
+            spec = await self._spec(obj, ref)
+            if spec is None:
+                return
+            if FINALIZER not in (obj["metadata"].get("finalizers") or []):
+                await asyncio.to_thread(self._writer.add_finalizer, ref)
+            if (status.get("workflow") or {}).get("id") != workflow_id(ref):
+                generation = int(obj["metadata"].get("generation", 1))
+                await ensure_started(self._client, ref, generation, spec, self._settings.task_queue)
+        await self._apply_controls(obj, ref)
+        if listed and not finished and status.get("workflow"):
+            await self._notice_abandoned(obj, ref)
+
+    async def _spec(self, obj: dict[str, Any], ref: MigrationRef) -> MigrationSpec | None:
+        try:
+            return MigrationSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as error:
+            # The CRD's schema should have refused it; an older CRD may not have.
+            problems = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            message = f"ferry cannot run this Migration: {problems}. Fix the spec (or re-create the Migration)."
+            generation = obj["metadata"].get("generation")
+            await asyncio.to_thread(
+                self._writer.event, ref, EventType.WARNING, "InvalidSpec", message, key=f"invalid-spec.{generation}"
+            )
+            await asyncio.to_thread(self._writer.patch_status, ref, {"phase": Phase.FAILED.value, "message": message})
+            return None
+
+    async def _apply_controls(self, obj: dict[str, Any], ref: MigrationRef) -> None:
+        for item in controls.pending(obj):
+            if isinstance(item, controls.Rejection):
+                await asyncio.to_thread(
+                    self._writer.event,
+                    ref,
+                    EventType.WARNING,
+                    "InvalidControl",
+                    item.why,
+                    key=f"{item.key}={item.value}",
+                )
+                await self._acknowledge(ref, item.key, item.value, item.why)
+                continue
+            handle = self._client.get_workflow_handle(workflow_id(ref))
+            try:
+                await handle.signal(item.signal.value, item.request)
+            except RPCError as error:
+                if error.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                why = f"{item.key}={item.value!r} ignored: the migration's workflow has finished"
+                await asyncio.to_thread(
+                    self._writer.event, ref, EventType.WARNING, "ControlIgnored", why, key=f"{item.key}={item.value}"
+                )
+                await self._acknowledge(ref, item.key, item.value, why)
+                continue
+            by = f" from {item.request.by}" if item.request.by else ""
+            message = f"{item.key}: sent {item.signal.value}{by} to the saga"
+            await asyncio.to_thread(
+                self._writer.event, ref, EventType.NORMAL, "ControlSent", message, key=f"{item.key}={item.value}"
+            )
+            await self._acknowledge(ref, item.key, item.value, message)
+            log.info("Migration %s: %s", ref, message)
+
+    async def _acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
+        await asyncio.to_thread(
+            self._writer.patch_status, ref, {"controls": {"acknowledged": {key: value}, "message": message}}
+        )
+
+    async def _notice_abandoned(self, obj: dict[str, Any], ref: MigrationRef) -> None:
+        """A workflow terminated from outside cannot mirror that; the watcher records it as Abandoned."""
+        handle = self._client.get_workflow_handle(workflow_id(ref))
+        try:
+            description = await handle.describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return
+            raise
+        if description.status not in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT):
+            return
+        how = await _termination(handle) if description.status is WorkflowExecutionStatus.TERMINATED else "timed out"
+        message = (
+            f"abandoned: the workflow was {how}; ferry undid nothing, so the source and the target are as that "
+            "run left them. Inspect them, clean up by hand, then delete this Migration."
+        )
+        await asyncio.to_thread(self._writer.mark_abandoned, obj, message)
+        await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "Abandoned", message, key="abandoned")
+        log.warning("Migration %s: %s", ref, message)
+
+
+async def _termination(handle: WorkflowHandle[Any, Any]) -> str:
+    """'terminated by <identity>: <reason>' from the run's last history event."""
+    last = None
+    async for event in handle.fetch_history_events():
+        last = event
+    if last is None or not last.HasField("workflow_execution_terminated_event_attributes"):
+        return "terminated"
+    attributes = last.workflow_execution_terminated_event_attributes
+    who = f" by {attributes.identity}" if attributes.identity else ""
+    why = f" ({attributes.reason})" if attributes.reason else ""
+    return f"terminated from outside{who}{why}"

@@ -1,0 +1,175 @@
+"""Runs the watcher: win the Lease, then list and watch Migrations and handle each one.
+
+Events are coalesced per Migration: while one is being handled, newer states of it wait,
+and only the latest is handled next, so a burst of status updates costs one pass.
+Different Migrations are handled concurrently, up to the configured limit. A handler
+that fails is retried with backoff; it never stops the watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio.client import Client
+
+from ferry.api.saga import MigrationRef
+from ferry.clients import connect_temporal, kubernetes_client
+from watcher.deletion import DeletionHandler
+from watcher.handling import MigrationHandler
+from watcher.leadership import LeaderElector
+from watcher.patching import MigrationWriter
+from watcher.settings import WatcherSettings
+from watcher.watching import MigrationWatch
+
+log = logging.getLogger("ferry.watcher")
+
+RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+Handle = Callable[[dict[str, Any], bool], Awaitable[None]]
+
+
+@dataclasses.dataclass
+class _Pending:
+    obj: dict[str, Any]
+    listed: bool
+    failures: int = 0
+
+
+class Dispatcher:
+    """Handles the latest state of each Migration, one at a time per Migration."""
+
+    def __init__(self, handle: Handle, concurrency: int) -> None:
+        self._handle = handle
+        self._limit = asyncio.Semaphore(concurrency)
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.handled = 0
+
+    def submit(self, obj: dict[str, Any], listed: bool, failures: int = 0) -> None:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        earlier = self._pending.get(key)
+        self._pending[key] = _Pending(obj, listed or bool(earlier and earlier.listed), failures)
+        if key not in self._running:
+            self._running[key] = asyncio.create_task(self._drain(key))
+
+    async def _drain(self, key: tuple[str, str]) -> None:
+        try:
+            while key in self._pending:
+                pending = self._pending.pop(key)
+                async with self._limit:
+                    try:
+                        await self._handle(pending.obj, pending.listed)
+                        self.handled += 1
+                    except Exception:
+                        delay = RETRY_DELAYS[min(pending.failures, len(RETRY_DELAYS) - 1)]
+                        log.exception("handling Migration %s/%s failed; retrying in %.0fs", *key, delay)
+                        asyncio.get_running_loop().call_later(
+                            delay, self._retry, key, pending.obj, pending.listed, pending.failures + 1
+                        )
+        finally:
+            del self._running[key]
+
+    def _retry(self, key: tuple[str, str], obj: dict[str, Any], listed: bool, failures: int) -> None:
+        if key not in self._pending:  # a newer state supersedes the failed one
+            self.submit(obj, listed, failures)
+
+    async def close(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+        for task in list(self._running.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class Watcher:
+    """Watches Migrations and hands each to the handler; runs while this replica leads."""
+
+    def __init__(self, client: Client, api: k8s.ApiClient, settings: WatcherSettings) -> None:
+        self._api = api
+        self._settings = settings
+        self._writer = MigrationWriter(api, settings.lease.identity)
+        deletion = DeletionHandler(client, self._writer, settings, self._resubmit)
+        self._handler = MigrationHandler(client, self._writer, settings, deletion)
+        self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
+        self._background: set[asyncio.Task[None]] = set()
+        self.watches: list[MigrationWatch] = []
+
+    def _resubmit(self, ref: MigrationRef) -> None:
+        """Looks at a Migration again (a wait it had ended); it may be gone by now."""
+        loop = asyncio.get_running_loop()
+
+        async def again() -> None:
+            obj = await asyncio.to_thread(self._writer.read, ref)
+            if obj is not None:
+                self._dispatcher.submit(obj, True)
+
+        task = loop.create_task(again())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+
+        def deliver(obj: dict[str, Any], listed: bool) -> None:
+            loop.call_soon_threadsafe(self._dispatcher.submit, obj, listed)
+
+        stop_threads = threading.Event()
+        scopes: list[str | None] = list(self._settings.namespaces) or [None]
+        self.watches = [MigrationWatch(self._api, namespace, deliver, stop_threads) for namespace in scopes]
+        threads = [
+            threading.Thread(target=watch.run, name=f"watch-{watch.scope}", daemon=True) for watch in self.watches
+        ]
+        for thread in threads:
+            thread.start()
+        resync = asyncio.create_task(self._resync(stop))
+        try:
+            await stop.wait()
+        finally:
+            stop_threads.set()
+            resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resync
+            await self._dispatcher.close()
+
+    async def _resync(self, stop: asyncio.Event) -> None:
+        """Relists every interval: level-triggered safety net, and how terminated runs are noticed."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._settings.resync_interval)
+            if stop.is_set():
+                return
+            for watch in self.watches:
+                try:
+                    await asyncio.to_thread(watch.list_all)
+                except Exception as error:  # noqa: BLE001 - the next resync tries again
+                    log.warning("resync of %s failed: %s", watch.scope, error)
+
+
+async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -> None:
+    """Runs until `stop` is set; raises LeadershipLost if this replica stops leading (the process should exit)."""
+    stop = stop or asyncio.Event()
+    identity = settings.lease.identity
+    client = await connect_temporal(settings.temporal, identity=f"ferry-watcher@{identity}")
+    api = kubernetes_client(settings.kubeconfig)
+    elector = LeaderElector(api, settings.lease)
+    try:
+        if not await elector.acquire(stop):
+            return
+        leading = asyncio.Event()
+        watcher = Watcher(client, api, settings)
+        work = asyncio.create_task(watcher.run(leading))
+        try:
+            await elector.hold(stop)
+        finally:
+            leading.set()
+            await work
+        await asyncio.to_thread(elector.release)
+    finally:
+        api.close()
