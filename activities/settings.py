@@ -1,9 +1,10 @@
-"""Settings of the Kubernetes-side activities, one typed object the worker fills from its flags."""
+"""Settings of the activities: typed objects the worker fills from its flags, one per kind of activity."""
 
 from __future__ import annotations
 
 import dataclasses
 import socket
+from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,3 +23,37 @@ class KubeActivitySettings:
 
     reporting_instance: str = dataclasses.field(default_factory=socket.gethostname)
     """reportingInstance of the Events ferry records: which worker wrote them (default: the host name)."""
+
+
+MIB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DataActivitySettings:
+    """How the data-driver and snapshot activities reach databases, run the PostgreSQL tools and use S3."""
+
+    postgres_bindir: Path | None = None
+    """Folder holding pg_dump and pg_restore (default: the PATH, else the newest /usr/lib/postgresql/*/bin).
+    Use tools of the newest major version among source and target: pg_dump refuses newer servers."""
+
+    connect_attempts: int = 5
+    """Connection attempts to a database before it counts as unreachable (a permanent failure of the step)."""
+
+    connect_retry_delay: float = 2.0
+    """Seconds between two connection attempts."""
+
+    connect_timeout: int = 10
+    """Seconds one connection attempt may take."""
+
+    session_end_timeout: float = 10.0
+    """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
+
+    part_size: int = 16 * MIB
+    """Bytes per part of the snapshot's multipart upload (S3 wants at least 5 MiB); also what one
+    part in flight holds in memory. A snapshot can have 10,000 parts, so this bounds its size."""
+
+    upload_concurrency: int = 4
+    """Parts uploaded at once while pg_dump goes on writing the next ones."""
+
+    heartbeat_interval: float = 5.0
+    """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""

@@ -7,6 +7,7 @@ FERRY_TEST_STATE_DIR to choose the folder, e.g. to read logs while tests run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -70,7 +72,26 @@ def namespace(request: pytest.FixtureRequest, kube_api: k8s.ApiClient) -> Iterat
     core = k8s.CoreV1Api(kube_api)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
     yield name
+    _release_migrations(kube_api, name)
     core.delete_namespace(name)
+
+
+def _release_migrations(kube_api: k8s.ApiClient, namespace: str) -> None:
+    """Drops ferry's finalizer from a test's leftover Migrations, so its namespace can go."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    try:
+        migrations = custom.list_namespaced_custom_object("ferry.dev", "v1alpha1", namespace, "migrations")
+    except ApiException as error:
+        if error.status == 404:  # no Migration CRD in this session
+            return
+        raise
+    for item in migrations["items"]:
+        if item["metadata"].get("finalizers"):
+            with contextlib.suppress(ApiException):
+                custom.patch_namespaced_custom_object(
+                    "ferry.dev", "v1alpha1", namespace, "migrations", item["metadata"]["name"],
+                    {"metadata": {"finalizers": None}}, _content_type="application/merge-patch+json",
+                )  # fmt: skip
 
 
 @pytest.fixture

@@ -54,15 +54,14 @@ def pending(obj: dict[str, Any]) -> list[Control | Rejection]:
             continue
         found.append(_parse(key, value, generation))
     paused = bool((obj.get("spec") or {}).get("paused", False))
-    state = str(paused).lower()
-    previous = acknowledged.get(SPEC_PAUSED)
-    # spec.paused acts on changes: at creation the workflow reads it from its input, so an
-    # unpaused Migration needs no signal until spec.paused is first set.
-    acted_on = previous.split("@")[0] if previous else "false"
-    if state != acted_on:
-        value = f"{state}@{generation}"
+    value = f"{str(paused).lower()}@{generation}"
+    observed = (obj.get("status") or {}).get("observedGeneration")
+    # spec.paused is a control only when it changed after the workflow last saw the spec:
+    # the workflow reads it from its input at start, and reports what it saw as
+    # status.observedGeneration.
+    if observed is not None and generation > int(observed) and acknowledged.get(SPEC_PAUSED) != value:
         request = ControlRequest(
-            by="spec.paused", reason=f"spec.paused set to {state}", generation=generation,
+            by="spec.paused", reason=f"spec.paused set to {str(paused).lower()}", generation=generation,
             request_id=f"{SPEC_PAUSED}={value}",
         )  # fmt: skip
         found.append(Control(SPEC_PAUSED, value, Signal.PAUSE if paused else Signal.RESUME, request))

@@ -37,6 +37,8 @@ class MigrationWatch:
         self._namespace = namespace
         self._deliver = deliver
         self._stop = stop
+        self._version: str | None = None
+        """Where the watch resumes; None asks for a full list first."""
         self.relists = 0
         """How many full lists this watch made (the first one included)."""
 
@@ -45,17 +47,21 @@ class MigrationWatch:
         return f"namespace {self._namespace}" if self._namespace else "all namespaces"
 
     def run(self) -> None:
-        """Blocks until stopped: list, watch, and on 410 Gone or an error, list again."""
+        """Blocks until stopped: list, then watch; a broken watch resumes where it was, 410 Gone relists."""
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                version = self.list_all()
-                self._watch_from(version)
-                backoff = 0.5  # the watch ended with 410 Gone: relist at once
+                if self._version is None:
+                    self._version = self.list_all()
+                self._watch()
+                backoff = 0.5
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
                 if self._stop.is_set():
                     return
-                log.warning("watch of Migrations in %s failed (%s); retrying in %.1fs", self.scope, error, backoff)
+                log.warning(
+                    "watch of Migrations in %s failed (%s); resuming from resourceVersion %s in %.1fs",
+                    self.scope, error, self._version, backoff,
+                )  # fmt: skip
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
@@ -70,15 +76,15 @@ class MigrationWatch:
         log.info("listed %d Migrations in %s at resourceVersion %s", len(listed.get("items", [])), self.scope, version)
         return version
 
-    def _watch_from(self, version: str) -> None:
-        """Watches from `version` until stopped; returns when the version is too old (410 Gone)."""
+    def _watch(self) -> None:
+        """Watches from the last resourceVersion seen until stopped; returns on 410 Gone, which asks for a relist."""
         while not self._stop.is_set():
             stream = watch.Watch()
             try:
                 for event in stream.stream(
                     self._list_function(),
                     *self._list_arguments(),
-                    resource_version=version,
+                    resource_version=self._version,
                     allow_watch_bookmarks=True,
                     timeout_seconds=WATCH_TIMEOUT,
                 ):
@@ -86,12 +92,13 @@ class MigrationWatch:
                         stream.stop()
                         return
                     obj = event["object"]
-                    version = obj["metadata"]["resourceVersion"]
+                    self._version = obj["metadata"]["resourceVersion"]
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         self._deliver(obj, False)
             except ApiException as error:
                 if error.status == 410:
-                    log.info("resourceVersion %s of %s is too old (410 Gone); relisting", version, self.scope)
+                    log.info("resourceVersion %s of %s is too old (410 Gone); relisting", self._version, self.scope)
+                    self._version = None
                     return
                 raise
 

@@ -20,7 +20,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
-from activities.settings import KubeActivitySettings
+from activities.postgres.activities import PostgresActivities
+from activities.settings import MIB, DataActivitySettings, KubeActivitySettings
+from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry.clients import connect_temporal, kubernetes_client
 from worker.settings import WorkerSettings
@@ -35,8 +37,15 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
     """Every activity the saga calls, bound to its clients."""
     kube_settings = KubeActivitySettings(poll_interval=settings.poll_interval, temporal_ui_url=settings.temporal_ui_url)
+    data_settings = DataActivitySettings(
+        postgres_bindir=settings.postgres_bindir,
+        part_size=settings.snapshot_part_size_mib * MIB,
+        upload_concurrency=settings.snapshot_upload_concurrency,
+    )
     cluster = ClusterActivities(api, kube_settings)
     status = StatusActivities(api, kube_settings)
+    postgres = PostgresActivities(api, data_settings)
+    snapshots = SnapshotStoreActivities(api, data_settings)
     return [
         cluster.provision,
         cluster.undo_provision,
@@ -45,6 +54,13 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         cluster.scale_down_old,
         cluster.undo_scale_down_old,
         status.mirror_status,
+        postgres.freeze,
+        postgres.undo_freeze,
+        postgres.snapshot,
+        postgres.migrate,
+        postgres.verify,
+        snapshots.undo_snapshot,
+        snapshots.delete_snapshot,
     ]
 
 

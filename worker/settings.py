@@ -25,6 +25,12 @@ class WorkerSettings:
     """Activities run at once by this worker (each long one holds a thread)."""
     poll_interval: float = 1.0
     """Seconds between two polls while an activity waits for the cluster."""
+    postgres_bindir: Path | None = None
+    """Folder with pg_dump and pg_restore (default: the PATH, else the newest /usr/lib/postgresql/*/bin)."""
+    snapshot_part_size_mib: int = 16
+    """MiB per part of a snapshot's multipart upload (at least 5); a snapshot can have 10,000 parts."""
+    snapshot_upload_concurrency: int = 4
+    """Parts of one snapshot uploaded at once; each holds a part in memory."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +47,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=float(env("POLL_INTERVAL", "1.0") or 1.0),
         help="seconds between polls while waiting for the cluster [FERRY_POLL_INTERVAL] (default: %(default)s)",
     )
+    group = parser.add_argument_group("PostgreSQL and snapshots")
+    group.add_argument(
+        "--postgres-bindir",
+        type=Path,
+        default=env("POSTGRES_BINDIR"),
+        help="folder with pg_dump and pg_restore, of the newest major version among sources and targets "
+        "[FERRY_POSTGRES_BINDIR] (default: the PATH, else the newest /usr/lib/postgresql/*/bin)",
+    )
+    group.add_argument(
+        "--snapshot-part-size-mib",
+        type=int,
+        default=int(env("SNAPSHOT_PART_SIZE_MIB", "16") or 16),
+        help="MiB per part of a snapshot's multipart upload, at least 5; a snapshot has at most 10,000 parts "
+        "[FERRY_SNAPSHOT_PART_SIZE_MIB] (default: %(default)s)",
+    )
+    group.add_argument(
+        "--snapshot-upload-concurrency",
+        type=int,
+        default=int(env("SNAPSHOT_UPLOAD_CONCURRENCY", "4") or 4),
+        help="parts of one snapshot uploaded at once, each held in memory "
+        "[FERRY_SNAPSHOT_UPLOAD_CONCURRENCY] (default: %(default)s)",
+    )
 
 
 def from_arguments(args: argparse.Namespace) -> WorkerSettings:
@@ -51,4 +79,7 @@ def from_arguments(args: argparse.Namespace) -> WorkerSettings:
         temporal_ui_url=args.temporal_ui_url,
         max_concurrent_activities=args.max_concurrent_activities,
         poll_interval=args.poll_interval,
+        postgres_bindir=args.postgres_bindir,
+        snapshot_part_size_mib=args.snapshot_part_size_mib,
+        snapshot_upload_concurrency=args.snapshot_upload_concurrency,
     )

@@ -60,7 +60,10 @@ class KubeControlPlane:
         return self.folder / "kubeconfigs" / f"{client.name}.yaml"
 
     def _process(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name=name, argv=argv, log_path=self.logs / f"{name}.log")
+        # The API server's graceful shutdown waits on clients' open requests; its state is
+        # in etcd, which stops gracefully after it, so a short wait is enough.
+        stop_timeout = 5.0 if name == "kube-apiserver" else 15.0
+        process = ManagedProcess(name=name, argv=argv, log_path=self.logs / f"{name}.log", stop_timeout=stop_timeout)
         self.processes.append(process)
         return process
 

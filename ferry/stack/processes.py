@@ -48,6 +48,8 @@ class ManagedProcess:
     user: str | None = None
     """Run as this user (PostgreSQL refuses to run as root)."""
     stop_signal: int = signal.SIGTERM
+    stop_timeout: float = 15.0
+    """Seconds to wait after stop_signal before killing the process group."""
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -92,15 +94,15 @@ class ManagedProcess:
             return f"(no log at {self.log_path})"
         return f"Last lines of {self.log_path}:\n" + "\n".join(text)
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self) -> None:
         if self.popen is None:
             return
         if self.popen.poll() is None:
             _signal_group(self.popen.pid, self.stop_signal)
             try:
-                self.popen.wait(timeout)
+                self.popen.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs; killing it", self.name, timeout)
+                log.warning("%s did not stop within %.0fs; killing it", self.name, self.stop_timeout)
         # Whatever the leader left behind in its group goes too.
         _signal_group(self.popen.pid, signal.SIGKILL)
         if self.popen.poll() is None:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -85,6 +86,7 @@ class Stack:
         self.timeout = timeout
         self._binaries = binaries
         self._processes: list[ManagedProcess] = []
+        self._readiness: dict[str, Callable[[ManagedProcess], None]] = {}
         self._pidfile = PidFile(self.state_dir / "pids.json")
         self.info: StackInfo | None = None
 
@@ -124,12 +126,17 @@ class Stack:
         if "kubernetes" in self.components:
             kube = KubeControlPlane(binaries, self.state_dir / "kubernetes", ports, self.logs_dir)
             etcd = self._launch(kube.start_etcd())
+            control_plane = kube
+            self._readiness["etcd"] = lambda process: control_plane.wait_etcd(process, self.timeout)
+            self._readiness["kube-apiserver"] = lambda process: control_plane.wait_apiserver(process, self.timeout)
         if "temporal" in self.components:
             temporal = TemporalDevServer(binaries, self.state_dir / "temporal", ports, self.logs_dir)
             self._launch(temporal.start())
         if "s3" in self.components:
             s3 = S3Server(binaries, self.state_dir / "s3", ports, self.logs_dir)
             self._launch(s3.start())
+            s3_server = s3
+            self._readiness["s3"] = lambda process: s3_server.wait(self.timeout)
         if "postgres" in self.components:
             for name in POSTGRES_INSTANCES:
                 instance = PostgresInstance(name, binaries, self.state_dir / "postgres" / name, ports, self.logs_dir)
@@ -157,6 +164,27 @@ class Stack:
             instance.wait(self.timeout)
         fields["postgres"] = {instance.name: instance.endpoint for instance in postgres}
         return StackInfo(**fields)
+
+    def restart(self, name: str) -> None:
+        """Stops one component's process and starts it again, e.g. to test what survives an outage.
+
+        `name` is a process name (kube-apiserver, etcd, s3, postgres-source, ...); the call
+        returns when the component is ready again, where the stack knows how to tell.
+        """
+        process = self.process(name)
+        process.stop()
+        process.start()
+        self._pidfile.record(self._processes)
+        if name in self._readiness:
+            self._readiness[name](process)
+
+    def process(self, name: str) -> ManagedProcess:
+        """The running process of a component, e.g. to stop it for a while."""
+        for process in self._processes:
+            if process.name == name:
+                return process
+        names = ", ".join(p.name for p in self._processes)
+        raise ValueError(f"this stack runs no process named {name!r}; it runs {names}")
 
     def stop(self) -> None:
         """Stops every process this stack started, the last started first."""

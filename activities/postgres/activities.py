@@ -1,0 +1,302 @@
+"""The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .snapshot, .migrate, .verify.
+
+Each reads the Secrets it needs when it starts, so inputs carry only their names, and
+each can run again after a crash at any point (its docstring says how). They are
+synchronous (the worker runs them in a thread pool) and are defined with
+`no_thread_cancel_exception`: a cancellation reaches them through `Heartbeats`,
+which stops the blocking work so the activity can clean up and raise CancelledError.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import psycopg
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
+from kubernetes import client as k8s
+from temporalio import activity
+
+from activities import s3 as snapshot_store
+from activities.heartbeats import Heartbeats
+from activities.postgres import checksums, database_settings, dumping, freezing, restoring
+from activities.postgres.connection import Connection, connect, privileged
+from activities.secrets import DatabaseConnection, SecretReader
+from activities.settings import DataActivitySettings
+from ferry.api.errors import SnapshotCorrupt, VerificationMismatch
+from ferry.api.migration import DriverType
+from ferry.api.saga import (
+    DriverOperation,
+    FreezeInput,
+    FreezeResult,
+    MigrateInput,
+    MigrateResult,
+    MigrationRef,
+    SnapshotInput,
+    SnapshotResult,
+    TableCheck,
+    UndoFreezeInput,
+    VerifyInput,
+    VerifyResult,
+    driver_activity,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+DRIVER = DriverType.POSTGRESQL.value
+MISSING = "missing"
+"""The checksum shown for a table that one side does not have."""
+WRITABLE = {"default_transaction_read_only": "off"}
+"""Session settings of ferry's own writing sessions: the source may be frozen, and they must still write."""
+
+
+def _name(operation: DriverOperation) -> str:
+    return driver_activity(DRIVER, operation)
+
+
+def owner(ref: MigrationRef) -> str:
+    """How a database's markers name the Migration; the UID tells a re-created Migration from the old one."""
+    return f"{ref.namespace}/{ref.name}/{ref.uid}"
+
+
+class PostgresActivities:
+    """The PostgreSQL data driver, reading connections from the Secrets the Migration names."""
+
+    def __init__(self, api_client: k8s.ApiClient, settings: DataActivitySettings) -> None:
+        self._secrets = SecretReader(api_client)
+        self._settings = settings
+
+    # --- freeze ------------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.FREEZE), no_thread_cancel_exception=True)
+    def freeze(self, input: FreezeInput) -> FreezeResult:
+        """Makes the source read-only for new transactions and ends its other sessions.
+
+        Idempotent: the setting before the freeze is recorded in the source, in the
+        transaction that freezes it, and a retry reads it from there (see freezing).
+        A freeze that fails or is cancelled after that transaction undoes itself, since
+        the saga undoes only steps that completed.
+        """
+        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            with privileged(db, "change the database's settings"):
+                previous = freezing.freeze(conn, db, owner(input.ref))
+            heartbeats.progress(frozen=True)
+            try:
+                ended = self._end_sessions(conn, db, heartbeats)
+                heartbeats.raise_if_cancelled("freezing the source")
+            except BaseException:
+                self._undo_quietly(conn, db, input.ref, previous, heartbeats)
+                raise
+        activity.logger.info(
+            "froze %s (%s was %s); ended %d sessions", db.describe(), database_settings.READ_ONLY, previous, ended
+        )
+        return FreezeResult(previous_setting=previous, sessions_ended=ended)
+
+    @activity.defn(name=_name(DriverOperation.UNDO_FREEZE), no_thread_cancel_exception=True)
+    def undo_freeze(self, input: UndoFreezeInput) -> None:
+        """Puts the source's setting back as it was before the freeze and ends the sessions opened meanwhile.
+
+        Idempotent: the marker the freeze left is removed last, after the setting is back
+        and the read-only sessions ended; a run that finds no marker of this Migration
+        has nothing to do.
+        """
+        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            self._undo(conn, db, input.ref, input.previous_setting, heartbeats)
+
+    def _undo(
+        self, conn: Connection, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats
+    ) -> None:
+        with privileged(db, "change the database's settings"):
+            restored = freezing.restore(conn, db, owner(ref), expected)
+        if restored is None:
+            activity.logger.info("%s is not frozen by Migration %s: nothing to undo", db.describe(), ref)
+            return
+        ended = self._end_sessions(conn, db, heartbeats)
+        with privileged(db, "change the database's settings"):
+            freezing.forget(conn, owner(ref))
+        activity.logger.info(
+            "unfroze %s (%s back to %s); ended %d read-only sessions",
+            db.describe(),
+            database_settings.READ_ONLY,
+            restored,
+            ended,
+        )
+
+    def _undo_quietly(
+        self, conn: Connection, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats
+    ) -> None:
+        try:
+            self._undo(conn, db, ref, expected, heartbeats)
+        except Exception as error:  # noqa: BLE001 - the freeze's own failure is what to report
+            activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
+
+    def _end_sessions(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> int:
+        def between_rounds(ended: int) -> None:
+            heartbeats.progress(sessions_ended=ended)
+
+        with privileged(db, "end other sessions"):
+            return freezing.end_sessions(conn, self._settings.session_end_timeout, between_rounds)
+
+    # --- snapshot ----------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.SNAPSHOT), no_thread_cancel_exception=True)
+    def snapshot(self, input: SnapshotInput) -> SnapshotResult:
+        """Streams a pg_dump of the source into s3://bucket/key; returns its SHA-256 and size.
+
+        Idempotent: the key is the same for every attempt, so a retry replaces the
+        object; it first aborts the unfinished multipart uploads of that key that a dead
+        attempt left behind. A failed or cancelled attempt aborts its own upload.
+        """
+        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
+        credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+            self._connect(db).close()  # refused credentials or a missing database fail here, clearly
+            s3 = snapshot_store.client(spec, credentials)
+            with snapshot_store.permanent_failures(bucket, credentials):
+                aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
+                if aborted:
+                    activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
+                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats)
+                stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+            if stored != size:
+                raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")
+        activity.logger.info(
+            "snapshot of %s: s3://%s/%s, %d bytes, sha256 %s", db.describe(), bucket, key, size, sha256
+        )
+        return SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
+
+    # --- migrate -----------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.MIGRATE), no_thread_cancel_exception=True)
+    def migrate(self, input: MigrateInput) -> MigrateResult:
+        """Restores the snapshot into the target, checking its SHA-256; all or nothing.
+
+        Idempotent: the restore is one transaction, and a retry first drops whatever an
+        earlier attempt of this Migration committed (see restoring).
+        """
+        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        artifact = input.artifact
+        credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            with privileged(db, "drop and create schemas"):
+                restoring.prepare_target(conn, db, owner(input.ref))
+            s3 = snapshot_store.client(input.snapshot, credentials)
+            with snapshot_store.permanent_failures(artifact.bucket, credentials):
+                body = self._open_snapshot(s3, input)
+                try:
+                    read = restoring.restore(db, self._settings, body, artifact, heartbeats)
+                finally:
+                    body.close()
+            tables = conn.execute(
+                f"select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+                f"where c.relkind in ('r', 'p') and {restoring.USER_SCHEMAS}"
+            ).fetchone()
+        activity.logger.info("restored %s into %s: %d bytes", artifact.location, db.describe(), read)
+        return MigrateResult(tables=tables[0] if tables else 0, bytes_restored=read)
+
+    @staticmethod
+    def _open_snapshot(s3: S3Client, input: MigrateInput) -> StreamingBody:
+        artifact = input.artifact
+        try:
+            response = s3.get_object(Bucket=artifact.bucket, Key=artifact.key)
+        except ClientError as error:
+            if snapshot_store.error_code(error) != "NoSuchKey":
+                raise
+            raise SnapshotCorrupt(
+                f"the snapshot {artifact.location} is gone. Roll back and migrate again to take a new snapshot; "
+                "check that no lifecycle rule deletes objects under spec.snapshot.prefix too early."
+            ) from None
+        if response["ContentLength"] != artifact.size_bytes:
+            response["Body"].close()
+            raise SnapshotCorrupt(
+                f"the snapshot {artifact.location} is not the one written: it has {response['ContentLength']} "
+                f"bytes, recorded were {artifact.size_bytes}. Nothing was restored. Roll back and migrate again "
+                "to take a new snapshot, and find out what changed the object."
+            )
+        return response["Body"]
+
+    # --- verify ------------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.VERIFY), no_thread_cancel_exception=True)
+    def verify(self, input: VerifyInput) -> VerifyResult:
+        """Compares every user table's row count and order-independent checksum on source and target.
+
+        Idempotent: it only reads. Both sides are read at once, each on its own connection.
+        """
+        source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+            source_tables, target_tables = self._fingerprints(source, target, heartbeats)
+        checks = [
+            TableCheck(
+                table=table,
+                source_rows=source_tables.get(table, (0, MISSING))[0],
+                target_rows=target_tables.get(table, (0, MISSING))[0],
+                source_checksum=source_tables.get(table, (0, MISSING))[1],
+                target_checksum=target_tables.get(table, (0, MISSING))[1],
+            )
+            for table in sorted(source_tables.keys() | target_tables.keys())
+        ]
+        different = [check for check in checks if not check.equal]
+        if different:
+            raise VerificationMismatch(
+                f"source and target differ in {len(different)} of {len(checks)} tables: "
+                + "; ".join(_difference(check) for check in different[:10])
+                + ". The target does not hold the source's data: roll back, find out why, and migrate again."
+            )
+        activity.logger.info("verified %d tables: source and target hold the same rows", len(checks))
+        return VerifyResult(tables=checks)
+
+    def _fingerprints(
+        self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats
+    ) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, str]]]:
+        """Both sides' table fingerprints, read at the same time on a connection each."""
+        with contextlib.ExitStack() as stack:
+            connections = [stack.enter_context(self._connect(db, **checksums.SESSION)) for db in (source, target)]
+
+            def cancel_queries() -> None:
+                for conn in connections:
+                    conn.cancel_safe()
+
+            heartbeats.on_cancel(cancel_queries)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
+                futures = [
+                    pool.submit(checksums.fingerprints, conn, _counter(heartbeats, side))
+                    for side, conn in zip(("source", "target"), connections, strict=True)
+                ]
+                try:
+                    return futures[0].result(), futures[1].result()
+                except psycopg.errors.QueryCanceled:
+                    heartbeats.raise_if_cancelled("comparing source and target")
+                    raise
+                except BaseException:
+                    cancel_queries()  # no need to finish the other side
+                    raise
+
+    # --- shared ------------------------------------------------------------------------------
+
+    def _database(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
+        return self._secrets.database(ref.namespace, secret, field)
+
+    def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
+        return connect(db, self._settings, **(session or WRITABLE))
+
+
+def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
+    return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
+
+
+def _difference(check: TableCheck) -> str:
+    if MISSING in (check.source_checksum, check.target_checksum):
+        side = "target" if check.target_checksum == MISSING else "source"
+        return f"{check.table} (missing in the {side})"
+    if check.source_rows != check.target_rows:
+        return f"{check.table} ({check.source_rows} rows in the source, {check.target_rows} in the target)"
+    return f"{check.table} (same {check.source_rows} rows, different contents)"

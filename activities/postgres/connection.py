@@ -1,0 +1,108 @@
+"""Connecting to the source or target database: a few quick retries, then a failure that says what is wrong.
+
+A database that refuses the credentials, or does not exist, will not change its mind
+on retry: those fail at once. One that does not answer gets `connect_attempts` tries
+(it may be restarting); after that the step fails for good with DatabaseUnreachable,
+so a person looks at it instead of Temporal retrying for an hour. Every message is
+scrubbed of the password: libpq's messages do not contain it today, but they are
+about to become status and Events, and that must hold whatever libpq says.
+
+Errors are raised `from None`: a chained psycopg error would travel into the
+workflow's history unscrubbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from temporalio import activity
+from temporalio.exceptions import CancelledError
+
+from activities.secrets import DatabaseConnection
+from activities.settings import DataActivitySettings
+from ferry.api.errors import BadCredentials, DatabaseUnreachable, InvalidSpec
+
+APPLICATION_NAME = "ferry"
+"""application_name of ferry's sessions, as pg_stat_activity shows them."""
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+REFUSED_CREDENTIALS = (
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied for database",
+    "password is missing",
+    "no password supplied",
+)
+
+
+def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: str) -> Connection:
+    """An autocommit session; `session` sets parameters for it, e.g. default_transaction_read_only='off'.
+
+    Raises:
+        BadCredentials: the server refused the username or password.
+        InvalidSpec: the database does not exist.
+        DatabaseUnreachable: no attempt reached the server.
+    """
+    options = " ".join(f"-c {name}={value}" for name, value in session.items())
+    last_error = ""
+    for attempt in range(1, settings.connect_attempts + 1):
+        try:
+            return psycopg.connect(
+                host=db.host,
+                port=db.port,
+                user=db.username,
+                password=db.password,
+                dbname=db.database,
+                connect_timeout=settings.connect_timeout,
+                application_name=APPLICATION_NAME,
+                options=options,
+                autocommit=True,
+            )
+        except psycopg.OperationalError as error:
+            last_error = db.redact(str(error))
+        _raise_if_permanent(db, last_error)
+        activity.logger.info(
+            "could not connect to %s (attempt %d of %d): %s",
+            db.describe(),
+            attempt,
+            settings.connect_attempts,
+            last_error,
+        )
+        if attempt < settings.connect_attempts:
+            activity.wait_for_cancelled_sync(settings.connect_retry_delay)
+            if activity.is_cancelled():
+                raise CancelledError(f"cancelled while connecting to {db.describe()}")
+    raise DatabaseUnreachable(
+        f"could not connect to {db.describe()} in {settings.connect_attempts} attempts: {last_error}. "
+        f"Check that the database is running and that the host and port in Secret {db.secret} are right; "
+        "then retry the step (failurePolicy Pause) or create the Migration again."
+    )
+
+
+def _raise_if_permanent(db: DatabaseConnection, message: str) -> None:
+    lowered = message.lower()
+    if any(phrase in lowered for phrase in REFUSED_CREDENTIALS) or ("role" in lowered and "does not exist" in lowered):
+        raise BadCredentials(
+            f"{db.describe()} refused the credentials: {message}. Fix the username and password in "
+            f"Secret {db.secret}; the next attempt reads them again."
+        )
+    if "database" in lowered and "does not exist" in lowered:
+        raise InvalidSpec(
+            f"{db.describe()} does not exist: {message}. Create it, or fix the key 'database' in Secret {db.secret}."
+        )
+
+
+@contextlib.contextmanager
+def privileged(db: DatabaseConnection, what: str) -> Iterator[None]:
+    """Turns "permission denied" into BadCredentials saying which privilege the Secret's user lacks."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as error:
+        raise BadCredentials(
+            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {db.redact(str(error))}. "
+            "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
+        ) from None

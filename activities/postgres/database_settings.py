@@ -1,0 +1,63 @@
+"""Settings of a database (ALTER DATABASE ... SET): what the freeze changes, and where ferry keeps its markers.
+
+What an activity must remember across attempts lives in the database it is about, as
+settings of that database in the catalog pg_db_role_setting, beside the one the freeze
+changes:
+
+- `ferry.frozen_by` and `ferry.read_only_before` on a frozen source: which Migration
+  froze it, and its own default_transaction_read_only before (UNSET when it had none);
+- `ferry.restored_by` on a target: which Migration restored into it, so that a retry
+  may clean out what an earlier attempt restored.
+
+PostgreSQL accepts such dotted placeholder settings (extensions use them); they cost
+nothing, and no snapshot carries them, because pg_dump writes a database's settings
+only with --create, which ferry does not use. Several changes in one transaction
+commit together.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from activities.postgres.connection import Connection
+
+READ_ONLY = "default_transaction_read_only"
+FROZEN_BY = "ferry.frozen_by"
+READ_ONLY_BEFORE = "ferry.read_only_before"
+RESTORED_BY = "ferry.restored_by"
+UNSET = "unset"
+"""The recorded previous value of a setting the database did not have: undo resets it."""
+
+
+def read(conn: Connection) -> dict[str, str]:
+    """The database's own settings (not those of a role), as `name: value`."""
+    row = conn.execute(
+        "select setconfig from pg_db_role_setting where setrole = 0 "
+        "and setdatabase = (select oid from pg_database where datname = current_database())"
+    ).fetchone()
+    entries: list[str] = row[0] if row is not None and row[0] is not None else []
+    return dict(entry.split("=", 1) for entry in entries)
+
+
+def change(conn: Connection, name: str, value: str | None) -> None:
+    """Sets `name` for new sessions of the database; None removes it."""
+    database = sql.Identifier(conn.info.dbname)
+    if value is None:
+        conn.execute(sql.SQL("alter database {} reset {}").format(database, sql.SQL(name)))
+    else:
+        conn.execute(sql.SQL("alter database {} set {} = {}").format(database, sql.SQL(name), sql.Literal(value)))
+
+
+def role_overrides(conn: Connection, name: str) -> dict[str, str]:
+    """Roles with their own value of `name` here (or everywhere), which takes precedence over the database's."""
+    rows = conn.execute(
+        "select r.rolname, s.setconfig from pg_db_role_setting s join pg_roles r on r.oid = s.setrole "
+        "where s.setdatabase in (0, (select oid from pg_database where datname = current_database()))"
+    ).fetchall()
+    overrides: dict[str, str] = {}
+    for role, entries in rows:
+        for entry in entries or []:
+            key, _, value = entry.partition("=")
+            if key == name:
+                overrides[role] = value
+    return overrides

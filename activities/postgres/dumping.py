@@ -1,0 +1,70 @@
+"""Streaming pg_dump into S3: the snapshot never lands on the worker's disk.
+
+pg_dump writes the custom format (compressed, and what pg_restore reads) into a pipe.
+The activity reads it one part at a time, hashing and counting as it goes, and
+uploads each part while pg_dump writes the next, a few parts in flight; so memory
+holds at most `upload_concurrency + 1` parts. Any failure or cancellation kills
+pg_dump and aborts the multipart upload, so S3 keeps no half-written parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from temporalio import activity
+
+from activities.heartbeats import Heartbeats
+from activities.postgres.tools import Tool, find_bindir
+from activities.s3 import MultipartUpload
+from activities.secrets import DatabaseConnection
+from activities.settings import DataActivitySettings
+from ferry.api.errors import BadCredentials
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+def dump_to_s3(
+    db: DatabaseConnection,
+    settings: DataActivitySettings,
+    s3: S3Client,
+    bucket: str,
+    key: str,
+    heartbeats: Heartbeats,
+) -> tuple[str, int]:
+    """Uploads a pg_dump of `db` to s3://bucket/key; returns the object's SHA-256 (hex) and size."""
+    argv = [str(find_bindir(settings.postgres_bindir) / "pg_dump"), "--format=custom", "--no-password"]
+    digest, size = hashlib.sha256(), 0
+    with Tool(argv, db, settings, reads=False, writes=True) as dump:
+        heartbeats.on_cancel(dump.kill)
+        upload = MultipartUpload(s3, bucket, key, settings.upload_concurrency)
+        try:
+            while part := dump.stdout.read(settings.part_size):
+                digest.update(part)
+                size += len(part)
+                upload.add(part)
+                heartbeats.progress(dumped_bytes=size, uploaded_bytes=upload.uploaded)
+                heartbeats.raise_if_cancelled("uploading the snapshot")
+            code = dump.wait()
+            heartbeats.raise_if_cancelled("dumping the source")
+            if code != 0:
+                failure = dump.failure(code)
+                if "permission denied" in failure:
+                    raise BadCredentials(
+                        f"the user in Secret {db.secret} may not read everything in {db.describe()}: {failure}. "
+                        "Snapshot with the database owner or a superuser."
+                    )
+                raise RuntimeError(f"could not dump {db.describe()}: {failure}")
+            upload.complete()
+        except BaseException:
+            _abort(upload)
+            raise
+    return digest.hexdigest(), size
+
+
+def _abort(upload: MultipartUpload) -> None:
+    try:
+        upload.abort()
+    except Exception as error:  # noqa: BLE001 - the original failure matters more; the next attempt cleans up
+        activity.logger.warning("could not abort the snapshot's multipart upload (the next attempt will): %s", error)

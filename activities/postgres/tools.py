@@ -1,0 +1,131 @@
+"""Running pg_dump and pg_restore as child processes, with the connection in their environment.
+
+The password reaches the child in PGPASSWORD, and the rest of the connection in PGHOST,
+PGPORT, PGUSER and PGDATABASE: nothing about it is on a command line, where `ps` shows
+it, and a database name is never read as a connection string. The child inherits none
+of the worker's own PG* variables. A thread reads its stderr, keeping the tail, so a
+chatty tool never blocks on a full pipe; that tail is scrubbed of the password before
+it becomes part of a message.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from activities.postgres.connection import APPLICATION_NAME
+from activities.secrets import DatabaseConnection
+from activities.settings import DataActivitySettings
+
+TOOLS = ("pg_dump", "pg_restore")
+DEBIAN_FOLDERS = Path("/usr/lib/postgresql")
+STDERR_LINES = 20
+
+
+def find_bindir(configured: Path | None) -> Path:
+    """The folder with pg_dump and pg_restore: the configured one, else the PATH's, else Debian's newest."""
+    if configured is not None:
+        candidates = [configured]
+    else:
+        on_path = shutil.which(TOOLS[0])
+        candidates = [Path(on_path).parent] if on_path else []
+        numbered = [path for path in DEBIAN_FOLDERS.glob("*/bin") if path.parent.name.isdigit()]
+        candidates += sorted(numbered, key=lambda path: int(path.parent.name), reverse=True)
+    for folder in candidates:
+        if all(os.access(folder / tool, os.X_OK) for tool in TOOLS):
+            return folder
+    where = str(configured) if configured else f"the PATH or {DEBIAN_FOLDERS}/*/bin"
+    raise RuntimeError(
+        f"found no pg_dump and pg_restore in {where}: install the PostgreSQL client tools on the worker "
+        "or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
+    )
+
+
+def environment(db: DatabaseConnection, settings: DataActivitySettings) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PG")}
+    env.update(
+        PGHOST=db.host,
+        PGPORT=str(db.port),
+        PGUSER=db.username,
+        PGPASSWORD=db.password,
+        PGDATABASE=db.database,
+        PGAPPNAME=APPLICATION_NAME,
+        PGCONNECT_TIMEOUT=str(settings.connect_timeout),
+        LC_MESSAGES="C",
+    )
+    return env
+
+
+class Tool:
+    """One running pg_dump or pg_restore; as a context manager, it is killed and reaped on the way out."""
+
+    def __init__(
+        self, argv: list[str], db: DatabaseConnection, settings: DataActivitySettings, *, reads: bool, writes: bool
+    ) -> None:
+        self.name = Path(argv[0]).name
+        self._db = db
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if reads else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=environment(db, settings),
+        )
+        self._reader = threading.Thread(target=self._read_stderr, name=f"{self.name}-stderr", daemon=True)
+        self._reader.start()
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        assert self._process.stdin is not None
+        return self._process.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self._process.stdout is not None
+        return self._process.stdout
+
+    def kill(self) -> None:
+        """Stops the tool at once; a pg_restore's open transaction is then rolled back by the server."""
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+
+    def wait(self) -> int:
+        code = self._process.wait()
+        self._reader.join()
+        assert self._process.stderr is not None
+        self._process.stderr.close()
+        return code
+
+    def failure(self, code: int) -> str:
+        """What the tool said before it exited with `code`, without the password."""
+        said = " | ".join(line for line in self._stderr if line) or "(no output)"
+        said = re.sub(r"\s+", " ", said)
+        return self._db.redact(f"{self.name} exited with code {code}: {said}")
+
+    def __enter__(self) -> Tool:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._process.poll() is None:
+            self.kill()
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self.wait()
+
+    def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        for raw in self._process.stderr:
+            self._stderr.append(raw.decode(errors="replace").rstrip())

@@ -1,0 +1,171 @@
+"""The snapshot store: an S3 client per Migration, its permanent failures named, and streamed multipart uploads.
+
+A Migration names its bucket, endpoint and region in spec.snapshot and its credentials
+in a Secret, so each activity builds its own client (from its own boto3 session: the
+default one is not thread-safe). S3 answers that retrying cannot fix (no such bucket,
+credentials refused, access denied) become BucketMissing or BadCredentials with what
+to do; everything else (the server unreachable, a 5xx, a reset connection) stays a
+plain exception, which Temporal retries.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from activities.secrets import S3Credentials
+from ferry.api.errors import BadCredentials, BucketMissing
+from ferry.api.migration import SnapshotSpec
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+MAX_PARTS = 10_000
+"""S3's limit on the parts of one multipart upload."""
+
+BAD_CREDENTIALS = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "InvalidSecurity",
+        "XAdminUserNotFound",  # versitygw's answer to an unknown access key
+    }
+)
+NOT_ACCESSIBLE = frozenset({"AccessDenied", "AllAccessDisabled"})
+
+
+def client(spec: SnapshotSpec, credentials: S3Credentials) -> S3Client:
+    """A client for the Migration's S3; path-style addressing for a custom endpoint, as most non-AWS servers want."""
+    style: Literal["path", "auto"] = "path" if spec.endpoint else "auto"
+    config = Config(
+        s3={"addressing_style": style},
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=10,
+        read_timeout=60,
+    )
+    s3: S3Client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=spec.endpoint,
+        region_name=spec.region,
+        aws_access_key_id=credentials.access_key_id,
+        aws_secret_access_key=credentials.secret_access_key,
+        config=config,
+    )
+    return s3
+
+
+def error_code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+@contextlib.contextmanager
+def permanent_failures(bucket: str, credentials: S3Credentials) -> Iterator[None]:
+    """Turns S3's answers that retrying cannot fix into BucketMissing or BadCredentials."""
+    try:
+        yield
+    except ClientError as error:
+        code = error_code(error)
+        if code == "NoSuchBucket":
+            raise BucketMissing(
+                f"spec.snapshot.bucket: bucket {bucket!r} does not exist. Create it, or delete the Migration and "
+                "create it again naming an existing bucket."
+            ) from None
+        if code in BAD_CREDENTIALS:
+            raise BadCredentials(
+                f"S3 refused the credentials in Secret {credentials.secret} ({code}). Put a valid accessKeyId and "
+                "secretAccessKey into it; the next attempt reads them again."
+            ) from None
+        if code in NOT_ACCESSIBLE:
+            raise BucketMissing(
+                f"spec.snapshot.bucket: the credentials in Secret {credentials.secret} may not use bucket {bucket!r} "
+                f"({code}). Allow them to list, read, write and delete objects in it."
+            ) from None
+        raise
+
+
+def is_missing(error: ClientError) -> bool:
+    return error_code(error) in {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
+
+
+def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str) -> int:
+    """Aborts every unfinished multipart upload of exactly `key`, e.g. left by a worker that died; returns how many."""
+    aborted = 0
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=key):
+        for upload in page.get("Uploads", []):
+            if upload.get("Key") != key:
+                continue
+            try:
+                s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
+            except ClientError as error:
+                if not is_missing(error):
+                    raise
+            aborted += 1
+    return aborted
+
+
+class MultipartUpload:
+    """One multipart upload fed part by part, a few parts in flight at once; complete() or abort() ends it."""
+
+    def __init__(self, s3: S3Client, bucket: str, key: str, concurrency: int) -> None:
+        self._s3, self._bucket, self._key = s3, bucket, key
+        self._upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="upload")
+        self._concurrency = concurrency
+        self._in_flight: set[concurrent.futures.Future[dict[str, Any]]] = set()
+        self._parts: list[CompletedPartTypeDef] = []
+        self.uploaded = 0
+        """Bytes S3 has acknowledged."""
+
+    def add(self, data: bytes) -> None:
+        """Starts uploading the next part; blocks while `concurrency` parts are in flight. Raises an upload's error."""
+        number = len(self._parts) + len(self._in_flight) + 1
+        if number > MAX_PARTS:
+            raise RuntimeError(
+                f"the snapshot needs more than {MAX_PARTS} parts of {len(data)} bytes; raise the worker's "
+                "snapshot part size (--snapshot-part-size-mib) and retry"
+            )
+        self._in_flight.add(self._pool.submit(self._upload_part, number, data))
+        while len(self._in_flight) >= self._concurrency:
+            self._collect(concurrent.futures.FIRST_COMPLETED)
+
+    def complete(self) -> None:
+        while self._in_flight:
+            self._collect(concurrent.futures.ALL_COMPLETED)
+        self._pool.shutdown()
+        parts = sorted(self._parts, key=lambda part: int(part["PartNumber"]))
+        self._s3.complete_multipart_upload(
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts}
+        )
+
+    def abort(self) -> None:
+        """Stops the upload and has S3 drop its parts; safe to call after a failure of any kind."""
+        for future in self._in_flight:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        try:
+            self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self._key, UploadId=self._upload_id)
+        except ClientError as error:
+            if not is_missing(error):
+                raise
+
+    def _collect(self, when: str) -> None:
+        done, self._in_flight = concurrent.futures.wait(self._in_flight, return_when=when)
+        for future in done:
+            part = future.result()
+            self._parts.append({"PartNumber": part["PartNumber"], "ETag": part["ETag"]})
+            self.uploaded += int(part["Size"])
+
+    def _upload_part(self, number: int, data: bytes) -> dict[str, Any]:
+        response = self._s3.upload_part(
+            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, PartNumber=number, Body=data
+        )
+        return {"PartNumber": number, "ETag": response["ETag"], "Size": len(data)}

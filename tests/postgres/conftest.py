@@ -1,0 +1,140 @@
+"""Fixtures of the PostgreSQL driver's tests: its activities wired to the session stack, and the saga's steps.
+
+Activities run through Temporal's ActivityEnvironment (an activity context without a
+worker) against the stack's real PostgreSQL instances, S3 server and API server; the
+connections come from real Secrets, as in a Migration. Whole migrations run through
+the real worker and workflow instead (see test_whole_migration).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.testing import ActivityEnvironment
+
+from activities.postgres.activities import PostgresActivities
+from activities.settings import MIB, DataActivitySettings
+from activities.snapshots import SnapshotStoreActivities
+from ferry.api.migration import DriverSpec, SnapshotSpec
+from ferry.api.saga import (
+    FreezeInput,
+    FreezeResult,
+    MigrateInput,
+    MigrateResult,
+    MigrationRef,
+    SnapshotInput,
+    SnapshotResult,
+    UndoFreezeInput,
+    VerifyInput,
+    VerifyResult,
+    snapshot_key,
+)
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET
+
+
+@pytest.fixture
+def data_settings(binaries: Binaries) -> DataActivitySettings:
+    """Small parts and quick connection retries, so outages and multipart uploads show in small databases."""
+    return DataActivitySettings(
+        postgres_bindir=binaries.postgres_bindir,
+        connect_attempts=2,
+        connect_retry_delay=0.2,
+        connect_timeout=5,
+        part_size=5 * MIB,
+        upload_concurrency=2,
+        heartbeat_interval=0.5,
+    )
+
+
+@pytest.fixture
+def heartbeats() -> list[dict[str, Any]]:
+    """The details of every heartbeat the activities under test sent, in order."""
+    return []
+
+
+@pytest.fixture
+def activity_env(heartbeats: list[dict[str, Any]]) -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: heartbeats.append(details[0] if details else {})
+    return env
+
+
+@pytest.fixture
+def ref(namespace: str) -> MigrationRef:
+    return MigrationRef(namespace=namespace, name="orders-db-to-16", uid=str(uuid.uuid4()))
+
+
+@pytest.fixture
+def snapshot_spec(stack: StackInfo, bucket: str) -> SnapshotSpec:
+    return SnapshotSpec(
+        bucket=bucket, endpoint=stack.s3_endpoint, region=stack.s3_region or "us-east-1", credentials_secret=S3_SECRET
+    )
+
+
+@pytest.fixture
+def postgres(
+    kube_api: k8s.ApiClient, data_settings: DataActivitySettings, migration_secrets: None
+) -> PostgresActivities:
+    return PostgresActivities(kube_api, data_settings)
+
+
+@pytest.fixture
+def snapshots(
+    kube_api: k8s.ApiClient, data_settings: DataActivitySettings, migration_secrets: None
+) -> SnapshotStoreActivities:
+    return SnapshotStoreActivities(kube_api, data_settings)
+
+
+@dataclasses.dataclass
+class Steps:
+    """The driver's steps for one Migration, called the way the saga calls them."""
+
+    env: ActivityEnvironment
+    postgres: PostgresActivities
+    ref: MigrationRef
+    driver: DriverSpec
+    snapshot_spec: SnapshotSpec
+
+    @property
+    def key(self) -> str:
+        return snapshot_key(self.ref, self.snapshot_spec)
+
+    def freeze(self) -> FreezeResult:
+        return self.env.run(self.postgres.freeze, FreezeInput(ref=self.ref, driver=self.driver))
+
+    def undo_freeze(self, previous: str) -> None:
+        undo = UndoFreezeInput(ref=self.ref, driver=self.driver, previous_setting=previous)
+        self.env.run(self.postgres.undo_freeze, undo)
+
+    def snapshot(self) -> SnapshotResult:
+        call = SnapshotInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, key=self.key)
+        return self.env.run(self.postgres.snapshot, call)
+
+    def migrate(self, artifact: SnapshotResult) -> MigrateResult:
+        call = MigrateInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, artifact=artifact)
+        return self.env.run(self.postgres.migrate, call)
+
+    def verify(self) -> VerifyResult:
+        return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver))
+
+
+@pytest.fixture
+def steps(
+    activity_env: ActivityEnvironment, postgres: PostgresActivities, ref: MigrationRef, snapshot_spec: SnapshotSpec
+) -> Steps:
+    driver = DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET)
+    return Steps(activity_env, postgres, ref, driver, snapshot_spec)
+
+
+def create_secret(kube_api: k8s.ApiClient, namespace: str, name: str, data: dict[str, str]) -> None:
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    k8s.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), data=encoded)
+    )

@@ -1,0 +1,127 @@
+"""Databases for the driver's tests, built server-side, and ways to look at them as a user would.
+
+`create_shop` builds a database with what a migration must carry: several schemas,
+sequences, identity columns, indexes, foreign keys, unique and check constraints,
+JSON, JSONB and bytea columns, a view and a function. `contents` fingerprints every
+table independently of ferry's own checksums, to show that something did not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ferry.stack.postgres import PostgresEndpoint
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+SHOP = """
+create schema shop;
+create schema audit;
+create table shop.customers (
+    id bigint generated always as identity primary key,
+    email text not null unique,
+    profile jsonb not null default '{{}}',
+    created_at timestamptz not null
+);
+create table shop.orders (
+    id bigserial primary key,
+    customer_id bigint not null references shop.customers (id),
+    total numeric(12, 2) not null check (total >= 0),
+    items json not null,
+    receipt bytea,
+    placed_at timestamptz not null,
+    legacy_flag boolean
+);
+alter table shop.orders drop column legacy_flag;
+create index orders_by_customer on shop.orders (customer_id, placed_at);
+create index customers_by_profile on shop.customers using gin (profile);
+create sequence audit.ticket_seq start 1000 increment 7;
+create table audit.log (
+    id bigint primary key default nextval('audit.ticket_seq'),
+    order_id bigint not null references shop.orders (id) on delete cascade,
+    note text not null,
+    unique (order_id, note)
+);
+create view shop.big_orders as select id, customer_id, total from shop.orders where total > 900;
+create function shop.order_count(customer bigint) returns bigint language sql stable
+    as $$ select count(*) from shop.orders where customer_id = customer $$;
+
+insert into shop.customers (email, profile, created_at)
+select 'customer' || i || '@example.com',
+       jsonb_build_object('tier', i % 3, 'tags', jsonb_build_array('a' || i % 7, 'b' || i % 11), 'name', 'Zoë ' || i),
+       timestamptz '2024-01-01 00:00:00+00' + i * interval '1 minute'
+from generate_series(1, {customers}) as i;
+insert into shop.orders (customer_id, total, items, receipt, placed_at)
+select 1 + i % {customers},
+       (i % 100000) / 100.0,
+       json_build_array(json_build_object('sku', 'sku-' || i % 500, 'qty', 1 + i % 4)),
+       case when i % 10 = 0 then null else decode(md5(i::text), 'hex') end,
+       timestamptz '2024-02-01 00:00:00+00' + i * interval '1 second'
+from generate_series(1, {orders}) as i;
+insert into audit.log (order_id, note) select i * 3, 'checked ' || i from generate_series(1, {orders} / 6) as i;
+analyze;
+"""
+
+
+def connect(endpoint: PostgresEndpoint, **session: str) -> Connection:
+    """An autocommit session on the endpoint's database; `session` sets parameters, e.g. for writing when frozen."""
+    options = " ".join(f"-c {name}={value}" for name, value in session.items())
+    return psycopg.connect(endpoint.dsn, autocommit=True, options=options, connect_timeout=5)
+
+
+def create_shop(endpoint: PostgresEndpoint, *, customers: int = 20_000, orders: int = 300_000) -> None:
+    with connect(endpoint) as conn:
+        conn.execute(SHOP.format(customers=customers, orders=orders))
+
+
+def create_bulky(endpoint: PostgresEndpoint, *, rows: int) -> None:
+    """A table of incompressible bytes (64 per row), so the snapshot has as many upload parts as needed."""
+    with connect(endpoint) as conn:
+        conn.execute("create table public.blobs (id int primary key, payload bytea not null)")
+        conn.execute(
+            "insert into public.blobs select i, decode(md5(i::text) || md5((-i)::text) || md5((i * 7)::text) "
+            "|| md5((i * 13)::text), 'hex') from generate_series(1, %s) as i",
+            (rows,),
+        )
+
+
+def tables(conn: Connection) -> list[str]:
+    rows = conn.execute(
+        "select n.nspname || '.' || c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+        "where c.relkind = 'r' and n.nspname !~ '^pg_' and n.nspname <> 'information_schema' order by 1"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def contents(endpoint: PostgresEndpoint) -> dict[str, tuple[int, str]]:
+    """Each table's row count and the md5 of its rows' text, sorted: equal exactly when the rows are."""
+    result: dict[str, tuple[int, str]] = {}
+    with connect(endpoint) as conn:
+        for table in tables(conn):
+            schema, name = table.split(".")
+            query = sql.SQL(
+                "select count(*), coalesce(md5(string_agg(t::text, '|' order by t::text)), '') from {} as t"
+            ).format(sql.Identifier(schema, name))
+            row = conn.execute(query).fetchone()
+            assert row is not None
+            result[table] = (row[0], row[1])
+    return result
+
+
+def database_settings(endpoint: PostgresEndpoint) -> list[str]:
+    """The database's own settings (ALTER DATABASE ... SET), e.g. ['default_transaction_read_only=on']."""
+    with connect(endpoint) as conn:
+        row = conn.execute(
+            "select setconfig from pg_db_role_setting where setrole = 0 "
+            "and setdatabase = (select oid from pg_database where datname = current_database())"
+        ).fetchone()
+    return sorted(row[0]) if row is not None and row[0] else []
+
+
+def new_session_is_read_only(endpoint: PostgresEndpoint) -> bool:
+    with connect(endpoint) as conn:
+        row = conn.execute("show transaction_read_only").fetchone()
+    return row is not None and row[0] == "on"

@@ -1,0 +1,149 @@
+"""freeze stops every write on the source without losing an acknowledged one; undo_freeze puts things back exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from ferry.api.errors import InvalidSpec
+from ferry.stack.stack import StackInfo
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, database_settings, new_session_is_read_only
+
+
+@pytest.fixture
+def source(databases: Databases) -> Databases:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.orders (id int primary key)")
+    return databases
+
+
+def test_freeze_makes_new_transactions_read_only_and_ends_the_sessions_already_open(
+    steps: Steps, source: Databases
+) -> None:
+    with connect(source.source) as open_before, connect(source.source) as idle_before:
+        open_before.execute("insert into public.orders values (1)")
+
+        result = steps.freeze()
+
+        with pytest.raises(psycopg.OperationalError):
+            open_before.execute("insert into public.orders values (2)")
+        with pytest.raises(psycopg.OperationalError):
+            idle_before.execute("select 1")
+    assert result.previous_setting == "unset"
+    assert result.sessions_ended == 2
+    with connect(source.source) as after, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        after.execute("insert into public.orders values (3)")
+    assert "default_transaction_read_only=on" in database_settings(source.source)
+    with connect(source.source) as conn:
+        assert conn.execute("select id from public.orders").fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize("before", [None, "off", "on"])
+def test_undo_freeze_puts_back_exactly_the_setting_there_was(
+    steps: Steps, source: Databases, before: str | None
+) -> None:
+    if before is not None:
+        with connect(source.source) as conn:
+            conn.execute(f"alter database {source.source.database} set default_transaction_read_only = {before}")
+    settings_before = database_settings(source.source)
+
+    result = steps.freeze()
+    steps.undo_freeze(result.previous_setting)
+
+    assert result.previous_setting == (before or "unset")
+    assert database_settings(source.source) == settings_before
+    assert new_session_is_read_only(source.source) == (before == "on")
+
+    steps.undo_freeze(result.previous_setting)  # a second run is harmless
+
+    assert database_settings(source.source) == settings_before
+
+
+def test_freeze_run_again_after_a_crash_records_the_setting_from_before_the_first_attempt(
+    steps: Steps, source: Databases
+) -> None:
+    with connect(source.source) as conn:
+        conn.execute(f"alter database {source.source.database} set default_transaction_read_only = off")
+
+    first = steps.freeze()
+    again = steps.freeze()  # the worker died before reporting the first attempt
+
+    assert first.previous_setting == again.previous_setting == "off"
+    steps.undo_freeze(again.previous_setting)
+    assert database_settings(source.source) == ["default_transaction_read_only=off"]
+
+
+def test_undo_freeze_ends_the_sessions_opened_during_the_freeze_so_they_come_back_writable(
+    steps: Steps, source: Databases
+) -> None:
+    result = steps.freeze()
+    with connect(source.source) as during:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            during.execute("insert into public.orders values (1)")
+
+        steps.undo_freeze(result.previous_setting)
+
+        with pytest.raises(psycopg.OperationalError):
+            during.execute("select 1")
+    with connect(source.source) as after:
+        after.execute("insert into public.orders values (1)")
+    assert not new_session_is_read_only(source.source)
+
+
+def test_a_freeze_cancelled_midway_undoes_what_it_did(
+    steps: Steps, source: Databases, heartbeats: list[dict[str, Any]]
+) -> None:
+    env = ActivityEnvironment()
+
+    def cancel_once_frozen(*details: Any) -> None:
+        heartbeats.append(details[0])
+        if details[0].get("frozen"):
+            env.cancel()
+
+    env.on_heartbeat = cancel_once_frozen
+    cancelled = dataclasses.replace(steps, env=env)
+
+    with pytest.raises(CancelledError):
+        cancelled.freeze()
+
+    assert heartbeats[0]["frozen"], "the freeze had taken effect when it was cancelled"
+    assert database_settings(source.source) == []
+    with connect(source.source) as conn:
+        conn.execute("insert into public.orders values (1)")
+
+
+def test_freeze_refuses_a_database_another_migration_froze_and_leaves_that_freeze_alone(
+    steps: Steps, source: Databases
+) -> None:
+    steps.freeze()
+    other = dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": str(uuid.uuid4())}))
+
+    with pytest.raises(InvalidSpec, match=rf"is frozen by Migration {steps.ref.namespace}/orders-db-to-16/"):
+        other.freeze()
+    other.undo_freeze("unset")
+
+    assert new_session_is_read_only(source.source)
+
+
+def test_freeze_refuses_a_database_where_a_role_would_go_on_writing(
+    steps: Steps, source: Databases, stack: StackInfo
+) -> None:
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    with connect(source.source) as conn:
+        conn.execute(f"create role {role} login")
+        conn.execute(f"alter role {role} in database {source.source.database} set default_transaction_read_only = off")
+    try:
+        with pytest.raises(InvalidSpec, match=rf"{role} \(default_transaction_read_only=off\)"):
+            steps.freeze()
+        assert database_settings(source.source) == []
+    finally:
+        with connect(stack.postgres["source"]) as conn:
+            conn.execute(f"drop role {role}")

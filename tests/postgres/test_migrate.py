@@ -1,0 +1,100 @@
+"""migrate restores the snapshot into the target, whole or not at all, and only the snapshot that was written."""
+
+from __future__ import annotations
+
+import pytest
+
+from ferry.api.errors import InvalidSpec, SnapshotCorrupt
+from ferry.api.saga import SnapshotResult
+from ferry.stack.stack import StackInfo
+from tests.end_to_end import Databases, s3_client
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, contents, create_shop, tables
+
+
+@pytest.fixture
+def snapshot(steps: Steps, databases: Databases) -> SnapshotResult:
+    """A snapshot of a small shop, taken from the frozen source."""
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    return steps.snapshot()
+
+
+def _target_tables(databases: Databases) -> list[str]:
+    with connect(databases.target) as conn:
+        return tables(conn)
+
+
+def test_migrate_restores_the_snapshot_into_the_target(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    result = steps.migrate(snapshot)
+
+    assert result.tables == 3
+    assert result.bytes_restored == snapshot.size_bytes
+    assert contents(databases.target) == contents(databases.source)
+
+
+def test_migrate_run_again_starts_from_a_clean_target(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    steps.migrate(snapshot)
+    with connect(databases.target) as conn:  # what a half-finished attempt could leave behind
+        conn.execute("create schema leftover; create table leftover.junk (id int)")
+        conn.execute("delete from audit.log where id % 2 = 0")
+        conn.execute("create table public.stray (id int)")
+
+    steps.migrate(snapshot)
+
+    assert contents(databases.target) == contents(databases.source)
+    assert _target_tables(databases) == ["audit.log", "shop.customers", "shop.orders"]
+
+
+def test_migrate_refuses_a_target_holding_data_it_did_not_restore(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    with connect(databases.target) as conn:
+        conn.execute("create table public.precious (id int); insert into public.precious values (42)")
+
+    with pytest.raises(InvalidSpec, match=r"is not empty \(it has public\).*point Secret .*/orders-db-target"):
+        steps.migrate(snapshot)
+
+    assert _target_tables(databases) == ["public.precious"]
+    with connect(databases.target) as conn:
+        assert conn.execute("select id from public.precious").fetchall() == [(42,)]
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["first byte", "middle byte", "last byte", "an owner's name, which pg_restore --no-owner ignores", "other bytes"],
+)
+def test_a_snapshot_changed_in_s3_is_refused_and_nothing_of_it_is_restored(
+    steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult, where: str
+) -> None:
+    s3 = s3_client(stack)
+    stored = bytearray(s3.get_object(Bucket=snapshot.bucket, Key=snapshot.key)["Body"].read())
+    if where == "other bytes":
+        stored = bytearray(b"not a snapshot at all")
+    elif where.startswith("an owner"):
+        owner = stored.index(b"postgres")  # the owner of the first object in the archive's table of contents
+        stored[owner : owner + 8] = b"postgrez"
+    else:
+        position = {"first byte": 0, "middle byte": len(stored) // 2, "last byte": len(stored) - 1}[where]
+        stored[position] ^= 0xFF
+    s3.put_object(Bucket=snapshot.bucket, Key=snapshot.key, Body=bytes(stored))
+
+    with pytest.raises(SnapshotCorrupt, match=rf"{snapshot.location} is not the one written.*Nothing.*restored"):
+        steps.migrate(snapshot)
+
+    assert _target_tables(databases) == []
+
+
+def test_migrate_of_a_snapshot_that_is_gone_fails_saying_so(
+    steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult
+) -> None:
+    s3_client(stack).delete_object(Bucket=snapshot.bucket, Key=snapshot.key)
+
+    with pytest.raises(SnapshotCorrupt, match=rf"{snapshot.location} is gone"):
+        steps.migrate(snapshot)
+
+    assert _target_tables(databases) == []

@@ -1,0 +1,82 @@
+"""A database with every kind of object goes through freeze, snapshot, migrate and verify, and arrives whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from ferry.stack.postgres import PostgresEndpoint
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, create_shop, database_settings
+
+CATALOG = {
+    "schemas": "select nspname from pg_namespace where nspname !~ '^pg_' and nspname <> 'information_schema'",
+    "indexes": "select schemaname, tablename, indexdef from pg_indexes where schemaname in ('shop', 'audit')",
+    "constraints": "select conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) from pg_constraint "
+    "where connamespace in ('shop'::regnamespace, 'audit'::regnamespace)",
+    "sequences": "select schemaname, sequencename, last_value, increment_by from pg_sequences",
+    "columns": "select table_schema, table_name, column_name, data_type, is_identity, column_default "
+    "from information_schema.columns where table_schema in ('shop', 'audit')",
+    "view": "select count(*), sum(total) from shop.big_orders",
+    "function": "select shop.order_count(7)",
+}
+
+
+def _catalog(endpoint: PostgresEndpoint) -> dict[str, list[tuple[Any, ...]]]:
+    with connect(endpoint) as conn:
+        return {name: sorted(conn.execute(query).fetchall(), key=repr) for name, query in CATALOG.items()}
+
+
+def test_a_shop_with_every_kind_of_object_migrates_whole_and_verifies_equal(steps: Steps, databases: Databases) -> None:
+    create_shop(databases.source, customers=20_000, orders=300_000)
+
+    frozen = steps.freeze()
+    artifact = steps.snapshot()
+    restored = steps.migrate(artifact)
+    verified = steps.verify()
+    steps.undo_freeze(frozen.previous_setting)
+
+    assert [(check.table, check.target_rows, check.equal) for check in verified.tables] == [
+        ("audit.log", 50_000, True),
+        ("shop.customers", 20_000, True),
+        ("shop.orders", 300_000, True),
+    ]
+    assert restored.tables == 3
+    assert restored.bytes_restored == artifact.size_bytes
+    source, target = _catalog(databases.source), _catalog(databases.target)
+    assert target == source
+    assert {row[2] for row in target["constraints"]} == {"p", "f", "u", "c"}
+    assert ("audit", "ticket_seq", 1000 + 7 * (50_000 - 1), 7) in target["sequences"]
+    assert database_settings(databases.source) == [], "the source is writable again, as before"
+
+
+def test_the_migrated_target_enforces_the_sources_constraints_and_continues_its_sequences(
+    steps: Steps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+
+    with connect(databases.target) as conn:
+        order = conn.execute(
+            "insert into shop.orders (customer_id, total, items, placed_at) values (1, 5, '[]', now()) returning id"
+        ).fetchone()
+        customer = conn.execute(
+            "insert into shop.customers (email, created_at) values ('new@example.com', now()) returning id"
+        ).fetchone()
+        ticket = conn.execute("insert into audit.log (order_id, note) values (1, 'new') returning id").fetchone()
+        receipt = conn.execute("select receipt from shop.orders where id = 7").fetchone()
+        profile = conn.execute("select profile -> 'tags' ->> 1 from shop.customers where id = 5").fetchone()
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("insert into shop.orders (customer_id, total, items, placed_at) values (1, -1, '[]', now())")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("insert into shop.orders (customer_id, total, items, placed_at) values (999, 1, '[]', now())")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("insert into shop.customers (email, created_at) values ('customer1@example.com', now())")
+
+    assert (order, customer, ticket) == ((1_001,), (101,), (1000 + 7 * 166,))
+    assert receipt == (bytes.fromhex("8f14e45fceea167a5a36dedd4bea2543"),)  # md5('7')
+    assert profile == ("b5",)

@@ -1,0 +1,135 @@
+"""snapshot streams a pg_dump of the source into one S3 object, with the SHA-256 and size it records."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.settings import MIB
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.cluster import eventually
+from tests.end_to_end import Databases, s3_client
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, create_bulky, create_shop
+
+
+def _objects(stack: StackInfo, bucket: str) -> list[str]:
+    listed = s3_client(stack).list_objects_v2(Bucket=bucket)
+    return [item["Key"] for item in listed.get("Contents", [])]
+
+
+def _unfinished_uploads(stack: StackInfo, bucket: str) -> list[str]:
+    return [upload["Key"] for upload in s3_client(stack).list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+def _source_sessions(databases: Databases) -> int:
+    """Sessions on the source database other than the one asking."""
+    with connect(databases.source) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def test_snapshot_puts_a_restorable_dump_in_s3_with_the_checksum_and_size_it_reports(
+    steps: Steps,
+    databases: Databases,
+    stack: StackInfo,
+    bucket: str,
+    binaries: Binaries,
+    heartbeats: list[dict[str, Any]],
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+
+    result = steps.snapshot()
+
+    assert (result.bucket, result.key) == (
+        bucket,
+        f"{steps.ref.namespace}/orders-db-to-16/{steps.ref.uid}/snapshot.dump",
+    )
+    stored = s3_client(stack).get_object(Bucket=bucket, Key=result.key)["Body"].read()
+    assert len(stored) == result.size_bytes
+    assert hashlib.sha256(stored).hexdigest() == result.sha256
+    listing = subprocess.run(
+        [str(binaries.postgres_bindir / "pg_restore"), "--list"], input=stored, capture_output=True, check=True
+    ).stdout.decode()
+    for entry in (
+        "TABLE shop customers",
+        "TABLE DATA shop orders",
+        "SEQUENCE audit ticket_seq",
+        "VIEW shop big_orders",
+    ):
+        assert entry in listing
+    assert _objects(stack, bucket) == [result.key]
+    assert _unfinished_uploads(stack, bucket) == []
+    assert max(details.get("dumped_bytes", 0) for details in heartbeats) == result.size_bytes
+
+
+def test_snapshot_run_again_replaces_the_object_and_aborts_the_upload_a_dead_attempt_left(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+    s3 = s3_client(stack)
+    dead = s3.create_multipart_upload(Bucket=bucket, Key=steps.key)
+    s3.upload_part(Bucket=bucket, Key=steps.key, UploadId=dead["UploadId"], PartNumber=1, Body=b"x" * 5 * MIB)
+
+    steps.snapshot()
+    again = steps.snapshot()
+
+    assert _objects(stack, bucket) == [steps.key]
+    assert _unfinished_uploads(stack, bucket) == []
+    stored = s3.get_object(Bucket=bucket, Key=steps.key)["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == again.sha256
+
+
+def test_a_snapshot_cancelled_in_the_middle_of_its_upload_stops_pg_dump_and_leaves_nothing_in_s3(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_bulky(databases.source, rows=300_000)  # about 20 MB: several parts
+    env = ActivityEnvironment()
+    seen: list[dict[str, Any]] = []
+
+    def cancel_after_the_first_part(*details: Any) -> None:
+        seen.append(details[0])
+        if details[0].get("dumped_bytes", 0) >= 5 * MIB:
+            env.cancel()
+
+    env.on_heartbeat = cancel_after_the_first_part
+
+    with pytest.raises(CancelledError):
+        dataclasses.replace(steps, env=env).snapshot()
+
+    assert seen[-1]["dumped_bytes"] < 20 * MIB, "it stopped before the dump was through"
+    assert _objects(stack, bucket) == []
+    assert _unfinished_uploads(stack, bucket) == []
+    eventually("pg_dump's session to end", lambda: _source_sessions(databases) == 0, timeout=10)
+
+
+def test_a_snapshot_blocked_on_the_source_keeps_heartbeating_and_stops_when_cancelled(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    """pg_dump waits for a table lock another session holds, so the activity is blocked reading its output."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.orders (id int primary key)")
+    env = ActivityEnvironment()
+    seen: list[dict[str, Any]] = []
+    env.on_heartbeat = lambda *details: seen.append(details[0])
+    with connect(databases.source) as locker, locker.transaction():
+        locker.execute("lock table public.orders in access exclusive mode")
+        threading.Timer(2.0, env.cancel).start()
+
+        with pytest.raises(CancelledError):
+            dataclasses.replace(steps, env=env).snapshot()
+
+    assert len(seen) >= 2, "the watchdog heartbeats while pg_dump waits"
+    assert _objects(stack, bucket) == []
+    assert _unfinished_uploads(stack, bucket) == []
+    eventually("pg_dump's session to end", lambda: _source_sessions(databases) == 0, timeout=10)

@@ -1,0 +1,146 @@
+"""kubectl controls and outside actions show up in the Migration, as a kubectl user sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any
+
+from temporalio.client import Client
+
+from ferry.api.saga import workflow_id
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import apply_migration, migration_manifest
+from tests.watcher.conftest import eventually
+from watcher.settings import WatcherSettings
+from worker.settings import WorkerSettings
+
+
+async def _get(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    result = await asyncio.to_thread(kubectl, "get", "migration", name, "-n", namespace, "-o", "json")
+    migration: dict[str, Any] = json.loads(result.stdout)
+    return migration
+
+
+async def _phase_is(kubectl: Kubectl, namespace: str, name: str, phase: str) -> bool:
+    return ((await _get(kubectl, namespace, name)).get("status") or {}).get("phase") == phase
+
+
+async def _events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    result = await asyncio.to_thread(
+        kubectl, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(result.stdout)["items"]
+    return items
+
+
+async def _annotate(kubectl: Kubectl, namespace: str, name: str, annotation: str) -> None:
+    await asyncio.to_thread(kubectl, "annotate", "--overwrite", "migration", name, "-n", namespace, annotation)
+
+
+async def test_bad_control_values_give_a_warning_and_a_valid_rollback_then_rolls_back(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/rollback=not valid!")
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/rolback=alice")
+
+    async def two_warnings() -> bool:
+        reasons = [e["reason"] for e in await _events(kubectl, namespace, ref.name) if e["type"] == "Warning"]
+        return reasons.count("InvalidControl") == 2
+
+    await eventually("two InvalidControl warnings", two_warnings)
+    warnings = [e["message"] for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "InvalidControl"]
+    assert any("ferry.dev/rollback='not valid!' is not valid" in message for message in warnings)
+    assert any("ferry.dev/rolback is not a control ferry knows" in message for message in warnings)
+    assert (await _get(kubectl, namespace, ref.name))["status"]["phase"] == "Paused"
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/rollback=alice: wrong target")
+
+    await eventually("the RolledBack phase", lambda: _phase_is(kubectl, namespace, ref.name, "RolledBack"))
+    status = (await _get(kubectl, namespace, ref.name))["status"]
+    assert status["message"] == "rolled back: rollback requested by alice: wrong target"
+    assert status["controls"]["acknowledged"]["ferry.dev/rollback"] == "alice: wrong target"
+    sent = [e["message"] for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlSent"]
+    assert sent == ["ferry.dev/rollback: sent rollback from alice to the saga"]
+
+
+async def test_a_control_is_acted_on_once_even_when_the_watcher_sees_it_again(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/approve=bob")
+    await eventually(
+        "the approval to be acknowledged",
+        lambda: _acknowledged(kubectl, namespace, ref.name, "ferry.dev/approve", "bob"),
+    )
+    await asyncio.sleep(5)  # two resyncs list the Migration again meanwhile
+
+    history = await temporal_client.get_workflow_handle(workflow_id(ref)).fetch_history()
+    approvals = [
+        event
+        for event in history.events
+        if event.HasField("workflow_execution_signaled_event_attributes")
+        and event.workflow_execution_signaled_event_attributes.signal_name == "approve"
+    ]
+    assert len(approvals) == 1
+
+
+async def _acknowledged(kubectl: Kubectl, namespace: str, name: str, key: str, value: str) -> bool:
+    controls = ((await _get(kubectl, namespace, name)).get("status") or {}).get("controls") or {}
+    return bool(controls.get("acknowledged", {}).get(key) == value)
+
+
+async def test_a_run_terminated_with_the_temporal_cli_shows_as_abandoned(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, binaries: Binaries,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(binaries.temporal), "workflow", "terminate", f"--address={stack.temporal_address}",
+            f"--workflow-id={workflow_id(ref)}", "--reason=operator gave up",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+
+    await eventually("the Abandoned phase", lambda: _phase_is(kubectl, namespace, ref.name, "Abandoned"))
+    status = (await _get(kubectl, namespace, ref.name))["status"]
+    assert "terminated from outside" in status["message"]
+    assert "operator gave up" in status["message"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Succeeded"]["status"] == "False"
+    assert conditions["Succeeded"]["reason"] == "Abandoned"
+    assert "Abandoned" in [e["reason"] for e in await _events(kubectl, namespace, ref.name)]
+
+
+async def test_setting_spec_paused_to_false_resumes_a_migration_created_paused(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    await asyncio.to_thread(
+        kubectl, "patch", "migration", ref.name, "-n", namespace, "--type=merge", "-p", '{"spec":{"paused":false}}'
+    )
+
+    # Resumed, provision runs, and fails for good: this namespace has no source StatefulSet.
+    await eventually("the RolledBack phase", lambda: _phase_is(kubectl, namespace, ref.name, "RolledBack"))
+    status = (await _get(kubectl, namespace, ref.name))["status"]
+    assert "spec.source.statefulSet: 'orders-db' does not exist" in status["message"]
+    assert status["controls"]["acknowledged"]["spec.paused"] == "false@2"
+    assert status["observedGeneration"] == 2

@@ -1,0 +1,107 @@
+"""Each Migration becomes exactly one durable workflow, whatever happens to the watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+
+from kubernetes import client as k8s
+from temporalio.client import Client
+
+from ferry.api.migration import FINALIZER
+from ferry.api.saga import workflow_id
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import apply_migration, migration_manifest
+from tests.watcher.conftest import eventually, has_workflow, workflows_in
+from watcher.settings import WatcherSettings
+
+
+async def test_applying_a_migration_starts_one_workflow_and_sets_the_finalizer(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
+    running_watcher: WatcherSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots"))
+
+    await eventually("the workflow", lambda: has_workflow(temporal_client, ref))
+
+    description = await temporal_client.get_workflow_handle(workflow_id(ref)).describe()
+    assert description.workflow_type == "Migration"
+    assert description.task_queue == running_watcher.task_queue
+    finalizers = json.loads(kubectl("get", "migration", ref.name, "-n", namespace, "-o", "json").stdout)["metadata"][
+        "finalizers"
+    ]
+    assert finalizers == [FINALIZER]
+    # Later events about the same object (here: a new label) start nothing more.
+    kubectl("label", "migration", ref.name, "-n", namespace, "team=payments")
+    await asyncio.sleep(3)  # a resync (every 2s) has listed it again meanwhile
+    assert await workflows_in(temporal_client, namespace) == [workflow_id(ref)]
+
+
+async def test_a_migration_created_again_under_the_same_name_gets_a_new_workflow(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
+    running_watcher: WatcherSettings,
+) -> None:  # fmt: skip
+    manifest = migration_manifest(stack, "snapshots")
+    first = apply_migration(kubectl, namespace, manifest)
+    await eventually("the first workflow", lambda: has_workflow(temporal_client, first))
+    await temporal_client.get_workflow_handle(workflow_id(first)).terminate("test: make room")
+    # kubectl runs in a thread: the watcher under test shares this event loop.
+    await asyncio.to_thread(kubectl, "delete", "migration", first.name, "-n", namespace, "--timeout=60s")
+
+    second = apply_migration(kubectl, namespace, manifest)
+
+    assert second.uid != first.uid
+    await eventually("the second workflow", lambda: has_workflow(temporal_client, second))
+    await eventually("both runs in visibility", lambda: _count_is(temporal_client, namespace, 2))
+
+
+async def _count_is(client: Client, namespace: str, count: int) -> bool:
+    return len(await workflows_in(client, namespace)) == count
+
+
+async def test_a_burst_of_creates_with_the_watcher_killed_and_restarted_gives_one_workflow_each(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
+    kube_api: k8s.ApiClient, watcher_process,  # type: ignore[no-untyped-def]
+) -> None:  # fmt: skip
+    count = 200
+    watcher = watcher_process("burst")
+    watcher.start()
+    custom = k8s.CustomObjectsApi(kube_api)
+    rng = random.Random(20261121)
+    kill_after = sorted(rng.sample(range(10, count - 10), 4))
+
+    async def create_all() -> list[str]:
+        uids = []
+        for index in range(count):
+            manifest = migration_manifest(stack, "snapshots", name=f"burst-{index:03d}")
+            created = await asyncio.to_thread(
+                custom.create_namespaced_custom_object, "ferry.dev", "v1alpha1", namespace, "migrations", manifest
+            )
+            uids.append(created["metadata"]["uid"])
+            if kill_after and index == kill_after[0]:
+                kill_after.pop(0)
+                watcher.kill()  # SIGKILL, like a crashing pod: no clean shutdown
+                await asyncio.sleep(rng.uniform(0.0, 1.5))
+                watcher.start()
+        return uids
+
+    uids = await create_all()
+
+    async def every_migration_has_a_workflow() -> bool:
+        return len(await workflows_in(temporal_client, namespace)) >= count
+
+    await eventually("a workflow for every Migration", every_migration_has_a_workflow, timeout=240)
+    await asyncio.sleep(6)  # one more resync: it must not add anything
+    ids = await workflows_in(temporal_client, namespace)
+    assert len(ids) == count
+    assert sorted(workflow.rsplit("/", 1)[1] for workflow in ids) == sorted(uids)
+    watcher.signal(signal.SIGTERM)
+    await _terminate_all(temporal_client, ids)
+
+
+async def _terminate_all(client: Client, ids: list[str]) -> None:
+    for workflow in ids:
+        await client.get_workflow_handle(workflow).terminate("test finished")
