@@ -49,11 +49,11 @@ async def running_watcher(stack: StackInfo, task_queue: str, namespace: str) -> 
     await asyncio.wait_for(task, timeout=30)
 
 
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 60) -> None:
+    deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
         await asyncio.sleep(0.2)
 
 

@@ -7,6 +7,7 @@ import base64
 import json
 import shutil
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -50,7 +51,7 @@ async def test_a_standby_watcher_takes_over_when_the_active_one_dies(
 ) -> None:  # fmt: skip
     first, second = watcher_process("alpha"), watcher_process("beta")
     first.start()
-    await eventually("alpha to lead", lambda: _async(_holder(kube_api, namespace) == "alpha"), timeout=30)
+    await eventually("alpha to lead", lambda: _async(_holder(kube_api, namespace) == "alpha"), within=30)
     second.start()
     before = _create(kube_api, namespace, stack, "before-failover")
     await eventually("a workflow from alpha", lambda: has_workflow(temporal_client, before))
@@ -60,7 +61,7 @@ async def test_a_standby_watcher_takes_over_when_the_active_one_dies(
 
     first.kill()
     killed_at = time.monotonic()
-    await eventually("beta to lead", lambda: _async(_holder(kube_api, namespace) == "beta"), timeout=30)
+    await eventually("beta to lead", lambda: _async(_holder(kube_api, namespace) == "beta"), within=30)
     takeover = time.monotonic() - killed_at
 
     after = _create(kube_api, namespace, stack, "after-failover")
@@ -80,6 +81,10 @@ def own_cluster(binaries: Binaries) -> Iterator[tuple[Stack, StackInfo]]:
     folder = make_state_dir("ferry-relist-")
     stack = Stack(folder, components=frozenset({"kubernetes"}), binaries=binaries)
     info = stack.start()
+    kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD_MANIFEST)], check=True, capture_output=True)
+    established = [*kubectl, "wait", "--for=condition=Established", "crd/migrations.ferry.dev"]
+    subprocess.run(established, check=True, capture_output=True)
     yield stack, info
     stack.stop()
     shutil.rmtree(folder, ignore_errors=True)
@@ -103,13 +108,6 @@ async def test_after_410_gone_the_watcher_relists_and_misses_nothing(
     cluster, info = own_cluster
     assert info.kubeconfig is not None
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
-    import subprocess
-
-    kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD_MANIFEST)], check=True, capture_output=True)
-    subprocess.run(
-        [*kubectl, "wait", "--for=condition=Established", "crd/migrations.ferry.dev"], check=True, capture_output=True
-    )
     namespace = "relist"
     k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     watcher = watcher_process(

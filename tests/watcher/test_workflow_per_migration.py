@@ -93,7 +93,7 @@ async def test_a_burst_of_creates_with_the_watcher_killed_and_restarted_gives_on
     async def every_migration_has_a_workflow() -> bool:
         return len(await workflows_in(temporal_client, namespace)) >= count
 
-    await eventually("a workflow for every Migration", every_migration_has_a_workflow, timeout=240)
+    await eventually("a workflow for every Migration", every_migration_has_a_workflow, within=240)
     await asyncio.sleep(6)  # one more resync: it must not add anything
     ids = await workflows_in(temporal_client, namespace)
     assert len(ids) == count

@@ -1,0 +1,196 @@
+"""Whole migrations of real databases, through ferry's real worker and saga on the stack's Temporal server."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
+
+from ferry.api.saga import SnapshotResult
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import (
+    Databases,
+    apply_migration,
+    migration_manifest,
+    s3_client,
+    start_migration,
+    worker_settings,
+)
+from tests.postgres.data import connect, contents, create_shop, database_settings, tables
+from worker import runner
+from workflows.migration import MigrationWorkflow
+
+SAGA_TIMEOUT = 240
+
+
+def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    migration: dict[str, Any] = json.loads(kubectl("get", "migration", name, "-n", namespace, "-o", "json").stdout)
+    return migration
+
+
+async def _attempts(handle: WorkflowHandle[Any, Any], activity_type: str) -> list[int]:
+    """The attempt numbers with which the saga's history says `activity_type` ran (one entry per scheduling)."""
+    scheduled: set[int] = set()
+    attempts: list[int] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            if started.scheduled_event_id in scheduled:
+                attempts.append(started.attempt)
+    return attempts
+
+
+async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_events(
+    caplog: pytest.LogCaptureFixture,
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    ferry_worker: object,
+    temporal_client: Client,
+    task_queue: str,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    create_shop(databases.source, customers=100, orders=2_000)
+    manifest = migration_manifest(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
+
+    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
+
+    assert result["phase"] == "Succeeded"
+    assert contents(databases.target) == contents(databases.source)
+    records = {
+        "workflow history": (await handle.fetch_history()).to_json(),
+        "logs": caplog.text,
+        "Migration": json.dumps(_migration(kubectl, namespace, ref.name)),
+        "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
+    }
+    # Each record holds what it should, so the search below searches something real.
+    assert result["snapshot"]["sha256"] in records["workflow history"]
+    assert "froze database" in records["logs"]
+    assert "restored s3://" in records["logs"]
+    assert '"phase": "Succeeded"' in records["Migration"]
+    assert "StepSucceeded" in records["Events"]
+    secrets = {
+        "source password": databases.source.password,
+        "target password": databases.target.password,
+        "S3 secret key": stack.s3_secret_key,
+    }
+    for secret_name, secret in secrets.items():
+        assert secret
+        for record_name, text in records.items():
+            assert secret not in text, f"the {secret_name} is in the {record_name}"
+
+
+class CorruptTheSnapshot(Interceptor):
+    """Changes one byte of the snapshot object in S3 right after the snapshot step wrote it.
+
+    A stand-in for bit rot or a meddling hand: the real S3 server cannot be made to change an
+    object on demand. Everything else (worker, saga, databases, S3) is real.
+    """
+
+    def __init__(self, stack: StackInfo) -> None:
+        self._stack = stack
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _Corrupting(next, self._corrupt)
+
+    def _corrupt(self, artifact: SnapshotResult) -> None:
+        s3 = s3_client(self._stack)
+        stored = bytearray(s3.get_object(Bucket=artifact.bucket, Key=artifact.key)["Body"].read())
+        stored[len(stored) // 2] ^= 0x01
+        s3.put_object(Bucket=artifact.bucket, Key=artifact.key, Body=bytes(stored))
+
+
+class _Corrupting(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, corrupt: Any) -> None:
+        super().__init__(next)
+        self._corrupt = corrupt
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        result = await super().execute_activity(input)
+        if activity.info().activity_type == "postgresql.snapshot":
+            await asyncio.to_thread(self._corrupt, result)
+        return result
+
+
+@contextlib.asynccontextmanager
+async def _worker(
+    client: Client, kube_api: k8s.ApiClient, stack: StackInfo, task_queue: str, interceptor: Interceptor
+) -> AsyncIterator[None]:
+    """ferry's worker as runner.build_worker makes it, plus a test interceptor."""
+    settings = worker_settings(stack, task_queue)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as executor:
+        worker = Worker(
+            client,
+            task_queue=task_queue,
+            workflows=[MigrationWorkflow],
+            activities=runner.activities(kube_api, settings),
+            activity_executor=executor,
+            interceptors=[interceptor],
+            max_heartbeat_throttle_interval=timedelta(seconds=2),
+        )
+        async with worker:
+            yield
+
+
+async def test_a_snapshot_changed_before_migrate_rolls_the_migration_back_and_leaves_the_source_as_it_was(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    temporal_client: Client,
+    kube_api: k8s.ApiClient,
+    task_queue: str,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    create_shop(databases.source, customers=100, orders=2_000)
+    with connect(databases.source) as conn:
+        conn.execute(f"alter database {databases.source.database} set default_transaction_read_only = off")
+    source_before, settings_before = contents(databases.source), database_settings(databases.source)
+    manifest = migration_manifest(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
+
+    async with _worker(temporal_client, kube_api, stack, task_queue, CorruptTheSnapshot(stack)):
+        handle = await start_migration(temporal_client, ref, manifest, task_queue)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
+
+    status = _migration(kubectl, namespace, ref.name)["status"]
+    assert status["phase"] == "RolledBack"
+    steps = {step["name"]: step for step in status["steps"]}
+    assert steps["migrate"]["state"] == "Failed"
+    assert steps["migrate"]["lastError"].startswith("SnapshotCorrupt: the snapshot s3://")
+    assert (steps["freeze"]["state"], steps["snapshot"]["state"]) == ("Compensated", "Compensated")
+    assert await _attempts(handle, "postgresql.migrate") == [1], "a corrupt snapshot is not retried"
+    assert database_settings(databases.source) == settings_before == ["default_transaction_read_only=off"]
+    assert contents(databases.source) == source_before
+    with connect(databases.source) as conn:
+        conn.execute("insert into audit.log (order_id, note) values (1, 'written after the rollback')")
+    with connect(databases.target) as conn:
+        assert tables(conn) == [], "nothing of the changed snapshot was restored"
+    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the rollback deleted the snapshot"
