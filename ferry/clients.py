@@ -59,15 +59,21 @@ async def connect_temporal(settings: TemporalSettings, *, identity: str | None =
     )
 
 
-def kubernetes_client(kubeconfig: Path | None) -> k8s.ApiClient:
-    """An API client from the given kubeconfig, else in-cluster config, else ~/.kube/config."""
+def kubernetes_client(kubeconfig: Path | None, *, connections: int = 16) -> k8s.ApiClient:
+    """An API client from the given kubeconfig, else in-cluster config, else ~/.kube/config.
+
+    `connections` sizes the connection pool: one per thread that calls the API at once.
+    """
+    configuration = k8s.Configuration()
     if kubeconfig is not None:
-        return k8s_config.new_client_from_config(config_file=str(kubeconfig))
-    try:
-        k8s_config.load_incluster_config()
-    except k8s_config.ConfigException:
-        return k8s_config.new_client_from_config()
-    return k8s.ApiClient()
+        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = connections
+    return k8s.ApiClient(configuration)
 
 
 def env(name: str, default: str | None = None) -> str | None:

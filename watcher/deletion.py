@@ -60,7 +60,7 @@ class DeletionHandler:
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
-            await self._release(ref, "no workflow ever ran for it")
+            await self._release(obj, "no workflow ever ran for it")
             return
         if datetime.now(UTC) >= deadline:
             message = (
@@ -69,7 +69,7 @@ class DeletionHandler:
                 "the snapshot by hand"
             )
             await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
-            await self._release(ref, message)
+            await self._release(obj, message)
             return
         if described.status is WorkflowExecutionStatus.RUNNING:
             await handle.cancel()
@@ -81,7 +81,7 @@ class DeletionHandler:
             if cleanup_handle is not None:
                 await self._wait_for(ref, cleanup_handle, deadline, "deleting the snapshot (retention) before deletion")
                 return
-        await self._release(ref, f"its workflow has finished ({described.status.name if described.status else '?'})")
+        await self._release(obj, f"its workflow has finished ({described.status.name if described.status else '?'})")
 
     async def _wait_for(
         self, ref: MigrationRef, handle: WorkflowHandle[Any, Any], deadline: datetime, why: str
@@ -125,9 +125,9 @@ class DeletionHandler:
         except WorkflowAlreadyStartedError:
             return None
 
-    async def _release(self, ref: MigrationRef, why: str) -> None:
-        await asyncio.to_thread(self._writer.remove_finalizer, ref)
-        log.info("Migration %s released for deletion: %s", ref, why)
+    async def _release(self, obj: dict[str, Any], why: str) -> None:
+        await asyncio.to_thread(self._writer.remove_finalizer, obj)
+        log.info("Migration %s released for deletion: %s", ref_of(obj), why)
 
 
 def _deadline(status: dict[str, Any]) -> datetime | None:

@@ -27,6 +27,7 @@ from watcher.starting import ensure_started
 log = logging.getLogger("ferry.watcher.handling")
 
 _FINISHED = {phase.value for phase in FINISHED_PHASES}
+STARTED_CACHE = 10_000
 
 
 class MigrationHandler:
@@ -37,6 +38,14 @@ class MigrationHandler:
         self._writer = writer
         self._settings = settings
         self._deletion = deletion
+        self._started: dict[str, None] = {}
+        """Workflow IDs known to exist, until their status says so: saves a start call per event.
+        Only a cache: losing it (a restart) costs one idempotent start call per Migration."""
+
+    def _remember_started(self, workflow: str) -> None:
+        self._started[workflow] = None
+        if len(self._started) > STARTED_CACHE:
+            del self._started[next(iter(self._started))]
 
     async def handle(self, obj: dict[str, Any], listed: bool) -> None:
         ref = ref_of(obj)
@@ -50,10 +59,12 @@ class MigrationHandler:
             if spec is None:
                 return
             if FINALIZER not in (obj["metadata"].get("finalizers") or []):
-                await asyncio.to_thread(self._writer.add_finalizer, ref)
-            if (status.get("workflow") or {}).get("id") != workflow_id(ref):
+                await asyncio.to_thread(self._writer.add_finalizer, obj)
+            expected = workflow_id(ref)
+            if (status.get("workflow") or {}).get("id") != expected and expected not in self._started:
                 generation = int(obj["metadata"].get("generation", 1))
                 await ensure_started(self._client, ref, generation, spec, self._settings.task_queue)
+                self._remember_started(expected)
         await self._apply_controls(obj, ref)
         if listed and not finished and status.get("workflow"):
             await self._notice_abandoned(obj, ref)

@@ -53,15 +53,17 @@ class MigrationWriter:
             raise
         return obj if obj["metadata"]["uid"] == ref.uid else None
 
-    def add_finalizer(self, ref: MigrationRef) -> None:
-        self._change_finalizers(ref, add=True)
+    def add_finalizer(self, obj: dict[str, Any]) -> None:
+        self._change_finalizers(obj, add=True)
 
-    def remove_finalizer(self, ref: MigrationRef) -> None:
-        self._change_finalizers(ref, add=False)
+    def remove_finalizer(self, obj: dict[str, Any]) -> None:
+        self._change_finalizers(obj, add=False)
 
-    def _change_finalizers(self, ref: MigrationRef, *, add: bool) -> None:
+    def _change_finalizers(self, seen: dict[str, Any], *, add: bool) -> None:
+        """Starts from the object as the watch delivered it; re-reads only after a conflict."""
+        ref = ref_of(seen)
+        obj: dict[str, Any] | None = seen
         for _ in range(CONFLICT_ATTEMPTS):
-            obj = self.read(ref)
             if obj is None:
                 return
             finalizers: list[str] = obj["metadata"].get("finalizers") or []
@@ -80,6 +82,7 @@ class MigrationWriter:
                     return
                 if error.status != 409:
                     raise
+            obj = self.read(ref)
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
 
     def patch_status(self, ref: MigrationRef, status: dict[str, Any]) -> None:

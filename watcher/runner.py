@@ -9,6 +9,7 @@ that fails is retried with backoff; it never stops the watcher.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -157,7 +158,11 @@ async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -
     stop = stop or asyncio.Event()
     identity = settings.lease.identity
     client = await connect_temporal(settings.temporal, identity=f"ferry-watcher@{identity}")
-    api = kubernetes_client(settings.kubeconfig)
+    # Blocking Kubernetes calls run in threads: one per Migration handled at once, plus the
+    # Lease and a resync, each with a connection of its own.
+    threads = settings.concurrency + 4
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, "ferry-watcher"))
+    api = kubernetes_client(settings.kubeconfig, connections=threads + len(settings.namespaces) + 1)
     elector = LeaderElector(api, settings.lease)
     try:
         if not await elector.acquire(stop):

@@ -85,7 +85,7 @@ def build_worker(
 async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
     """Runs the worker until `stop` is set (or forever); shuts down gracefully."""
     client = await connect_temporal(settings.temporal, identity=f"ferry-worker@{socket.gethostname()}")
-    api = kubernetes_client(settings.kubeconfig)
+    api = kubernetes_client(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
     with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
         worker = build_worker(client, api, settings, executor)
         log.info(
