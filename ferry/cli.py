@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -39,19 +38,32 @@ def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
+    from ferry.demo import run as demo
+
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     stack = Stack(Path(args.state_dir), timeout=args.timeout)
+    # The terminal shows progress; the components' logs go to a file beside the stack's.
+    stack.logs_dir.mkdir(parents=True, exist_ok=True)
+    logfile = logging.FileHandler(stack.logs_dir / "ferry.log")
+    logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().handlers[:] = [logfile]
+    code = 0
     try:
         info = stack.start()
         print(describe(info), flush=True)
-        print("\nThe stack is up. Press Ctrl-C to stop it.", flush=True)
-        threading.Event().wait()
+        print(f"ferry's own log:   {stack.logs_dir / 'ferry.log'}", flush=True)
+        print("\nThe stack is up.", flush=True)
+        code = demo.main_entry(
+            info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
+            orders=args.orders,
+        )  # fmt: skip
     except KeyboardInterrupt:
-        print("\nstopping the stack...", flush=True)
+        print("\ninterrupted", flush=True)
     finally:
+        print("stopping the stack...", flush=True)
         stack.stop()
-    print("stopped; no process of the stack is left.")
-    return 0
+    print("stopped; no process of the stack is left.", flush=True)
+    return code
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -119,10 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser(
         "up",
-        help="start the local stack and keep it running until Ctrl-C",
+        help="the main job: local stack, worker, watcher, and a sample Migration followed live",
         description="Starts etcd, kube-apiserver, controller-manager, scheduler, kwok, the Temporal dev "
         "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
-        "loopback, prints where they are, and stops them all on Ctrl-C.",
+        "loopback; installs the Migration CRD; runs ferry's worker and watcher; seeds a sample "
+        "'orders' database behind StatefulSet shop/orders-db and applies the Migration "
+        "shop/orders-db-to-16, showing its progress until it finishes. Ctrl-C stops everything.",
     )
     up.add_argument(
         "--state-dir",
@@ -131,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $FERRY_STATE_DIR or .ferry/stack)",
     )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
+    up.add_argument("--no-sample", action="store_true", help="skip the sample Migration; keep everything running")
+    up.add_argument(
+        "--keep-running", action="store_true", help="after the sample, keep everything running until Ctrl-C"
+    )
+    up.add_argument(
+        "--orders", type=int, default=200_000, help="rows in the sample's orders table (default: %(default)s)"
+    )
     up.set_defaults(run=_cmd_up)
     from watcher import settings as watcher_settings
     from worker import settings as worker_settings

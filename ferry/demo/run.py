@@ -1,0 +1,209 @@
+"""`ferry up`: the local stack, ferry's worker and watcher, and a sample Migration followed live.
+
+Order: start the stack; install the CRD; start the worker and the watcher (in this
+process, like two pods); seed the sample and apply its Migration; follow its status
+until it finishes; print where to look next. Ctrl-C at any point stops everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from temporalio.client import Client
+
+from ferry.api.crd import manifest_yaml
+from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
+from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
+from ferry.demo import sample
+from ferry.demo.progress import Display
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from watcher import runner as watcher_runner
+from watcher.settings import LeaseSettings, WatcherSettings
+from worker import runner as worker_runner
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("ferry.demo")
+
+TASK_QUEUE = "ferry"
+FINISHED = {phase.value for phase in FINISHED_PHASES}
+
+
+def install_crd(binaries: Binaries, info: StackInfo) -> None:
+    kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest_yaml(), text=True, check=True,
+                   capture_output=True)  # fmt: skip
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/migrations.ferry.dev", "--timeout=60s"],
+                   check=True, capture_output=True)  # fmt: skip
+
+
+def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSettings, WatcherSettings]:
+    assert info.temporal_address is not None
+    temporal = TemporalSettings(address=info.temporal_address, namespace=info.temporal_namespace or "default")
+    worker = WorkerSettings(
+        temporal=temporal,
+        task_queue=TASK_QUEUE,
+        kubeconfig=info.kubeconfig,
+        temporal_ui_url=info.temporal_ui_url,
+        postgres_bindir=binaries.postgres_bindir,
+        poll_interval=0.5,
+    )
+    watcher = WatcherSettings(
+        temporal=temporal,
+        task_queue=TASK_QUEUE,
+        kubeconfig=info.kubeconfig,
+        lease=LeaseSettings(namespace="default"),
+        resync_interval=10,
+    )
+    return worker, watcher
+
+
+def _apply(api: k8s.ApiClient, manifest: dict[str, Any]) -> dict[str, Any]:
+    custom = k8s.CustomObjectsApi(api)
+    metadata = manifest["metadata"]
+    try:
+        created: dict[str, Any] = custom.create_namespaced_custom_object(
+            GROUP, VERSION, metadata["namespace"], PLURAL, manifest
+        )
+        return created
+    except ApiException as error:
+        if error.status != 409:
+            raise
+    existing: dict[str, Any] = custom.get_namespaced_custom_object(
+        GROUP, VERSION, metadata["namespace"], PLURAL, metadata["name"]
+    )
+    return existing
+
+
+async def _heartbeat(client: Client, workflow_id: str) -> dict[str, Any] | None:
+    """The latest heartbeat details of the workflow's running activity, if any."""
+    try:
+        description = await client.get_workflow_handle(workflow_id).describe()
+    except Exception:  # noqa: BLE001 - progress is best effort
+        return None
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != "mirror_status" and pending.heartbeat_details.payloads:
+            values = await client.data_converter.decode(pending.heartbeat_details.payloads)
+            if values and isinstance(values[0], dict):
+                return values[0]
+    return None
+
+
+async def follow(api: k8s.ApiClient, client: Client, namespace: str, name: str, out: TextIO) -> dict[str, Any]:
+    """Shows the Migration's progress until it reaches a final phase; returns its last state."""
+    display = Display(out, interactive=out.isatty())
+    custom = k8s.CustomObjectsApi(api)
+    while True:
+        obj: dict[str, Any] = await asyncio.to_thread(
+            custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+        status = obj.get("status") or {}
+        workflow = (status.get("workflow") or {}).get("id")
+        heartbeat = await _heartbeat(client, workflow) if workflow and status.get("currentStep") else None
+        display.render(status, heartbeat, datetime.now(UTC))
+        if status.get("phase") in FINISHED:
+            return obj
+        await asyncio.sleep(0.5)
+
+
+def where_next(info: StackInfo, obj: dict[str, Any], kubectl: Path, temporal: Path) -> str:
+    status = obj.get("status") or {}
+    namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+    workflow = status.get("workflow") or {}
+    k = f"{kubectl} --kubeconfig={info.kubeconfig}"
+    url = (
+        workflow.get("url")
+        or f"{info.temporal_ui_url}/namespaces/default/workflows/{quote(workflow.get('id', ''), safe='')}"
+    )
+    return "\n".join(
+        [
+            f"Migration {namespace}/{name}: {status.get('phase')} — {status.get('message')}",
+            "",
+            "Where to look next:",
+            f"  {k} get migrations -n {namespace}",
+            f"  {k} describe migration {name} -n {namespace}",
+            f"  {k} get statefulsets,services,endpointslices -n {namespace}",
+            f"  Temporal Web UI: {url}",
+            f"  {temporal} workflow show --address {info.temporal_address} --workflow-id '{workflow.get('id', '')}'",
+        ]
+    )
+
+
+async def run(
+    info: StackInfo, binaries: Binaries, *, with_sample: bool, keep_running: bool, orders: int, out: TextIO
+) -> int:
+    """Runs the worker, the watcher and (optionally) the sample; returns the exit code."""
+    install_crd(binaries, info)
+    worker_settings, watcher_settings = component_settings(info, binaries)
+    stop = asyncio.Event()
+    components = [
+        asyncio.create_task(worker_runner.run(worker_settings, stop=stop), name="worker"),
+        asyncio.create_task(watcher_runner.run(watcher_settings, stop=stop), name="watcher"),
+    ]
+    print(f"worker and watcher are running (task queue {TASK_QUEUE})", file=out, flush=True)
+    code = 0
+    try:
+        if with_sample:
+            code = await _run_sample(info, binaries, orders, out)
+        if keep_running or not with_sample:
+            print("\nThe stack, the worker and the watcher keep running. Press Ctrl-C to stop.", file=out, flush=True)
+            await _wait_forever(components)
+    finally:
+        stop.set()
+        for task in components:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=30)
+    return code
+
+
+async def _wait_forever(components: list[asyncio.Task[None]]) -> None:
+    done, _ = await asyncio.wait(components, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        task.result()  # a component that stopped on its own is an error worth seeing
+
+
+async def _run_sample(info: StackInfo, binaries: Binaries, orders: int, out: TextIO) -> int:
+    api = kubernetes_client(info.kubeconfig)
+    try:
+        print(f"seeding the sample: database '{sample.DATABASE}' ({orders:,} orders) behind StatefulSet "
+              f"{sample.NAMESPACE}/{sample.SOURCE}", file=out, flush=True)  # fmt: skip
+        await asyncio.to_thread(sample.prepare, api, info, orders)
+        manifest = sample.migration_manifest(info)
+        await asyncio.to_thread(_apply, api, manifest)
+        print(f"applied Migration {sample.NAMESPACE}/{sample.MIGRATION}:", file=out)
+        print(json.dumps(manifest["spec"], indent=2), file=out, flush=True)
+        assert info.temporal_address is not None
+        client = await connect_temporal(TemporalSettings(address=info.temporal_address))
+        final = await follow(api, client, sample.NAMESPACE, sample.MIGRATION, out)
+        print("\n" + where_next(info, final, binaries.kubectl, binaries.temporal), file=out, flush=True)
+        return 0 if (final.get("status") or {}).get("phase") == "Succeeded" else 1
+    finally:
+        api.close()
+
+
+def main_entry(info: StackInfo, binaries: Binaries, *, with_sample: bool, keep_running: bool, orders: int) -> int:
+    """Runs `run` until it ends or the process gets Ctrl-C or SIGTERM (then KeyboardInterrupt)."""
+
+    async def supervised() -> int:
+        task = asyncio.create_task(
+            run(info, binaries, with_sample=with_sample, keep_running=keep_running, orders=orders, out=sys.stdout)
+        )
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+
+    return asyncio.run(supervised())
