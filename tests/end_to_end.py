@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import boto3
@@ -29,6 +30,8 @@ from ferry.stack.stack import StackInfo
 from tests import samples
 from tests.cluster import create_source
 from tests.conftest import Kubectl
+from watcher import runner as watcher_runner
+from watcher.settings import LeaseSettings, WatcherSettings
 from worker import runner
 from worker.settings import WorkerSettings
 
@@ -169,3 +172,36 @@ async def ferry_worker(stack: StackInfo, task_queue: str) -> AsyncIterator[Worke
     stop.set()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(running, timeout=60)
+
+
+def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **changes: Any) -> WatcherSettings:
+    assert stack.temporal_address is not None
+    settings = WatcherSettings(
+        temporal=TemporalSettings(address=stack.temporal_address),
+        task_queue=task_queue,
+        kubeconfig=stack.kubeconfig,
+        namespaces=(namespace,),
+        lease=LeaseSettings(name="ferry-watcher", namespace=namespace, duration=4, renew_deadline=3, retry_period=0.5),
+        resync_interval=2,
+        deletion_timeout=120,
+    )
+    return dataclasses.replace(settings, **changes)
+
+
+@pytest.fixture
+async def running_watcher(stack: StackInfo, task_queue: str, namespace: str) -> AsyncIterator[WatcherSettings]:
+    """ferry's watcher in this process, watching the test's namespace, starting workflows on its task queue."""
+    settings = watcher_settings(stack, task_queue, namespace)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher_runner.run(settings, stop=stop))
+    yield settings
+    stop.set()
+    await asyncio.wait_for(task, timeout=30)
+
+
+async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)

@@ -1,60 +1,23 @@
-"""Fixtures of the watcher tests: the real watcher, in this process or as `ferry watcher` processes."""
+"""Fixtures of the watcher tests: `ferry watcher` as processes of its own, and visibility helpers.
+
+The in-process watcher fixture (`running_watcher`) and `eventually` live in tests/end_to_end.py."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client
 
 from ferry.api.saga import MigrationRef, workflow_id
-from ferry.clients import TemporalSettings
 from ferry.stack.stack import StackInfo
-from watcher import runner
-from watcher.settings import LeaseSettings, WatcherSettings
-
-
-def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **changes: Any) -> WatcherSettings:
-    assert stack.temporal_address is not None
-    settings = WatcherSettings(
-        temporal=TemporalSettings(address=stack.temporal_address),
-        task_queue=task_queue,
-        kubeconfig=stack.kubeconfig,
-        namespaces=(namespace,),
-        lease=LeaseSettings(name="ferry-watcher", namespace=namespace, duration=4, renew_deadline=3, retry_period=0.5),
-        resync_interval=2,
-        deletion_timeout=120,
-    )
-    return dataclasses.replace(settings, **changes)
-
-
-@pytest.fixture
-async def running_watcher(stack: StackInfo, task_queue: str, namespace: str) -> AsyncIterator[WatcherSettings]:
-    """ferry's watcher in this process, watching the test's namespace, starting workflows on its task queue."""
-    settings = watcher_settings(stack, task_queue, namespace)
-    stop = asyncio.Event()
-    task = asyncio.create_task(runner.run(settings, stop=stop))
-    yield settings
-    stop.set()
-    await asyncio.wait_for(task, timeout=30)
-
-
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def workflows_in(client: Client, namespace: str) -> list[str]:

@@ -13,8 +13,7 @@ from ferry.api.saga import workflow_id
 from ferry.stack.install import Binaries
 from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
-from tests.end_to_end import apply_migration, migration_manifest
-from tests.watcher.conftest import eventually
+from tests.end_to_end import apply_migration, eventually, migration_manifest
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
 

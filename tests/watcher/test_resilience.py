@@ -23,8 +23,8 @@ from ferry.api.saga import MigrationRef
 from ferry.stack.install import Binaries
 from ferry.stack.stack import Stack, StackInfo
 from tests.conftest import CRD_MANIFEST, make_state_dir
-from tests.end_to_end import migration_manifest
-from tests.watcher.conftest import eventually, has_workflow
+from tests.end_to_end import eventually, migration_manifest
+from tests.watcher.conftest import has_workflow
 
 
 def _create(api: k8s.ApiClient, namespace: str, stack: StackInfo, name: str) -> MigrationRef:

@@ -14,8 +14,8 @@ from ferry.api.migration import FINALIZER
 from ferry.api.saga import workflow_id
 from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
-from tests.end_to_end import apply_migration, migration_manifest
-from tests.watcher.conftest import eventually, has_workflow, workflows_in
+from tests.end_to_end import apply_migration, eventually, migration_manifest
+from tests.watcher.conftest import has_workflow, workflows_in
 from watcher.settings import WatcherSettings
 
 

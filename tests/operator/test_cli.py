@@ -1,0 +1,177 @@
+"""What an operator does from a shell: kubectl wait and describe, and signals from the temporal CLI.
+
+Every migration here is real: ferry's watcher and worker run against the session stack,
+moving a real database between the two PostgreSQL instances through the real S3 server.
+tctl could not be installed here (the Go module proxy refuses github.com/temporalio/tctl),
+so the documented tctl commands are not exercised; the temporal CLI ones are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+from kubernetes import client as k8s
+
+from ferry.api.saga import MigrationRef, workflow_id
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import TARGET_SECRET, Databases, apply_migration, eventually, migration_manifest
+from watcher.settings import WatcherSettings
+from worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
+
+
+@pytest.fixture
+def orders(databases: Databases) -> int:
+    """A small orders table in the source database; returns its row count."""
+    with psycopg.connect(databases.source.dsn) as conn:
+        conn.execute("create table orders (id bigserial primary key, total numeric not null)")
+        conn.execute("insert into orders (total) select n * 1.5 from generate_series(1, 500) as n")
+    return 500
+
+
+async def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    result = await asyncio.to_thread(kubectl, "get", "migration", name, "-n", namespace, "-o", "json")
+    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
+    return status
+
+
+async def _wait_phase(kubectl: Kubectl, ref: MigrationRef, phase: str, within: float = 120) -> dict[str, Any]:
+    async def reached() -> bool:
+        return (await _status(kubectl, ref.namespace, ref.name)).get("phase") == phase
+
+    await eventually(f"phase {phase}", reached, within=within)
+    return await _status(kubectl, ref.namespace, ref.name)
+
+
+def _temporal(binaries: Binaries, stack: StackInfo, *args: str) -> None:
+    subprocess.run(
+        [str(binaries.temporal), *args, f"--address={stack.temporal_address}"], check=True, capture_output=True
+    )
+
+
+async def test_kubectl_wait_returns_when_the_migration_succeeds_and_describe_lists_the_step_events(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, databases: Databases,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+
+    waited = await asyncio.to_thread(
+        kubectl, "wait", "--for=condition=Succeeded", f"migration/{ref.name}", "-n", namespace, "--timeout=180s"
+    )
+
+    assert "condition met" in waited.stdout
+    described = (await asyncio.to_thread(kubectl, "describe", "migration", ref.name, "-n", namespace)).stdout
+    for step in ("provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"):
+        assert f"{step}: running (attempt 1)" in described
+        assert f"{step}: succeeded" in described
+    assert "StepStarted" in described
+    assert "Succeeded" in described
+    listed = (await asyncio.to_thread(kubectl, "get", "migrations", "-n", namespace)).stdout.splitlines()
+    assert listed[0].split() == ["NAME", "PHASE", "STEP", "AGE", "MESSAGE"]
+    assert listed[1].split()[:2] == [ref.name, "Succeeded"]
+    with psycopg.connect(databases.target.dsn) as conn:
+        assert conn.execute("select count(*) from orders").fetchone() == (orders,)
+
+
+async def test_approve_with_the_temporal_cli_lets_the_migration_finish(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    await _wait_phase(kubectl, ref, "AwaitingApproval")
+
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=approve",
+        '--input={"by": "carol"}',
+    )  # fmt: skip
+
+    status = await _wait_phase(kubectl, ref, "Succeeded")
+    assert status["approvedBy"] == "carol"
+
+
+async def test_pause_and_resume_with_the_temporal_cli_hold_the_migration_before_its_next_step(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    await _wait_phase(kubectl, ref, "AwaitingApproval")
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=pause"
+    )
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=approve",
+        '--input={"by": "dave"}',
+    )  # fmt: skip
+
+    paused = await _wait_phase(kubectl, ref, "Paused")
+    assert paused["message"] == "paused before scale-down-old; send resume to go on"
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=resume"
+    )
+    await _wait_phase(kubectl, ref, "Succeeded")
+
+
+async def test_rollback_with_the_temporal_cli_undoes_the_completed_steps(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    await _wait_phase(kubectl, ref, "AwaitingApproval")
+
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=rollback",
+        '--input={"by": "erin", "reason": "not today"}',
+    )  # fmt: skip
+
+    status = await _wait_phase(kubectl, ref, "RolledBack")
+    assert status["message"] == "rolled back: rollback requested by erin: not today"
+    states = {step["name"]: step["state"] for step in status["steps"]}
+    assert states["provision"] == "Compensated"
+    assert states["freeze"] == "Compensated"
+    assert states["switch-traffic"] == "Pending"
+    names = [item.metadata.name for item in k8s.AppsV1Api(kube_api).list_namespaced_stateful_set(namespace).items]
+    assert names == ["orders-db"]
+
+
+async def test_cancel_with_the_temporal_cli_rolls_back(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    await _wait_phase(kubectl, ref, "AwaitingApproval")
+
+    await asyncio.to_thread(_temporal, binaries, stack, "workflow", "cancel", f"--workflow-id={workflow_id(ref)}")
+
+    status = await _wait_phase(kubectl, ref, "RolledBack")
+    assert status["message"] == "rolled back: the workflow was cancelled"
+
+
+async def test_retry_with_the_temporal_cli_reruns_a_failed_step_under_the_pause_policy(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    core = k8s.CoreV1Api(kube_api)
+    good = core.read_namespaced_secret(TARGET_SECRET, namespace).data["password"]
+    core.patch_namespaced_secret(TARGET_SECRET, namespace, {"stringData": {"password": "wrong"}})
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, failurePolicy="Pause"))
+    paused = await _wait_phase(kubectl, ref, "Paused")
+    assert paused["currentStep"] == "migrate"
+    assert "BadCredentials" in paused["message"]
+
+    core.patch_namespaced_secret(TARGET_SECRET, namespace, {"data": {"password": good}})
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=retry",
+        '--input={"by": "frank"}',
+    )  # fmt: skip
+
+    status = await _wait_phase(kubectl, ref, "Succeeded")
+    migrate = next(step for step in status["steps"] if step["name"] == "migrate")
+    assert migrate["attempts"] == 2
