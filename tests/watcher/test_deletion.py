@@ -1,0 +1,111 @@
+"""Deleting a Migration: during a run it is undone first; after success the new database stays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from botocore.exceptions import ClientError
+from kubernetes import client as k8s
+
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, s3_client
+from watcher.settings import WatcherSettings
+from worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
+
+
+@pytest.fixture
+def orders(databases: Databases) -> None:
+    with psycopg.connect(databases.source.dsn) as conn:
+        conn.execute("create table orders (id bigserial primary key, note text not null)")
+        conn.execute("insert into orders (note) select 'order ' || n from generate_series(1, 300) as n")
+
+
+async def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    result = await asyncio.to_thread(kubectl, "get", "migration", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr
+        return None
+    migration: dict[str, Any] = json.loads(result.stdout)
+    return migration
+
+
+async def _phase(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    migration = await _migration(kubectl, namespace, name)
+    return ((migration or {}).get("status") or {}).get("phase")
+
+
+def _stateful_sets(api: k8s.ApiClient, namespace: str) -> list[str]:
+    return sorted(item.metadata.name for item in k8s.AppsV1Api(api).list_namespaced_stateful_set(namespace).items)
+
+
+def _read_only_default(databases: Databases) -> str | None:
+    with psycopg.connect(databases.source.dsn) as conn:
+        row = conn.execute(
+            "select setconfig from pg_db_role_setting s join pg_database d on d.oid = s.setdatabase "
+            "where d.datname = current_database() and s.setrole = 0"
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+
+    async def awaiting() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "AwaitingApproval"
+
+    await eventually("the approval gate", awaiting, within=120)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db", "orders-db-16"]
+
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+    async def gone() -> bool:
+        return await _migration(kubectl, namespace, ref.name) is None
+
+    await eventually("the Migration to be gone", gone, within=120)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"]  # provision was undone
+    assert _read_only_default(databases) is None  # freeze was undone: writes are allowed again
+    listed = s3_client(stack).list_objects_v2(Bucket=bucket)
+    assert listed.get("KeyCount", 0) == 0  # the snapshot was undone (afterRollback: Delete)
+    events = await asyncio.to_thread(
+        kubectl, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={ref.name}", "-o", "json"
+    )
+    reasons = [event["reason"] for event in json.loads(events.stdout)["items"]]
+    assert "WaitingBeforeDeletion" in reasons
+    assert reasons.count("StepCompensated") == 3
+
+
+async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+
+    async def succeeded() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "Succeeded"
+
+    await eventually("the migration to succeed", succeeded, within=120)
+    snapshot = (await _migration(kubectl, namespace, ref.name) or {})["status"]["snapshot"]
+
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--timeout=120s")
+
+    assert await _migration(kubectl, namespace, ref.name) is None
+    assert _stateful_sets(kube_api, namespace) == ["orders-db", "orders-db-16"]
+    target = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-db-16", namespace)
+    assert target.metadata.owner_references is None
+    with psycopg.connect(databases.target.dsn) as conn:
+        assert conn.execute("select count(*) from orders").fetchone() == (300,)
+    # Retention afterSuccess: DeleteWithMigration (the default) removed the snapshot with the Migration.
+    key = snapshot["location"].removeprefix(f"s3://{bucket}/")
+    with pytest.raises(ClientError) as missing:
+        s3_client(stack).head_object(Bucket=bucket, Key=key)
+    assert missing.value.response["Error"]["Code"] in ("404", "NoSuchKey")
