@@ -13,7 +13,8 @@ setup: ## install the Python dependencies and find or build the stack's componen
 up: setup ## the main job: start the local stack and keep it running until Ctrl-C
 	$(VENV)/ferry up
 
-test: setup ## the test command: static checks, then every test against a real local stack
+test: ## the test command: setup (with headless Chromium), static checks, then every test against a real local stack
+	@bash scripts/setup.sh --browser
 	$(MAKE) --no-print-directory check
 	$(VENV)/pytest
 

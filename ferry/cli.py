@@ -29,6 +29,8 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     binaries = install.ensure_binaries()
     for field, value in vars(binaries).items():
         print(f"{field:25} {value}")
+    if args.browser:
+        print(f"{'chromium':25} {install.ensure_chromium()}")
     print(f"setup finished in {time.monotonic() - started:.1f}s")
     return 0
 
@@ -123,9 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     setup = commands.add_parser(
         "setup",
         help="find or build every component of the local stack (cached by version)",
-        description="Finds or builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, "
+        description="Finds or builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok "
         "and versitygw (cache: $FERRY_CACHE_DIR or ~/.cache/ferry), and installs PostgreSQL "
         "from Debian's packages when it is missing.",
+    )
+    setup.add_argument(
+        "--browser", action="store_true", help="also install headless Chromium for the Web UI tests (Debian's package)"
     )
     setup.set_defaults(run=_cmd_setup)
 

@@ -29,4 +29,4 @@ fi
 # Never let uv fetch an interpreter: use the one found above.
 UV_PYTHON_DOWNLOADS=never "$UV" sync --frozen --quiet --python "$PYTHON"
 
-exec .venv/bin/ferry setup
+exec .venv/bin/ferry setup "$@"

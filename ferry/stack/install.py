@@ -350,10 +350,17 @@ def _ensure_postgres() -> Path:
     if found is not None:
         return found
     packages = [f"postgresql-{versions.POSTGRES_MAJOR}", f"postgresql-client-{versions.POSTGRES_MAJOR}"]
+    _apt_install(packages, "PostgreSQL server and client tools are missing")
+    found = _postgres_bindir()
+    if found is None:
+        raise SetupError(f"installed {' '.join(packages)} but found no postgres binaries afterwards")
+    return found
+
+
+def _apt_install(packages: list[str], why: str) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise SetupError(
-            "PostgreSQL server and client tools are missing. Install them with "
-            f"`sudo apt-get install -y {' '.join(packages)}` and run the setup again."
+            f"{why}: install it with `sudo apt-get install -y {' '.join(packages)}` and run the setup again."
         )
     log.info("installing %s from Debian's packages", " ".join(packages))
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -361,10 +368,19 @@ def _ensure_postgres() -> Path:
         result = subprocess.run(argv, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise SetupError(f"`{' '.join(argv)}` failed:\n{result.stderr[-2000:]}")
-    found = _postgres_bindir()
+
+
+def ensure_chromium() -> Path:
+    """Headless Chromium for the tests that look at the Temporal Web UI (Debian's package)."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    _apt_install(["chromium"], "Chromium is needed by the Web UI tests")
+    found = shutil.which("chromium")
     if found is None:
-        raise SetupError(f"installed {' '.join(packages)} but found no postgres binaries afterwards")
-    return found
+        raise SetupError("installed Debian's chromium package but found no chromium on PATH afterwards")
+    return Path(found)
 
 
 def _temporal_cli() -> Path:
