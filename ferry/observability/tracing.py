@@ -1,0 +1,71 @@
+"""OpenTelemetry tracing: one trace per migration, from the watcher's event to the last activity.
+
+The watcher opens a span around the handling that starts a Migration's workflow; the
+Temporal SDK's tracing interceptor carries its context into the workflow's headers, so
+the workflow's spans and every activity's span join the same trace, whichever worker
+runs them. Spans go to an OTLP/HTTP collector, or to a file of JSON lines (the local
+stack and the tests use that), or both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+
+@dataclasses.dataclass(frozen=True)
+class TracingSettings:
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP endpoint of a collector, e.g. http://otel-collector:4318 (spans go to /v1/traces)."""
+    file: Path | None = None
+    """Append finished spans to this file, one JSON object per line."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.otlp_endpoint or self.file)
+
+
+class JsonLinesExporter(SpanExporter):
+    """Appends spans to a file, one JSON object a line; processes sharing the file take turns."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(json.dumps(json.loads(span.to_json())) + "\n" for span in spans)
+        with self._path.open("a") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            out.write(lines)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def configure(settings: TracingSettings, service: str) -> TracerProvider | None:
+    """Installs the global tracer provider; None (tracing off) when no destination is set."""
+    if not settings.enabled:
+        return None
+    existing = trace.get_tracer_provider()
+    if isinstance(existing, TracerProvider):
+        provider = existing  # a second component in the same process shares it
+    else:
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        trace.set_tracer_provider(provider)
+    if settings.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/traces"
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    if settings.file:
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(settings.file)))
+    return provider
