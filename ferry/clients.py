@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from temporalio.client import Client, TLSConfig
+from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 
 from ferry.api.saga import TASK_QUEUE
 
@@ -48,7 +50,14 @@ class TemporalSettings:
         )
 
 
-async def connect_temporal(settings: TemporalSettings, *, identity: str | None = None) -> Client:
+async def connect_temporal(
+    settings: TemporalSettings,
+    *,
+    identity: str | None = None,
+    runtime: Runtime | None = None,
+    interceptors: Sequence[Interceptor] = (),
+) -> Client:
+    """A client with ferry's data converter; `runtime` carries metrics, `interceptors` tracing."""
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
@@ -56,6 +65,8 @@ async def connect_temporal(settings: TemporalSettings, *, identity: str | None =
         tls=settings.tls(),
         data_converter=pydantic_data_converter,
         identity=identity,
+        runtime=runtime,
+        interceptors=interceptors,
     )
 
 

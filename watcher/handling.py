@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
+from opentelemetry import trace
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from ferry.api.migration import FINALIZER, FINISHED_PHASES, EventType, MigrationSpec, Phase
 from ferry.api.saga import MigrationRef, workflow_id
+from ferry.observability.logs import migration_context
 from watcher import controls
 from watcher.deletion import DeletionHandler
+from watcher.metrics import WatcherMetrics
 from watcher.patching import MigrationWriter, ref_of
 from watcher.settings import WatcherSettings
 from watcher.starting import ensure_started
 
 log = logging.getLogger("ferry.watcher.handling")
+_tracer = trace.get_tracer("ferry.watcher")
 
 _FINISHED = {phase.value for phase in FINISHED_PHASES}
 STARTED_CACHE = 10_000
@@ -32,12 +37,18 @@ STARTED_CACHE = 10_000
 
 class MigrationHandler:
     def __init__(
-        self, client: Client, writer: MigrationWriter, settings: WatcherSettings, deletion: DeletionHandler
+        self,
+        client: Client,
+        writer: MigrationWriter,
+        settings: WatcherSettings,
+        deletion: DeletionHandler,
+        metrics: WatcherMetrics,
     ) -> None:
         self._client = client
         self._writer = writer
         self._settings = settings
         self._deletion = deletion
+        self._metrics = metrics
         self._started: dict[str, None] = {}
         """Workflow IDs known to exist, until their status says so: saves a start call per event.
         Only a cache: losing it (a restart) costs one idempotent start call per Migration."""
@@ -47,8 +58,15 @@ class MigrationHandler:
         if len(self._started) > STARTED_CACHE:
             del self._started[next(iter(self._started))]
 
-    async def handle(self, obj: dict[str, Any], listed: bool) -> None:
+    async def handle(self, obj: dict[str, Any], listed: bool, received: float) -> None:
         ref = ref_of(obj)
+        generation = int(obj["metadata"].get("generation", 1))
+        with migration_context(
+            namespace=ref.namespace, name=ref.name, generation=generation, workflow_id=workflow_id(ref)
+        ):
+            await self._handle(obj, ref, listed, received)
+
+    async def _handle(self, obj: dict[str, Any], ref: MigrationRef, listed: bool, received: float) -> None:
         if obj["metadata"].get("deletionTimestamp"):
             await self._deletion.handle(obj)
             return
@@ -62,12 +80,22 @@ class MigrationHandler:
                 await asyncio.to_thread(self._writer.add_finalizer, obj)
             expected = workflow_id(ref)
             if (status.get("workflow") or {}).get("id") != expected and expected not in self._started:
-                generation = int(obj["metadata"].get("generation", 1))
-                await ensure_started(self._client, ref, generation, spec, self._settings.task_queue)
-                self._remember_started(expected)
+                await self._start(ref, int(obj["metadata"].get("generation", 1)), spec, received)
         await self._apply_controls(obj, ref)
         if listed and not finished and status.get("workflow"):
             await self._notice_abandoned(obj, ref)
+
+    async def _start(self, ref: MigrationRef, generation: int, spec: MigrationSpec, received: float) -> None:
+        """Starts the workflow inside the span that roots the migration's trace."""
+        attributes: dict[str, str | int] = {
+            "ferry.namespace": ref.namespace,
+            "ferry.migration": ref.name,
+            "ferry.generation": generation,
+        }
+        with _tracer.start_as_current_span("ferry.watcher.start_migration", attributes=attributes):
+            await ensure_started(self._client, ref, generation, spec, self._settings.task_queue)
+        self._metrics.event_to_start.record(time.monotonic() - received)
+        self._remember_started(workflow_id(ref))
 
     async def _spec(self, obj: dict[str, Any], ref: MigrationRef) -> MigrationSpec | None:
         try:

@@ -14,17 +14,23 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
+from temporalio.common import MetricMeter
+from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from ferry.api.saga import MigrationRef
 from ferry.clients import connect_temporal, kubernetes_client
+from ferry.observability import tracing
+from ferry.observability.metrics import prometheus_runtime
 from watcher.deletion import DeletionHandler
 from watcher.handling import MigrationHandler
 from watcher.leadership import LeaderElector
+from watcher.metrics import WatcherMetrics
 from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 from watcher.watching import MigrationWatch
@@ -33,13 +39,15 @@ log = logging.getLogger("ferry.watcher")
 
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-Handle = Callable[[dict[str, Any], bool], Awaitable[None]]
+Handle = Callable[[dict[str, Any], bool, float], Awaitable[None]]
+"""Handles (object, listed, received): received is when the watcher first got this Migration's pending state."""
 
 
 @dataclasses.dataclass
 class _Pending:
     obj: dict[str, Any]
     listed: bool
+    received: float
     failures: int = 0
 
 
@@ -53,10 +61,11 @@ class Dispatcher:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.handled = 0
 
-    def submit(self, obj: dict[str, Any], listed: bool, failures: int = 0) -> None:
+    def submit(self, obj: dict[str, Any], listed: bool, failures: int = 0, received: float | None = None) -> None:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         earlier = self._pending.get(key)
-        self._pending[key] = _Pending(obj, listed or bool(earlier and earlier.listed), failures)
+        first_seen = earlier.received if earlier else received if received is not None else time.monotonic()
+        self._pending[key] = _Pending(obj, listed or bool(earlier and earlier.listed), first_seen, failures)
         if key not in self._running:
             self._running[key] = asyncio.create_task(self._drain(key))
 
@@ -66,7 +75,7 @@ class Dispatcher:
                 pending = self._pending.pop(key)
                 async with self._limit:
                     try:
-                        await self._handle(pending.obj, pending.listed)
+                        await self._handle(pending.obj, pending.listed, pending.received)
                         self.handled += 1
                     except Exception:
                         delay = RETRY_DELAYS[min(pending.failures, len(RETRY_DELAYS) - 1)]
@@ -92,12 +101,13 @@ class Dispatcher:
 class Watcher:
     """Watches Migrations and hands each to the handler; runs while this replica leads."""
 
-    def __init__(self, client: Client, api: k8s.ApiClient, settings: WatcherSettings) -> None:
+    def __init__(self, client: Client, api: k8s.ApiClient, settings: WatcherSettings, metrics: WatcherMetrics) -> None:
         self._api = api
         self._settings = settings
+        self._metrics = metrics
         self._writer = MigrationWriter(api, settings.lease.identity)
         deletion = DeletionHandler(client, self._writer, settings, self._resubmit)
-        self._handler = MigrationHandler(client, self._writer, settings, deletion)
+        self._handler = MigrationHandler(client, self._writer, settings, deletion, metrics)
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
         self._background: set[asyncio.Task[None]] = set()
         self.watches: list[MigrationWatch] = []
@@ -118,12 +128,24 @@ class Watcher:
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
 
-        def deliver(obj: dict[str, Any], listed: bool) -> None:
-            loop.call_soon_threadsafe(self._dispatcher.submit, obj, listed)
+        def deliver(obj: dict[str, Any], kind: str) -> None:
+            self._metrics.events.add(1, {"type": kind})
+            loop.call_soon_threadsafe(self._dispatcher.submit, obj, kind == "listed", 0, time.monotonic())
+
+        listings: dict[str | None, list[dict[str, Any]]] = {}
+        lock = threading.Lock()
+
+        def listed_in(scope: str | None) -> Callable[[list[dict[str, Any]]], None]:
+            def listed(items: list[dict[str, Any]]) -> None:
+                with lock:  # each namespace lists in its own thread; the gauges cover them all
+                    listings[scope] = items
+                    self._metrics.observe_listing([item for found in listings.values() for item in found])
+
+            return listed
 
         stop_threads = threading.Event()
         scopes: list[str | None] = list(self._settings.namespaces) or [None]
-        self.watches = [MigrationWatch(self._api, namespace, deliver, stop_threads) for namespace in scopes]
+        self.watches = [MigrationWatch(self._api, ns, deliver, stop_threads, listed_in(ns)) for ns in scopes]
         threads = [
             threading.Thread(target=watch.run, name=f"watch-{watch.scope}", daemon=True) for watch in self.watches
         ]
@@ -157,7 +179,13 @@ async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -
     """Runs until `stop` is set; raises LeadershipLost if this replica stops leading (the process should exit)."""
     stop = stop or asyncio.Event()
     identity = settings.lease.identity
-    client = await connect_temporal(settings.temporal, identity=f"ferry-watcher@{identity}")
+    observed = settings.observability
+    runtime = prometheus_runtime(observed.metrics_address, "watcher") if observed.metrics_address else None
+    interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-watcher") else []
+    client = await connect_temporal(
+        settings.temporal, identity=f"ferry-watcher@{identity}", runtime=runtime, interceptors=interceptors
+    )
+    metrics = WatcherMetrics(runtime.metric_meter if runtime else MetricMeter.noop)
     # Blocking Kubernetes calls run in threads: one per Migration handled at once, plus the
     # Lease and a resync, each with a connection of its own.
     threads = settings.concurrency + 4
@@ -168,7 +196,7 @@ async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -
         if not await elector.acquire(stop):
             return
         leading = asyncio.Event()
-        watcher = Watcher(client, api, settings)
+        watcher = Watcher(client, api, settings, metrics)
         work = asyncio.create_task(watcher.run(leading))
         try:
             await elector.hold(stop)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from ferry.api.saga import TASK_QUEUE
 from ferry.clients import TemporalSettings, add_connection_arguments, env, temporal_settings
+from ferry.observability import settings as observability
+from ferry.observability.settings import ObservabilitySettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +50,12 @@ class WatcherSettings:
     """Seconds a deleted Migration waits for its undo or cleanup before ferry releases it anyway."""
     concurrency: int = 16
     """Migrations handled at once (events of one Migration are always handled in order)."""
+    observability: ObservabilitySettings = dataclasses.field(default_factory=ObservabilitySettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
+    observability.add_arguments(parser)
     parser.add_argument(
         "--namespaces",
         default=env("NAMESPACES", ""),
@@ -129,4 +133,5 @@ def from_arguments(args: argparse.Namespace) -> WatcherSettings:
         lease=lease,
         resync_interval=args.resync_interval,
         deletion_timeout=args.deletion_timeout,
+        observability=observability.from_arguments(args),
     )

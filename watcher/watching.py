@@ -25,17 +25,28 @@ WATCH_TIMEOUT = 240
 """Seconds the API server keeps one watch request open; the watch then resumes from where it was."""
 BACKOFF_MAX = 30.0
 
-Deliver = Callable[[dict[str, Any], bool], None]
-"""Receives (object, listed): listed is True for objects from a full list rather than a watch event."""
+Deliver = Callable[[dict[str, Any], str], None]
+"""Receives (object, kind): kind is `listed` for objects from a full list, else the watch event's type
+in lower case (added, modified, deleted)."""
+Listed = Callable[[list[dict[str, Any]]], None]
+"""Receives every full list, e.g. to count Migrations by phase."""
 
 
 class MigrationWatch:
     """Keeps one list-and-watch of Migrations going (in one namespace, or all) until stopped."""
 
-    def __init__(self, api: k8s.ApiClient, namespace: str | None, deliver: Deliver, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        namespace: str | None,
+        deliver: Deliver,
+        stop: threading.Event,
+        listed: Listed | None = None,
+    ) -> None:
         self._custom = k8s.CustomObjectsApi(api)
         self._namespace = namespace
         self._deliver = deliver
+        self._listed = listed
         self._stop = stop
         self._version: str | None = None
         """Where the watch resumes; None asks for a full list first."""
@@ -69,9 +80,12 @@ class MigrationWatch:
         """Delivers every Migration in scope; returns the list's resourceVersion."""
         listed: dict[str, Any] = self._list_function()(*self._list_arguments())
         self.relists += 1
-        for item in listed.get("items", []):
+        items = listed.get("items", [])
+        for item in items:
             item.setdefault("apiVersion", f"{GROUP}/{VERSION}")
-            self._deliver(item, True)
+            self._deliver(item, "listed")
+        if self._listed is not None:
+            self._listed(items)
         version: str = listed["metadata"]["resourceVersion"]
         log.info("listed %d Migrations in %s at resourceVersion %s", len(listed.get("items", [])), self.scope, version)
         return version
@@ -94,7 +108,7 @@ class MigrationWatch:
                     obj = event["object"]
                     self._version = obj["metadata"]["resourceVersion"]
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self._deliver(obj, False)
+                        self._deliver(obj, event["type"].lower())
             except ApiException as error:
                 if error.status == 410:
                     log.info("resourceVersion %s of %s is too old (410 Gone); relisting", self._version, self.scope)
