@@ -11,6 +11,7 @@ instead of recording it twice (see activities/events.py).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +24,7 @@ from activities.events import record_event
 from activities.settings import KubeActivitySettings
 from ferry.api.migration import GROUP, PLURAL, VERSION, WATCHER_STATUS_FIELDS, MigrationStatus
 from ferry.api.saga import EventRecord, KubeActivity, MigrationRef, MirrorStatusInput, MirrorStatusResult
+from ferry.observability import metrics
 
 WATCHER_FIELDS = WATCHER_STATUS_FIELDS
 """Status fields that belong to the watcher; mirror_status keeps whatever the fresh read holds."""
@@ -47,7 +49,16 @@ class StatusActivities:
         was re-created under the same name (another UID), is left alone: found=False.
         """
         ref = input.ref
+        started = time.monotonic()
         found, conflicts = kube_calls.retry_on_conflict(lambda: self._write_status(ref, input.status))
+        meter = activity.metric_meter()
+        meter.create_histogram_float(metrics.STATUS_PATCH, "Mirroring a saga's status into its Migration", "s").record(
+            time.monotonic() - started
+        )
+        if conflicts:
+            meter.create_counter(metrics.STATUS_PATCH_CONFLICTS, "409 Conflicts retried by mirror_status").add(
+                conflicts
+            )
         if not found:
             activity.logger.info("Migration %s is gone: status not mirrored", ref)
             return MirrorStatusResult(found=False, conflicts=conflicts)

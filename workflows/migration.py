@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         keep_after_success,
         snapshot_key,
     )
+    from ferry.observability import metrics
     from workflows import plan
     from workflows.status import SagaStatus
 
@@ -118,6 +119,12 @@ class MigrationWorkflow:
         self._events = 0
         self._indexed: tuple[str, str] | None = None
         self._requests: set[str] = set()
+        meter = workflow.metric_meter()
+        self._step_duration = meter.create_histogram_float(
+            metrics.STEP_DURATION, "How long a saga step took, retries included", "s"
+        )
+        self._steps = meter.create_counter(metrics.STEPS, "Saga steps finished, by outcome")
+        self._compensations = meter.create_counter(metrics.COMPENSATIONS, "Undos run, by outcome")
 
     # --- signals and query ------------------------------------------------------------------
 
@@ -280,6 +287,7 @@ class MigrationWorkflow:
                 if is_cancelled_exception(activity_failure):
                     raise
                 failure, error = activity_failure, _error_text(activity_failure)
+            self._count_step(name, entry.started_at, "failed" if error is not None else "succeeded")
             if error is not None:
                 self._status.update_step(name, workflow.now(), state=StepState.FAILED, last_error=error)
                 if self._spec.failure_policy is FailurePolicy.PAUSE:
@@ -293,6 +301,12 @@ class MigrationWorkflow:
             self._status.update_step(name, workflow.now(), state=StepState.SUCCEEDED)
             await self._transition(Phase.RUNNING, f"{name}: succeeded", "StepSucceeded", key=f"{name}.{entry.attempts}")
             return
+
+    def _count_step(self, step: StepName, started: datetime | None, outcome: str) -> None:
+        labels = {"step": step.value, "outcome": outcome}
+        self._steps.add(1, labels)
+        if started is not None:
+            self._step_duration.record((workflow.now() - started).total_seconds(), labels)
 
     async def _await_decision(self, step: StepName, error: str, attempt: int) -> None:
         """failurePolicy Pause: hold until a person sends retry (returns) or rollback (raises)."""
@@ -468,6 +482,7 @@ class MigrationWorkflow:
                     summary=f"{self._ref}: undo {name}",
                 )
             except ActivityError as error:
+                self._compensations.add(1, {"step": name.value, "outcome": "failed"})
                 failed.append(f"{name} ({_error_text(error)})")
                 self._status.update_step(
                     name, workflow.now(), state=StepState.COMPENSATION_FAILED, last_error=_error_text(error)
@@ -479,6 +494,7 @@ class MigrationWorkflow:
                     key=str(name),
                 )
                 continue
+            self._compensations.add(1, {"step": name.value, "outcome": "succeeded"})
             self._status.update_step(name, workflow.now(), state=StepState.COMPENSATED)
             await self._record(f"undid {name}", "StepCompensated", key=str(name))
         self._status.current_step = None
