@@ -1,0 +1,115 @@
+"""The production image: the `ferry` command from the locked dependencies, pg_dump beside it, not as root.
+
+No Docker engine runs here, so the Dockerfile is read, not built; every check compares it
+with what it must agree with: pyproject.toml, the lock's uv, ferry's real parser, the
+stack's PostgreSQL version and the Deployments in deploy/manager.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ferry.stack.versions import POSTGRES_MAJOR
+from tests.deploy.files import (
+    DEPLOY,
+    ROOT,
+    dockerfile,
+    documents,
+    exec_form,
+    pyproject,
+    stage_env,
+    subcommands,
+    variables_read_by,
+)
+
+
+def _arguments(instruction: str) -> list[str]:
+    return [arguments for name, arguments in dockerfile().final if name == instruction]
+
+
+def _copied_into_build_stage() -> set[str]:
+    """Every source path the build stage copies from the build context."""
+    sources: set[str] = set()
+    for name, arguments in dockerfile().stages[0]:
+        if name == "COPY" and not arguments.startswith("--from"):
+            sources.update(arguments.split()[:-1])
+    return sources
+
+
+def test_the_image_runs_the_ferry_console_script_and_by_default_its_worker() -> None:
+    (entrypoint,) = _arguments("ENTRYPOINT")
+    (command,) = _arguments("CMD")
+
+    assert exec_form(entrypoint) == ["ferry"]
+    assert pyproject()["project"]["scripts"]["ferry"] == "ferry.cli:main"
+    assert exec_form(command) == ["worker"]
+    assert "worker" in subcommands()
+
+
+def test_the_image_installs_the_locked_dependencies_without_the_dev_group() -> None:
+    build = dockerfile().stages[0]
+    runs = [arguments for name, arguments in build if name == "RUN"]
+    syncs = [run for run in runs if run.startswith("uv sync")]
+
+    assert syncs, "the build stage never runs uv sync"
+    for sync in syncs:
+        assert "--frozen" in sync.split(), f"{sync}: without --frozen, uv may resolve afresh instead of using uv.lock"
+        assert "--no-dev" in sync.split(), f"{sync}: the dev group (pytest, mypy, ...) does not belong in the image"
+    assert "--no-editable" in syncs[-1].split(), "ferry must be installed into the environment, not linked to /src"
+    assert {"pyproject.toml", "uv.lock"} <= _copied_into_build_stage()
+
+
+def test_the_image_uses_the_uv_that_made_the_lock() -> None:
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    locked = re.search(r"^UV_VERSION=(\S+)$", setup, re.MULTILINE)
+    assert locked is not None
+
+    build = dockerfile().stages[0]
+    (declared,) = [arguments for name, arguments in build if name == "ARG" and arguments.startswith("UV_VERSION=")]
+
+    assert declared == f"UV_VERSION={locked.group(1)}"
+
+
+def test_the_image_holds_every_package_of_ferrys_wheel() -> None:
+    packages = pyproject()["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    copied = _copied_into_build_stage()
+
+    assert set(packages) <= copied, f"not copied into the image: {set(packages) - copied}"
+    assert pyproject()["project"]["readme"] in copied, "building the wheel needs the readme it declares"
+
+
+def test_the_image_has_pg_dump_and_pg_restore_of_the_stacks_postgresql_major() -> None:
+    image = dockerfile()
+    runs = " ".join(arguments for name, arguments in image.final if name == "RUN")
+    bindir = stage_env(image.final)["FERRY_POSTGRES_BINDIR"]
+
+    # Debian bookworm is the release that ships postgresql-client-15.
+    assert image.base_image(image.final).startswith("python:3.11-slim-bookworm")
+    assert f"postgresql-client-{POSTGRES_MAJOR}" in runs.split()
+    assert bindir == f"/usr/lib/postgresql/{POSTGRES_MAJOR}/bin"
+
+
+def test_the_image_sets_only_variables_the_worker_reads() -> None:
+    ferry_variables = {name for name in stage_env(dockerfile().final) if name.startswith("FERRY_")}
+
+    assert ferry_variables <= variables_read_by("worker")
+
+
+def test_the_image_runs_as_the_non_root_user_the_deployments_expect() -> None:
+    (user,) = _arguments("USER")
+    uid, _, gid = user.partition(":")
+    manifests = documents(DEPLOY / "manager")
+    deployments = [doc for doc in manifests if doc["kind"] == "Deployment"]
+
+    assert uid.isdigit(), "a numeric user lets Kubernetes verify runAsNonRoot"
+    assert int(uid) != 0
+    assert deployments
+    for deployment in deployments:
+        pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+        assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid))
+
+
+def test_the_build_context_leaves_out_the_local_environment_and_stack() -> None:
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+
+    assert {".venv", ".ferry", ".git"} <= ignored

@@ -1,0 +1,380 @@
+"""deploy/rbac is enough for ferry and no more: a whole Migration under its roles, and what they refuse.
+
+The worker and the watcher run as `ferry worker` and `ferry watcher` processes whose
+kubeconfigs carry tokens of the ServiceAccounts ferry-system/ferry-worker and
+ferry-system/ferry-watcher (see conftest.py), with the roles of deploy/rbac applied for
+real: every call they make is authorized as it would be in their Pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from ferry.clients import kubernetes_client
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.cluster import endpoint_pods
+from tests.conftest import Kubectl
+from tests.deploy.conftest import ServiceAccountKubeconfig
+from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest, s3_client
+from tests.postgres.data import contents, create_shop
+
+SAGA_TIMEOUT = 240.0
+RBAC_DENIAL = re.compile(r'serviceaccount:ferry-system:ferry-[a-z]+[\\"]* cannot [a-z]+ resource [\\"]*[\w./]+')
+"""How the API server words a refusal by RBAC, in a logged failure (its quotes escaped once per JSON layer)."""
+LEASE = "ferry-watcher"
+"""The Lease the watcher's Role names (deploy/rbac/watcher_role.yaml) and its Deployment uses."""
+
+
+@dataclasses.dataclass
+class FerryProcess:
+    """One `ferry <command>` process with its log file."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+
+RunFerry = Callable[..., FerryProcess]
+
+
+@pytest.fixture
+def run_ferry(stack: StackInfo, task_queue: str, tmp_path: Path) -> Iterator[RunFerry]:
+    """Starts `ferry <command>` on the test's task queue, configured as deploy/manager does: by FERRY_ variables."""
+    started: list[FerryProcess] = []
+
+    def run(command: str, kubeconfig: Path, **variables: str) -> FerryProcess:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_") and k != "KUBECONFIG"}
+        environment.update(
+            FERRY_KUBECONFIG=str(kubeconfig),
+            FERRY_TEMPORAL_ADDRESS=stack.temporal_address or "",
+            FERRY_TEMPORAL_NAMESPACE=stack.temporal_namespace or "default",
+            FERRY_TEMPORAL_UI_URL=stack.temporal_ui_url or "",
+            FERRY_TASK_QUEUE=task_queue,
+            **variables,
+        )
+        log_path = tmp_path / f"{command}.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "ferry.cli", command],
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        process = FerryProcess(popen, log_path)
+        started.append(process)
+        return process
+
+    yield run
+    for process in started:
+        process.stop()
+
+
+def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    found = kubectl("get", "migration", name, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        assert "NotFound" in found.stderr, found.stderr
+        return None
+    migration: dict[str, Any] = json.loads(found.stdout)
+    return migration
+
+
+def _wait_until(what: str, check: Callable[[], bool], timeout: float, *processes: FerryProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        for process in processes:
+            code = process.popen.poll()
+            assert code is None, f"{process.log_path.stem} exited ({code}) waiting for {what}:\n{process.log()}"
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.log_path.stem}\n{p.log()[-6000:]}" for p in processes)
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+        time.sleep(0.5)
+
+
+@dataclasses.dataclass
+class Ferry:
+    """ferry's worker and watcher, running as their ServiceAccounts."""
+
+    worker: FerryProcess
+    watcher: FerryProcess
+    watcher_identity: str
+
+    def assert_never_refused(self) -> None:
+        """Neither component met an RBAC denial, not even one that a retry got past."""
+        for process in (self.worker, self.watcher):
+            process.stop()
+            denial = RBAC_DENIAL.search(process.log())
+            assert denial is None, f"{process.log_path.stem} was refused {denial.group(0)!r}:\n{process.log()}"
+
+
+@pytest.fixture
+def ferry_as_service_accounts(
+    binaries: Binaries,
+    ferry_system: str,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    run_ferry: RunFerry,
+    namespace: str,
+) -> Ferry:
+    worker = run_ferry(
+        "worker",
+        service_account_kubeconfig("ferry-worker"),
+        FERRY_POSTGRES_BINDIR=str(binaries.postgres_bindir),
+        FERRY_POLL_INTERVAL="0.2",
+    )
+    # All namespaces, as deployed: the ClusterRole must allow listing and watching them all.
+    identity = f"watcher-{namespace}"
+    watcher = run_ferry(
+        "watcher",
+        service_account_kubeconfig("ferry-watcher"),
+        FERRY_LEASE_NAMESPACE=ferry_system,
+        FERRY_LEASE_NAME=LEASE,
+        FERRY_IDENTITY=identity,
+    )
+    return Ferry(worker, watcher, identity)
+
+
+def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = (_migration(kubectl, namespace, name) or {}).get("status") or {}
+    return status
+
+
+def _wait_for_phase(kubectl: Kubectl, namespace: str, name: str, ferry: Ferry) -> dict[str, Any]:
+    finished = {"Succeeded", "RolledBack", "Failed", "Abandoned"}
+    _wait_until(
+        "the Migration to finish",
+        lambda: _status(kubectl, namespace, name).get("phase") in finished,
+        SAGA_TIMEOUT,
+        ferry.worker,
+        ferry.watcher,
+    )
+    return _status(kubectl, namespace, name)
+
+
+def _explain(status: dict[str, Any], ferry: Ferry) -> str:
+    return f"{json.dumps(status, indent=1)}\n--- worker\n{ferry.worker.log()}\n--- watcher\n{ferry.watcher.log()}"
+
+
+def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_of_deploy_rbac(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    ferry_system: str,
+    ferry_as_service_accounts: Ferry,
+    kube_api: k8s.ApiClient,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    ferry = ferry_as_service_accounts
+    create_shop(databases.source, customers=50, orders=500)
+
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+    status = _wait_for_phase(kubectl, namespace, ref.name, ferry)
+
+    assert status["phase"] == "Succeeded", _explain(status, ferry)
+    assert contents(databases.target) == contents(databases.source)
+    assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
+    lease = k8s.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, ferry_system)
+    assert lease.spec.holder_identity == ferry.watcher_identity
+
+    # Deleting it: the watcher holds its finalizer until the worker's retention cleanup has
+    # deleted the snapshot with the credentials of the Migration's Secret.
+    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 1
+    kubectl("delete", "migration", ref.name, "-n", namespace, "--wait=false")
+    _wait_until("the Migration to be gone", lambda: _migration(kubectl, namespace, ref.name) is None, 120, ferry.worker)
+
+    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    ferry.assert_never_refused()
+
+
+def test_a_rollback_after_the_traffic_moved_undoes_every_step_under_the_service_accounts_of_deploy_rbac(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    ferry_as_service_accounts: Ferry,
+    kube_api: k8s.ApiClient,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    ferry = ferry_as_service_accounts
+    create_shop(databases.source, customers=50, orders=500)
+    source_before = contents(databases.source)
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, soakSeconds=600))
+
+    def soaking() -> bool:
+        steps = {step["name"]: step["state"] for step in _status(kubectl, namespace, ref.name).get("steps", [])}
+        return steps.get("switch-traffic") == "Succeeded"
+
+    _wait_until("the traffic to move to the target", soaking, SAGA_TIMEOUT, ferry.worker, ferry.watcher)
+    assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
+    kubectl("annotate", "migration", ref.name, "-n", namespace, "ferry.dev/rollback=tester: changed my mind")
+    status = _wait_for_phase(kubectl, namespace, ref.name, ferry)
+
+    assert status["phase"] == "RolledBack", _explain(status, ferry)
+    # The watcher records the control it acted on in the status; the saga may finish first.
+    _wait_until(
+        "the watcher to acknowledge the rollback",
+        lambda: (
+            (_status(kubectl, namespace, ref.name).get("controls") or {}).get("acknowledged")
+            == {"ferry.dev/rollback": "tester: changed my mind"}
+        ),
+        30,
+        ferry.watcher,
+    )
+    assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-0", "orders-db-1"]
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    assert [s.metadata.name for s in apps.list_namespaced_stateful_set(namespace).items] == ["orders-db"]
+    claims = core.list_namespaced_persistent_volume_claim(namespace).items
+    assert not [claim.metadata.name for claim in claims if "orders-db-16" in claim.metadata.name]
+    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    assert contents(databases.source) == source_before
+    ferry.assert_never_refused()
+
+
+def _forbidden(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except ApiException as error:
+        if error.status == 403:
+            return True
+        raise
+    return False
+
+
+def test_the_worker_reads_a_secret_it_is_named_but_may_not_list_secrets_or_delete_a_namespace(
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    secret = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=S3_SECRET), string_data={"accessKeyId": "a"})
+    k8s.CoreV1Api(kube_api).create_namespaced_secret(namespace, secret)
+    with contextlib.closing(kubernetes_client(service_account_kubeconfig("ferry-worker"))) as api:
+        core = k8s.CoreV1Api(api)
+
+        # What the role allows works, so the refusals below are the role's, not a broken login.
+        assert core.read_namespaced_secret(S3_SECRET, namespace).data["accessKeyId"]
+        assert _forbidden(lambda: core.list_namespaced_secret(namespace))
+        assert _forbidden(lambda: core.list_secret_for_all_namespaces())
+        assert _forbidden(lambda: core.delete_namespace(namespace))
+
+
+def test_the_watcher_lists_migrations_everywhere_but_may_not_read_a_secret(
+    migration_crd: str,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    secret = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=S3_SECRET), string_data={"accessKeyId": "a"})
+    k8s.CoreV1Api(kube_api).create_namespaced_secret(namespace, secret)
+    with contextlib.closing(kubernetes_client(service_account_kubeconfig("ferry-watcher"))) as api:
+        listed = k8s.CustomObjectsApi(api).list_cluster_custom_object("ferry.dev", "v1alpha1", "migrations")
+
+        assert listed["items"] is not None
+        assert _forbidden(lambda: k8s.CoreV1Api(api).read_namespaced_secret(S3_SECRET, namespace))
+        assert _forbidden(lambda: k8s.AppsV1Api(api).list_namespaced_stateful_set(namespace))
+
+
+CAN_I: dict[str, list[tuple[str, bool]]] = {
+    "ferry-worker": [
+        ("get statefulsets.apps", True),
+        ("create statefulsets.apps", True),
+        ("patch statefulsets.apps", True),
+        ("delete statefulsets.apps", True),
+        ("update statefulsets.apps", False),
+        ("list statefulsets.apps", False),
+        ("patch statefulsets.apps --subresource=scale", False),
+        ("create services", True),
+        ("patch services", True),
+        ("update services", False),
+        ("get persistentvolumeclaims", True),
+        ("list persistentvolumeclaims", True),
+        ("delete persistentvolumeclaims", True),
+        ("create persistentvolumeclaims", False),
+        ("list pods", True),
+        ("delete pods", False),
+        ("create pods", False),
+        ("list endpointslices.discovery.k8s.io", True),
+        ("get secrets", True),
+        ("list secrets", False),
+        ("watch secrets", False),
+        ("create events", True),
+        ("get migrations.ferry.dev", True),
+        ("update migrations.ferry.dev --subresource=status", True),
+        ("patch migrations.ferry.dev", False),
+        ("delete migrations.ferry.dev", False),
+        ("list migrations.ferry.dev", False),
+        ("create leases.coordination.k8s.io -n ferry-system", False),
+        ("delete namespaces", False),
+    ],
+    "ferry-watcher": [
+        ("list migrations.ferry.dev -A", True),
+        ("watch migrations.ferry.dev -A", True),
+        ("get migrations.ferry.dev", True),
+        ("patch migrations.ferry.dev", True),
+        ("update migrations.ferry.dev", False),
+        ("delete migrations.ferry.dev", False),
+        ("create migrations.ferry.dev", False),
+        ("patch migrations.ferry.dev --subresource=status", True),
+        ("update migrations.ferry.dev --subresource=status", False),
+        ("create events", True),
+        ("create leases.coordination.k8s.io -n ferry-system", True),
+        (f"get leases.coordination.k8s.io/{LEASE} -n ferry-system", True),
+        (f"update leases.coordination.k8s.io/{LEASE} -n ferry-system", True),
+        ("update leases.coordination.k8s.io/another-lease -n ferry-system", False),
+        (f"delete leases.coordination.k8s.io/{LEASE} -n ferry-system", False),
+        (f"get leases.coordination.k8s.io/{LEASE} -n default", False),
+        ("get secrets", False),
+        ("get statefulsets.apps", False),
+        ("patch services", False),
+    ],
+}
+"""What each ServiceAccount may and may not do; without -n, in an arbitrary workload namespace."""
+
+
+@pytest.mark.parametrize("account", sorted(CAN_I))
+def test_each_service_account_may_do_exactly_what_its_component_needs(
+    kubectl: Kubectl, ferry_system: str, account: str
+) -> None:
+    wrong = []
+    for request, expected in CAN_I[account]:
+        words = request.split()
+        if "-n" not in words and "-A" not in words:
+            words += ["-n", "shop"]
+        answer = kubectl(
+            "auth", "can-i", *words, f"--as=system:serviceaccount:{ferry_system}:{account}", check=False
+        ).stdout.strip()
+        if answer != ("yes" if expected else "no"):
+            wrong.append(f"{request}: {answer}")
+    assert not wrong, f"{account}: " + "; ".join(wrong)
