@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from typing import Protocol
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -52,8 +53,13 @@ class S3Credentials:
     secret: str
     """namespace/name of the Secret, for messages."""
 
-    def redact(self, text: str) -> str:
-        return text.replace(self.secret_access_key, REDACTED) if self.secret_access_key else text
+
+class Secrets(Protocol):
+    """Where activities get connections from: the Kubernetes Secrets (SecretReader), or fixed ones in a benchmark."""
+
+    def database(self, namespace: str, name: str, field: str) -> DatabaseConnection: ...
+
+    def s3_credentials(self, namespace: str, name: str) -> S3Credentials: ...
 
 
 class SecretReader:

@@ -48,6 +48,10 @@ class DataActivitySettings:
     session_end_timeout: float = 10.0
     """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
 
+    dump_compression: int = 1
+    """pg_dump's compression level, 0-9. Level 1 keeps most of level 6's gain (pg_dump's default)
+    at a fraction of its CPU, and the dump runs while the source is frozen."""
+
     part_size: int = 16 * MIB
     """Bytes per part of the snapshot's multipart upload (S3 wants at least 5 MiB); also what one
     part in flight holds in memory. A snapshot can have 10,000 parts, so this bounds its size."""

@@ -41,6 +41,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         postgres_bindir=settings.postgres_bindir,
         part_size=settings.snapshot_part_size_mib * MIB,
         upload_concurrency=settings.snapshot_upload_concurrency,
+        dump_compression=settings.snapshot_compression,
     )
     cluster = ClusterActivities(api, kube_settings)
     status = StatusActivities(api, kube_settings)

@@ -12,11 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psycopg
-from botocore.exceptions import ClientError
-from botocore.response import StreamingBody
 from kubernetes import client as k8s
 from temporalio import activity
 
@@ -24,9 +21,9 @@ from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
 from activities.postgres import checksums, database_settings, dumping, freezing, restoring
 from activities.postgres.connection import Connection, connect, privileged
-from activities.secrets import DatabaseConnection, SecretReader
+from activities.secrets import DatabaseConnection, SecretReader, Secrets
 from activities.settings import DataActivitySettings
-from ferry.api.errors import SnapshotCorrupt, VerificationMismatch
+from ferry.api.errors import VerificationMismatch
 from ferry.api.migration import DriverType
 from ferry.api.saga import (
     DriverOperation,
@@ -37,19 +34,13 @@ from ferry.api.saga import (
     MigrationRef,
     SnapshotInput,
     SnapshotResult,
-    TableCheck,
     UndoFreezeInput,
     VerifyInput,
     VerifyResult,
     driver_activity,
 )
 
-if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
-
 DRIVER = DriverType.POSTGRESQL.value
-MISSING = "missing"
-"""The checksum shown for a table that one side does not have."""
 WRITABLE = {"default_transaction_read_only": "off"}
 """Session settings of ferry's own writing sessions: the source may be frozen, and they must still write."""
 
@@ -66,8 +57,14 @@ def owner(ref: MigrationRef) -> str:
 class PostgresActivities:
     """The PostgreSQL data driver, reading connections from the Secrets the Migration names."""
 
-    def __init__(self, api_client: k8s.ApiClient, settings: DataActivitySettings) -> None:
-        self._secrets = SecretReader(api_client)
+    def __init__(
+        self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
+    ) -> None:
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        if secrets is None:
+            assert api_client is not None, "without fixed secrets, the activities read them through an API client"
+            secrets = SecretReader(api_client)
+        self._secrets = secrets
         self._settings = settings
 
     # --- freeze ------------------------------------------------------------------------------
@@ -90,7 +87,7 @@ class PostgresActivities:
                 ended = self._end_sessions(conn, db, heartbeats)
                 heartbeats.raise_if_cancelled("freezing the source")
             except BaseException:
-                self._undo_quietly(conn, db, input.ref, previous, heartbeats)
+                self._undo_quietly(db, input.ref, previous, heartbeats)
                 raise
         activity.logger.info(
             "froze %s (%s was %s); ended %d sessions", db.describe(), database_settings.READ_ONLY, previous, ended
@@ -128,11 +125,11 @@ class PostgresActivities:
             ended,
         )
 
-    def _undo_quietly(
-        self, conn: Connection, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats
-    ) -> None:
+    def _undo_quietly(self, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats) -> None:
+        """Undoes a freeze that did not complete, on a connection of its own (the freeze's may be what broke)."""
         try:
-            self._undo(conn, db, ref, expected, heartbeats)
+            with self._connect(db) as conn:
+                self._undo(conn, db, ref, expected, heartbeats)
         except Exception as error:  # noqa: BLE001 - the freeze's own failure is what to report
             activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
 
@@ -189,38 +186,14 @@ class PostgresActivities:
                 restoring.prepare_target(conn, db, owner(input.ref))
             s3 = snapshot_store.client(input.snapshot, credentials)
             with snapshot_store.permanent_failures(artifact.bucket, credentials):
-                body = self._open_snapshot(s3, input)
+                body = restoring.open_snapshot(s3, artifact)
                 try:
                     read = restoring.restore(db, self._settings, body, artifact, heartbeats)
                 finally:
                     body.close()
-            tables = conn.execute(
-                f"select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace "
-                f"where c.relkind in ('r', 'p') and {restoring.USER_SCHEMAS}"
-            ).fetchone()
-        activity.logger.info("restored %s into %s: %d bytes", artifact.location, db.describe(), read)
-        return MigrateResult(tables=tables[0] if tables else 0, bytes_restored=read)
-
-    @staticmethod
-    def _open_snapshot(s3: S3Client, input: MigrateInput) -> StreamingBody:
-        artifact = input.artifact
-        try:
-            response = s3.get_object(Bucket=artifact.bucket, Key=artifact.key)
-        except ClientError as error:
-            if snapshot_store.error_code(error) != "NoSuchKey":
-                raise
-            raise SnapshotCorrupt(
-                f"the snapshot {artifact.location} is gone. Roll back and migrate again to take a new snapshot; "
-                "check that no lifecycle rule deletes objects under spec.snapshot.prefix too early."
-            ) from None
-        if response["ContentLength"] != artifact.size_bytes:
-            response["Body"].close()
-            raise SnapshotCorrupt(
-                f"the snapshot {artifact.location} is not the one written: it has {response['ContentLength']} "
-                f"bytes, recorded were {artifact.size_bytes}. Nothing was restored. Roll back and migrate again "
-                "to take a new snapshot, and find out what changed the object."
-            )
-        return response["Body"]
+            tables = restoring.count_tables(conn)
+        activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
+        return MigrateResult(tables=tables, bytes_restored=read)
 
     # --- verify ------------------------------------------------------------------------------
 
@@ -234,22 +207,11 @@ class PostgresActivities:
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             source_tables, target_tables = self._fingerprints(source, target, heartbeats)
-        checks = [
-            TableCheck(
-                table=table,
-                source_rows=source_tables.get(table, (0, MISSING))[0],
-                target_rows=target_tables.get(table, (0, MISSING))[0],
-                source_checksum=source_tables.get(table, (0, MISSING))[1],
-                target_checksum=target_tables.get(table, (0, MISSING))[1],
-            )
-            for table in sorted(source_tables.keys() | target_tables.keys())
-        ]
-        different = [check for check in checks if not check.equal]
-        if different:
+        checks = checksums.compare(source_tables, target_tables)
+        difference = checksums.differences(checks)
+        if difference:
             raise VerificationMismatch(
-                f"source and target differ in {len(different)} of {len(checks)} tables: "
-                + "; ".join(_difference(check) for check in different[:10])
-                + ". The target does not hold the source's data: roll back, find out why, and migrate again."
+                f"{difference}. The target does not hold the source's data: roll back, find out why, and migrate again."
             )
         activity.logger.info("verified %d tables: source and target hold the same rows", len(checks))
         return VerifyResult(tables=checks)
@@ -291,12 +253,3 @@ class PostgresActivities:
 
 def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
     return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
-
-
-def _difference(check: TableCheck) -> str:
-    if MISSING in (check.source_checksum, check.target_checksum):
-        side = "target" if check.target_checksum == MISSING else "source"
-        return f"{check.table} (missing in the {side})"
-    if check.source_rows != check.target_rows:
-        return f"{check.table} ({check.source_rows} rows in the source, {check.target_rows} in the target)"
-    return f"{check.table} (same {check.source_rows} rows, different contents)"

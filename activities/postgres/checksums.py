@@ -1,12 +1,14 @@
 """Fingerprints of every user table that do not depend on row order: a row count and a content checksum.
 
-Each row is hashed as its text form (md5 of `row::text`) and the hashes are summed, as
-two 64-bit halves, into numerics. A sum does not depend on the order rows come in
-(a restored table's physical order may differ), it counts duplicate rows (an XOR would
-cancel pairs), and the two halves keep all 128 bits of each row's hash. md5 rather
-than PostgreSQL's internal hash functions, whose results may differ between
-platforms. A row's text form depends on session settings (dates, time zone, floats,
-bytea, intervals, money), so both sides read with the same fixed ones.
+Each row is hashed as its text form (md5 of `row::text`), and the first 64 bits of the
+hashes are summed into a numeric. A sum does not depend on the order rows come in (a
+restored table's physical order may differ), and it counts duplicate rows, which an
+XOR would cancel in pairs. A changed row goes unnoticed only if its hash's first 64
+bits stay the same: a chance of 2^-64 (summing the other half too would cost a third
+more time for nothing a migration needs). md5 rather than PostgreSQL's internal hash
+functions, whose results may differ between platforms. A row's text form depends on
+session settings (dates, time zone, floats, bytea, intervals, money), so both sides
+read with the same fixed ones.
 
 The tables are the ordinary tables (relkind r, so partitioned tables are checked
 through their partitions) in every schema but pg_* and information_schema, except
@@ -21,6 +23,10 @@ from collections.abc import Callable
 from psycopg import sql
 
 from activities.postgres.connection import Connection
+from ferry.api.saga import TableCheck
+
+MISSING = "missing"
+"""The checksum shown for a table that one side does not have."""
 
 SESSION = {
     "DateStyle": "ISO,MDY",
@@ -41,9 +47,7 @@ order by 1, 2
 """
 
 CHECKSUM = """
-select count(*), coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint), 0),
-       coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint), 0)
-from (select md5(t::text) as h from {table} as t) as rows
+select count(*), coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) from {table} as t
 """
 
 
@@ -55,8 +59,42 @@ def fingerprints(conn: Connection, done: Callable[[int], None]) -> dict[str, tup
         query = sql.SQL(CHECKSUM).format(table=sql.Identifier(schema, name))
         row = conn.execute(query).fetchone()
         assert row is not None
-        rows, high, low = row
-        checksum = hashlib.sha256(f"{rows}:{high}:{low}".encode()).hexdigest()[:32]
+        rows, total = row
+        checksum = hashlib.sha256(f"{rows}:{total}".encode()).hexdigest()[:32]
         result[f"{schema}.{name}"] = (int(rows), checksum)
         done(len(result))
     return result
+
+
+def compare(source: dict[str, tuple[int, str]], target: dict[str, tuple[int, str]]) -> list[TableCheck]:
+    """One check per table of either side, by name."""
+    absent = (0, MISSING)
+    return [
+        TableCheck(
+            table=table,
+            source_rows=source.get(table, absent)[0],
+            target_rows=target.get(table, absent)[0],
+            source_checksum=source.get(table, absent)[1],
+            target_checksum=target.get(table, absent)[1],
+        )
+        for table in sorted(source.keys() | target.keys())
+    ]
+
+
+def differences(checks: list[TableCheck], shown: int = 10) -> str | None:
+    """Which tables differ and how, in words; None when none does."""
+    different = [check for check in checks if not check.equal]
+    if not different:
+        return None
+    described = "; ".join(_difference(check) for check in different[:shown])
+    more = f"; and {len(different) - shown} more" if len(different) > shown else ""
+    return f"source and target differ in {len(different)} of {len(checks)} tables: {described}{more}"
+
+
+def _difference(check: TableCheck) -> str:
+    if MISSING in (check.source_checksum, check.target_checksum):
+        side = "target" if check.target_checksum == MISSING else "source"
+        return f"{check.table} (missing in the {side})"
+    if check.source_rows != check.target_rows:
+        return f"{check.table} ({check.source_rows} rows in the source, {check.target_rows} in the target)"
+    return f"{check.table} (same {check.source_rows} rows, different contents)"

@@ -34,7 +34,8 @@ def dump_to_s3(
     heartbeats: Heartbeats,
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` to s3://bucket/key; returns the object's SHA-256 (hex) and size."""
-    argv = [str(find_bindir(settings.postgres_bindir) / "pg_dump"), "--format=custom", "--no-password"]
+    pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
+    argv = [str(pg_dump), "--format=custom", f"--compress={settings.dump_compression}", "--no-password"]
     digest, size = hashlib.sha256(), 0
     with Tool(argv, db, settings, reads=False, writes=True) as dump:
         heartbeats.on_cancel(dump.kill)

@@ -23,8 +23,10 @@ target's server need not have the source's.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
 from psycopg import sql
 
 from activities.heartbeats import Heartbeats
@@ -32,10 +34,14 @@ from activities.postgres import database_settings
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.tools import Tool, find_bindir
+from activities.s3 import error_code
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
 from ferry.api.errors import InvalidSpec, SnapshotCorrupt
 from ferry.api.saga import SnapshotResult
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 CHUNK = MIB
 
@@ -52,6 +58,31 @@ union all select 'large objects' where exists (select from pg_largeobject_metada
 union all select 'extension ' || extname from pg_extension where extname <> 'plpgsql'
 """
 """What makes a database not empty: schemas besides public, anything in public, large objects, extensions."""
+
+
+def open_snapshot(s3: S3Client, artifact: SnapshotResult) -> StreamingBody:
+    """The snapshot object's body, once its size is the recorded one.
+
+    Raises:
+        SnapshotCorrupt: the object is gone, or its size is not the recorded one.
+    """
+    try:
+        response = s3.get_object(Bucket=artifact.bucket, Key=artifact.key)
+    except ClientError as error:
+        if error_code(error) != "NoSuchKey":
+            raise
+        raise SnapshotCorrupt(
+            f"the snapshot {artifact.location} is gone. Roll back and migrate again to take a new snapshot; "
+            "check that no lifecycle rule deletes objects under spec.snapshot.prefix too early."
+        ) from None
+    if response["ContentLength"] != artifact.size_bytes:
+        response["Body"].close()
+        raise SnapshotCorrupt(
+            f"the snapshot {artifact.location} is not the one written: it has {response['ContentLength']} "
+            f"bytes, recorded were {artifact.size_bytes}. Nothing was restored. Roll back and migrate again "
+            "to take a new snapshot, and find out what changed the object."
+        )
+    return response["Body"]
 
 
 def prepare_target(conn: Connection, db: DatabaseConnection, owner: str) -> None:
@@ -134,6 +165,14 @@ def restore(
         if code != 0:
             raise RuntimeError(f"could not restore {artifact.location} into {db.describe()}: {restoring.failure(code)}")
     return read
+
+
+def count_tables(conn: Connection) -> int:
+    row = conn.execute(
+        f"select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+        f"where c.relkind in ('r', 'p') and {USER_SCHEMAS}"
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _feed(restoring: Tool, data: bytes) -> bool:

@@ -121,15 +121,24 @@ def test_a_snapshot_blocked_on_the_source_keeps_heartbeating_and_stops_when_canc
         conn.execute("create table public.orders (id int primary key)")
     env = ActivityEnvironment()
     seen: list[dict[str, Any]] = []
-    env.on_heartbeat = lambda *details: seen.append(details[0])
+
+    def cancel_after_three_heartbeats(*details: Any) -> None:
+        seen.append(details[0])
+        if len(seen) == 3:
+            env.cancel()
+
+    env.on_heartbeat = cancel_after_three_heartbeats
     with connect(databases.source) as locker, locker.transaction():
         locker.execute("lock table public.orders in access exclusive mode")
-        threading.Timer(2.0, env.cancel).start()
+        give_up = threading.Timer(60, env.cancel)  # should the heartbeats never come
+        give_up.start()
 
         with pytest.raises(CancelledError):
             dataclasses.replace(steps, env=env).snapshot()
+        give_up.cancel()
 
-    assert len(seen) >= 2, "the watchdog heartbeats while pg_dump waits"
+    assert len(seen) >= 3, "the watchdog heartbeats while pg_dump waits"
+    assert all(details == {} for details in seen), "pg_dump had written nothing"
     assert _objects(stack, bucket) == []
     assert _unfinished_uploads(stack, bucket) == []
     eventually("pg_dump's session to end", lambda: _source_sessions(databases) == 0, timeout=10)

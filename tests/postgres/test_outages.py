@@ -1,0 +1,227 @@
+"""The snapshot step survives what goes wrong under it: S3 going away mid-upload, its worker killed mid-upload.
+
+Both run the real snapshot activity on a real worker, as the SnapshotStep workflow
+(tests/postgres/step.py) retries it with the saga's own retry policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+from kubernetes import client as k8s
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Interceptor, Worker
+
+from activities.postgres.activities import PostgresActivities
+from activities.settings import DataActivitySettings
+from ferry.api.migration import DriverSpec, SnapshotSpec
+from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult
+from ferry.stack.install import Binaries
+from ferry.stack.stack import Stack, StackInfo
+from tests.cluster import eventually
+from tests.conftest import make_state_dir
+from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases, s3_client
+from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.data import connect, create_bulky
+from tests.postgres.heartbeat_hooks import OnHeartbeat
+from tests.postgres.step import SnapshotStep
+
+REPOSITORY = Path(__file__).parent.parent.parent
+UPLOAD_PARTS = {2: 150_000, 4: 250_000}
+"""Rows of 64 incompressible bytes that make a snapshot of about that many 5 MiB parts."""
+
+
+@contextlib.asynccontextmanager
+async def _worker(
+    client: Client,
+    task_queue: str,
+    *,
+    workflow: bool,
+    postgres: PostgresActivities | None,
+    interceptors: tuple[Interceptor, ...] = (),
+) -> AsyncIterator[None]:
+    """A worker in this process hosting the SnapshotStep workflow, the snapshot activity, or both."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as executor:
+        worker = Worker(
+            client,
+            task_queue=task_queue,
+            workflows=[SnapshotStep] if workflow else [],
+            activities=[postgres.snapshot] if postgres else [],
+            activity_executor=executor,
+            interceptors=interceptors,
+            identity="in-test-worker",
+        )
+        async with worker:
+            yield
+
+
+async def _snapshot_step(client: Client, task_queue: str, input: SnapshotInput) -> WorkflowHandle[Any, SnapshotResult]:
+    return await client.start_workflow(
+        SnapshotStep.run, input, id=f"snapshot-step-{uuid.uuid4()}", task_queue=task_queue
+    )
+
+
+async def _started_attempts(handle: WorkflowHandle[Any, Any]) -> list[tuple[int, str]]:
+    """(attempt, worker identity) of each recorded start of the snapshot activity."""
+    return [
+        (event.activity_task_started_event_attributes.attempt, event.activity_task_started_event_attributes.identity)
+        async for event in handle.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]
+
+
+def _objects_and_uploads(s3: Any, bucket: str) -> tuple[list[str], list[str]]:
+    objects = [item["Key"] for item in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    uploads = [upload["Key"] for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    return objects, uploads
+
+
+class S3Outage:
+    """Stops an S3 server at the first heartbeat reporting uploaded bytes, and starts it again `after` seconds later.
+
+    The hook runs on the worker's event loop, which is the test's main thread, where the
+    stack starts its processes; the restart is scheduled on that loop too.
+    """
+
+    def __init__(self, state_dir: Path, binaries: Binaries, after: float) -> None:
+        self._state_dir, self._binaries, self._after = state_dir, binaries, after
+        self.stack = Stack(state_dir, components=frozenset({"s3"}), binaries=binaries)
+        self.stops = 0
+        self.restarted = False
+
+    def start(self) -> StackInfo:
+        return self.stack.start()
+
+    def on_heartbeat(self, details: dict[str, Any]) -> None:
+        if details.get("uploaded_bytes", 0) > 0 and self.stops == 0:
+            self.stops += 1
+            self.stack.stop()
+            asyncio.get_running_loop().call_later(self._after, self._restart)
+
+    def _restart(self) -> None:
+        self.stack = Stack(self._state_dir, components=frozenset({"s3"}), binaries=self._binaries)
+        self.stack.start()  # same folder, same port: the objects and unfinished uploads are still there
+        self.restarted = True
+
+
+async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_completes_once_it_is_back(
+    databases: Databases,
+    binaries: Binaries,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+    ref: MigrationRef,
+    data_settings: DataActivitySettings,
+    migration_secrets: None,
+    temporal_client: Client,
+    task_queue: str,
+) -> None:
+    create_bulky(databases.source, rows=UPLOAD_PARTS[4])  # the outage begins after part 2
+    state_dir = make_state_dir("ferry-s3-outage-")
+    outage = S3Outage(state_dir, binaries, after=1.0)
+    own = outage.start()
+    try:
+        assert own.s3_access_key is not None
+        assert own.s3_secret_key is not None
+        credentials = {"accessKeyId": own.s3_access_key, "secretAccessKey": own.s3_secret_key}
+        create_secret(kube_api, namespace, "outage-s3", credentials)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=own.s3_endpoint,
+            aws_access_key_id=own.s3_access_key,
+            aws_secret_access_key=own.s3_secret_key,
+            region_name=own.s3_region,
+        )
+        s3.create_bucket(Bucket="snapshots")
+        spec = SnapshotSpec(bucket="snapshots", endpoint=own.s3_endpoint, credentials_secret="outage-s3")
+        input = SnapshotInput(
+            ref=ref,
+            driver=DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET),
+            snapshot=spec,
+            key="outage/snapshot.dump",
+        )
+        postgres = PostgresActivities(kube_api, data_settings)
+
+        hook = OnHeartbeat(outage.on_heartbeat)
+        async with _worker(temporal_client, task_queue, workflow=True, postgres=postgres, interceptors=(hook,)):
+            handle = await _snapshot_step(temporal_client, task_queue, input)
+            result = await asyncio.wait_for(handle.result(), 120)
+
+        assert outage.stops == 1
+        assert outage.restarted
+        attempts = await _started_attempts(handle)
+        assert attempts[-1][0] > 1, "the step was retried"
+        objects, uploads = _objects_and_uploads(s3, "snapshots")
+        assert (objects, uploads) == (["outage/snapshot.dump"], [])
+        stored = s3.get_object(Bucket="snapshots", Key=result.key)["Body"].read()
+        assert (len(stored), hashlib.sha256(stored).hexdigest()) == (result.size_bytes, result.sha256)
+    finally:
+        outage.stack.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_whole_object_is_written(
+    stack: StackInfo,
+    databases: Databases,
+    binaries: Binaries,
+    steps: Steps,
+    data_settings: DataActivitySettings,
+    kube_api: k8s.ApiClient,
+    temporal_client: Client,
+    task_queue: str,
+    bucket: str,
+) -> None:
+    create_bulky(databases.source, rows=UPLOAD_PARTS[2])  # the worker dies after part 1
+    input = SnapshotInput(ref=steps.ref, driver=steps.driver, snapshot=steps.snapshot_spec, key=steps.key)
+    async with _worker(temporal_client, task_queue, workflow=True, postgres=None):
+        # The doomed worker runs only the activity: a workflow task left on its sticky queue
+        # would wait out the sticky timeout.
+        doomed = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.postgres.worker_process",
+            f"--state-dir={stack.state_dir}",
+            f"--task-queue={task_queue}",
+            f"--bindir={binaries.postgres_bindir}",
+            cwd=REPOSITORY,
+        )
+        try:
+            handle = await _snapshot_step(temporal_client, task_queue, input)
+            code = await asyncio.wait_for(doomed.wait(), 60)
+        finally:
+            if doomed.returncode is None:
+                doomed.kill()
+                await doomed.wait()
+        s3 = s3_client(stack)
+        assert code == -9, "the worker killed itself in the middle of the upload"
+        assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "it died with an unfinished upload"
+        eventually("the dead worker's pg_dump to go", lambda: _sessions(databases) == 0, timeout=20)
+
+        replacement = PostgresActivities(kube_api, data_settings)
+        async with _worker(temporal_client, task_queue, workflow=False, postgres=replacement):
+            result = await asyncio.wait_for(handle.result(), 120)
+
+    assert await _started_attempts(handle) == [(2, "in-test-worker")]
+    assert _objects_and_uploads(s3, bucket) == ([steps.key], [])
+    stored = s3.get_object(Bucket=bucket, Key=steps.key)["Body"].read()
+    assert (len(stored), hashlib.sha256(stored).hexdigest()) == (result.size_bytes, result.sha256)
+    steps.migrate(result)
+    assert [check.equal for check in steps.verify().tables] == [True]
+
+
+def _sessions(databases: Databases) -> int:
+    with connect(databases.source) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else -1
