@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from ferry.observability import logs
 from ferry.stack import install
 from ferry.stack.errors import StackError
 from ferry.stack.stack import Stack, describe
@@ -47,7 +48,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # The terminal shows progress; the components' logs go to a file beside the stack's.
     stack.logs_dir.mkdir(parents=True, exist_ok=True)
     logfile = logging.FileHandler(stack.logs_dir / "ferry.log")
-    logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logfile.setFormatter(logs.TextFormatter())
     logging.getLogger().handlers[:] = [logfile]
     code = 0
     try:
@@ -93,11 +94,16 @@ def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> in
     return 0
 
 
+def _configure_logs(args: argparse.Namespace, log_format: str) -> None:
+    logs.configure(level=logging.DEBUG if args.verbose else logging.INFO, json_lines=log_format == "json")
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from worker import runner
     from worker import settings as worker_settings
 
     settings = worker_settings.from_arguments(args)
+    _configure_logs(args, settings.observability.log_format)
     return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
 
 
@@ -107,6 +113,7 @@ def _cmd_watcher(args: argparse.Namespace) -> int:
     from watcher.leadership import LeadershipLost
 
     settings = watcher_settings.from_arguments(args)
+    _configure_logs(args, settings.observability.log_format)
     try:
         return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
     except LeadershipLost as lost:

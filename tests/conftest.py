@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -134,5 +135,10 @@ CRD_MANIFEST = Path(__file__).parent.parent / "deploy" / "crd" / "migrations.fer
 def migration_crd(kubectl: Kubectl) -> str:
     """Installs the committed Migration CRD once per session; returns its name."""
     kubectl("apply", "--server-side", "-f", str(CRD_MANIFEST))
-    kubectl("wait", "--for=condition=Established", "crd/migrations.ferry.dev", "--timeout=60s")
+    # `kubectl wait` fails outright if it reads the CRD before its status has any condition.
+    query = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + 60
+    while kubectl("get", "crd/migrations.ferry.dev", "-o", f"jsonpath={query}").stdout != "True":
+        assert time.monotonic() < deadline, "the Migration CRD was not Established within 60s"
+        time.sleep(0.2)
     return "migrations.ferry.dev"

@@ -130,7 +130,7 @@ class Watcher:
 
         def deliver(obj: dict[str, Any], kind: str) -> None:
             self._metrics.events.add(1, {"type": kind})
-            loop.call_soon_threadsafe(self._dispatcher.submit, obj, kind == "listed", 0, time.monotonic())
+            loop.call_soon_threadsafe(self._dispatcher.submit, obj, kind == "LISTED", 0, time.monotonic())
 
         listings: dict[str | None, list[dict[str, Any]]] = {}
         lock = threading.Lock()

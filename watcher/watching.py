@@ -26,8 +26,8 @@ WATCH_TIMEOUT = 240
 BACKOFF_MAX = 30.0
 
 Deliver = Callable[[dict[str, Any], str], None]
-"""Receives (object, kind): kind is `listed` for objects from a full list, else the watch event's type
-in lower case (added, modified, deleted)."""
+"""Receives (object, kind): kind is LISTED for objects from a full list, else the watch event's type
+(ADDED, MODIFIED, DELETED)."""
 Listed = Callable[[list[dict[str, Any]]], None]
 """Receives every full list, e.g. to count Migrations by phase."""
 
@@ -83,7 +83,7 @@ class MigrationWatch:
         items = listed.get("items", [])
         for item in items:
             item.setdefault("apiVersion", f"{GROUP}/{VERSION}")
-            self._deliver(item, "listed")
+            self._deliver(item, "LISTED")
         if self._listed is not None:
             self._listed(items)
         version: str = listed["metadata"]["resourceVersion"]
@@ -108,7 +108,7 @@ class MigrationWatch:
                     obj = event["object"]
                     self._version = obj["metadata"]["resourceVersion"]
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self._deliver(obj, event["type"].lower())
+                        self._deliver(obj, event["type"])
             except ApiException as error:
                 if error.status == 410:
                     log.info("resourceVersion %s of %s is too old (410 Gone); relisting", self._version, self.scope)

@@ -17,6 +17,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
@@ -25,6 +26,9 @@ from activities.settings import MIB, DataActivitySettings, KubeActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry.clients import connect_temporal, kubernetes_client
+from ferry.observability import tracing
+from ferry.observability.metrics import prometheus_runtime
+from worker.interceptors import LogContextInterceptor
 from worker.settings import WorkerSettings
 from workflows.cleanup import RetentionCleanupWorkflow
 from workflows.migration import MigrationWorkflow
@@ -79,13 +83,21 @@ def build_worker(
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
+        interceptors=[LogContextInterceptor()],
         identity=f"ferry-worker@{socket.gethostname()}",
     )
 
 
 async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
     """Runs the worker until `stop` is set (or forever); shuts down gracefully."""
-    client = await connect_temporal(settings.temporal, identity=f"ferry-worker@{socket.gethostname()}")
+    observed = settings.observability
+    runtime = prometheus_runtime(observed.metrics_address, "worker") if observed.metrics_address else None
+    # The tracing interceptor on the client is also used by workers built from it.
+    interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
+    client = await connect_temporal(
+        settings.temporal, identity=f"ferry-worker@{socket.gethostname()}", runtime=runtime, interceptors=interceptors
+    )
     api = kubernetes_client(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
     with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
         worker = build_worker(client, api, settings, executor)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ferry.api.saga import TASK_QUEUE
 from ferry.clients import TemporalSettings, add_connection_arguments, env, temporal_settings
+from ferry.observability import settings as observability
+from ferry.observability.settings import ObservabilitySettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +35,22 @@ class WorkerSettings:
     """Parts of one snapshot uploaded at once; each holds a part in memory."""
     snapshot_compression: int = 1
     """pg_dump's compression level, 0-9: level 1 is nearly as small as pg_dump's default 6, and much faster."""
+    graceful_shutdown: float = 30.0
+    """Seconds running activities may finish after SIGTERM before they are cancelled (keep it under the
+    pod's termination grace period)."""
+    observability: ObservabilitySettings = dataclasses.field(default_factory=ObservabilitySettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
+    observability.add_arguments(parser)
+    parser.add_argument(
+        "--graceful-shutdown",
+        type=float,
+        default=float(env("GRACEFUL_SHUTDOWN", "30") or 30),
+        help="seconds running activities may finish after SIGTERM before they are cancelled "
+        "[FERRY_GRACEFUL_SHUTDOWN] (default: %(default)s)",
+    )
     parser.add_argument(
         "--max-concurrent-activities",
         type=int,
@@ -93,4 +107,6 @@ def from_arguments(args: argparse.Namespace) -> WorkerSettings:
         snapshot_part_size_mib=args.snapshot_part_size_mib,
         snapshot_upload_concurrency=args.snapshot_upload_concurrency,
         snapshot_compression=args.snapshot_compression,
+        graceful_shutdown=args.graceful_shutdown,
+        observability=observability.from_arguments(args),
     )

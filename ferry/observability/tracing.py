@@ -61,11 +61,17 @@ def configure(settings: TracingSettings, service: str) -> TracerProvider | None:
     else:
         provider = TracerProvider(resource=Resource.create({"service.name": service}))
         trace.set_tracer_provider(provider)
-    if settings.otlp_endpoint:
+    # The worker and the watcher may share a process (ferry up, tests): each destination once.
+    if settings.otlp_endpoint and ("otlp", settings.otlp_endpoint) not in _destinations:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/traces"
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    if settings.file:
+        _destinations.add(("otlp", settings.otlp_endpoint))
+    if settings.file and ("file", str(settings.file)) not in _destinations:
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(settings.file)))
+        _destinations.add(("file", str(settings.file)))
     return provider
+
+
+_destinations: set[tuple[str, str]] = set()

@@ -1,0 +1,171 @@
+"""What an operator's tools see of one real migration: one trace, the right metrics, attributable logs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import re
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ferry.observability.logs import JsonFormatter
+from ferry.observability.settings import ObservabilitySettings
+from ferry.observability.tracing import TracingSettings
+from ferry.stack.readiness import free_port
+from ferry.stack.stack import StackInfo
+from tests.conftest import Kubectl
+from tests.end_to_end import Databases, apply_migration, migration_manifest, watcher_settings, worker_settings
+from watcher import runner as watcher_runner
+from worker import runner as worker_runner
+
+pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
+
+STEPS = ("provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old")
+
+
+@dataclasses.dataclass
+class Observed:
+    trace_file: Path
+    worker_metrics: str
+    watcher_metrics: str
+    logs: io.StringIO
+
+
+@pytest.fixture
+async def observed_ferry(stack: StackInfo, task_queue: str, namespace: str, tmp_path: Path) -> AsyncIterator[Observed]:
+    """ferry's worker and watcher with metrics endpoints, a trace file, and JSON logs captured."""
+    trace_file = tmp_path / "spans.jsonl"
+    worker_address, watcher_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    tracing = TracingSettings(file=trace_file)
+    worker = dataclasses.replace(
+        worker_settings(stack, task_queue),
+        observability=ObservabilitySettings(metrics_address=worker_address, tracing=tracing),
+    )
+    watcher = dataclasses.replace(
+        watcher_settings(stack, task_queue, namespace),
+        observability=ObservabilitySettings(metrics_address=watcher_address, tracing=tracing),
+    )
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous_level = root.level
+    root.setLevel(logging.INFO)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(worker_runner.run(worker, stop=stop)),
+        asyncio.create_task(watcher_runner.run(watcher, stop=stop)),
+    ]
+    try:
+        yield Observed(trace_file, f"http://{worker_address}/metrics", f"http://{watcher_address}/metrics", logs)
+    finally:
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=30)
+        root.removeHandler(handler)
+        root.setLevel(previous_level)
+
+
+async def _migrate(kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases) -> str:
+    with psycopg.connect(databases.source.dsn) as conn:
+        conn.execute("create table orders as select n as id from generate_series(1, 200) as n")
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+    await asyncio.to_thread(
+        kubectl, "wait", "--for=condition=Succeeded", f"migration/{ref.name}", "-n", namespace, "--timeout=180s"
+    )
+    return ref.uid
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def _value(metrics: str, name: str, **labels: str) -> float:
+    """The sample of `name` whose labels include `labels` (summed when several match)."""
+    total, found = 0.0, False
+    for line in metrics.splitlines():
+        match = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if not match:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(have.get(key) == value for key, value in labels.items()):
+            total, found = total + float(match.group(2)), True
+    assert found, f"no sample of {name} with {labels}"
+    return total
+
+
+async def test_one_trace_runs_from_the_watchers_event_to_the_last_activity(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, observed_ferry: Observed
+) -> None:
+    uid = await _migrate(kubectl, namespace, stack, bucket, databases)
+    await asyncio.sleep(1)  # the last spans end just after the status says Succeeded
+
+    spans = [json.loads(line) for line in observed_ferry.trace_file.read_text().splitlines()]
+    roots = [
+        span for span in spans
+        if span["name"] == "ferry.watcher.start_migration" and span["attributes"].get("ferry.namespace") == namespace
+    ]  # fmt: skip
+    assert len(roots) == 1, json.dumps(roots, indent=1)
+    trace_id = roots[0]["context"]["trace_id"]
+    tree = [span for span in spans if span["context"]["trace_id"] == trace_id]
+    ids = {span["context"]["span_id"] for span in tree}
+    parentless = [span["name"] for span in tree if span.get("parent_id") not in ids]
+    assert parentless == ["ferry.watcher.start_migration"]
+    names = {span["name"] for span in tree}
+    assert "StartWorkflow:Migration" in names
+    assert "RunWorkflow:Migration" in names
+    for activity in ("provision", "postgresql.snapshot", "postgresql.verify", "switch_traffic", "scale_down_old"):
+        assert f"RunActivity:{activity}" in names
+    assert uid in json.dumps(tree)
+
+
+async def test_metrics_after_a_migration_count_what_happened(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, observed_ferry: Observed
+) -> None:
+    await _migrate(kubectl, namespace, stack, bucket, databases)
+    await asyncio.sleep(3)  # a watcher resync (every 2s) updates the phase gauge
+
+    worker = await asyncio.to_thread(_scrape, observed_ferry.worker_metrics)
+    watcher = await asyncio.to_thread(_scrape, observed_ferry.watcher_metrics)
+
+    for step in STEPS:
+        assert _value(worker, "ferry_steps_total", step=step, outcome="succeeded") == 1
+        assert _value(worker, "ferry_step_duration_seconds_count", step=step, outcome="succeeded") == 1
+    assert "ferry_compensations_total" not in worker
+    assert _value(worker, "ferry_status_patch_seconds_count") >= 2 * len(STEPS)
+    assert _value(worker, "temporal_workflow_completed") >= 1  # the SDK's own metrics, same endpoint
+    assert _value(watcher, "ferry_watcher_events_total", type="MODIFIED") >= 2 * len(STEPS)  # status updates
+    assert _value(watcher, "ferry_watcher_events_total", type="LISTED") >= 1
+    assert _value(watcher, "ferry_watcher_event_to_start_seconds_count") == 1
+    assert _value(watcher, "ferry_migrations", phase="Succeeded") == 1
+    assert _value(watcher, "ferry_migrations", phase="Running") == 0
+
+
+async def test_every_log_line_about_the_migration_names_it(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, observed_ferry: Observed
+) -> None:
+    await _migrate(kubectl, namespace, stack, bucket, databases)
+
+    lines = [json.loads(line) for line in observed_ferry.logs.getvalue().splitlines()]
+    about = [line for line in lines if line["namespace"] == namespace]
+    loggers = {line["logger"] for line in about}
+
+    assert {"ferry.watcher.patching", "temporalio.activity"} <= loggers
+    for line in about:
+        assert line["name"] == "orders-db-to-16"
+        assert line["workflow_id"].startswith(f"migration/{namespace}/orders-db-to-16/")
+    activity_lines = [line for line in about if line["logger"] == "temporalio.activity"]
+    assert activity_lines
+    assert {line["generation"] for line in activity_lines} == {1}

@@ -1,0 +1,92 @@
+"""Worker interceptors that put the Migration on every log line written while serving it.
+
+The workflow knows the Migration's generation from its input; its outbound interceptor
+adds it to every activity it schedules as a `ferry-generation` header (deterministic,
+so replays see the same). The activity interceptor reads that header and the
+activity's input (`ref`) and sets the logging context around the activity; the
+workflow interceptor does the same around the workflow's code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import default as default_converter
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    ExecuteWorkflowInput,
+    Interceptor,
+    StartActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+
+from ferry.observability.logs import migration_context
+
+GENERATION_HEADER = "ferry-generation"
+
+
+def _ref_fields(args: Any) -> dict[str, Any]:
+    for argument in args:
+        ref = getattr(argument, "ref", None)
+        if ref is not None and hasattr(ref, "namespace"):
+            return {"namespace": ref.namespace, "name": ref.name}
+    return {}
+
+
+def _generation(headers: Any) -> int | None:
+    payload: Payload | None = headers.get(GENERATION_HEADER) if headers else None
+    if payload is None:
+        return None
+    value = default_converter().payload_converter.from_payload(payload, int)
+    return int(value)
+
+
+class _ActivityLogContext(ActivityInboundInterceptor):
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        fields = _ref_fields(input.args)
+        with migration_context(
+            workflow_id=activity.info().workflow_id, generation=_generation(input.headers), **fields
+        ):
+            return await self.next.execute_activity(input)
+
+
+class _WorkflowOutbound(WorkflowOutboundInterceptor):
+    def __init__(self, next: WorkflowOutboundInterceptor, generation: list[int | None]) -> None:
+        super().__init__(next)
+        self._generation = generation
+
+    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        if self._generation[0] is not None:
+            payload = default_converter().payload_converter.to_payload(self._generation[0])
+            input.headers = {**input.headers, GENERATION_HEADER: payload}
+        return self.next.start_activity(input)
+
+
+class _WorkflowLogContext(WorkflowInboundInterceptor):
+    def __init__(self, next: WorkflowInboundInterceptor) -> None:
+        super().__init__(next)
+        self._generation: list[int | None] = [None]
+
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_WorkflowOutbound(outbound, self._generation))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        first = input.args[0] if input.args else None
+        self._generation[0] = getattr(first, "generation", None)
+        with migration_context(generation=self._generation[0], **_ref_fields(input.args)):
+            return await self.next.execute_workflow(input)
+
+
+class LogContextInterceptor(Interceptor):
+    """Adds namespace, name, generation and workflow ID to the logs of ferry's workflows and activities."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _ActivityLogContext(next)
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _WorkflowLogContext
