@@ -1,16 +1,22 @@
-"""Worker interceptors that put the Migration on every log line written while serving it.
+"""Worker interceptors: the Migration on every log line, and refusals by the API server explained.
 
 The workflow knows the Migration's generation from its input; its outbound interceptor
 adds it to every activity it schedules as a `ferry-generation` header (deterministic,
 so replays see the same). The activity interceptor reads that header and the
 activity's input (`ref`) and sets the logging context around the activity; the
 workflow interceptor does the same around the workflow's code.
+
+A 403 from the API server becomes PermissionDenied, a failure retrying cannot fix,
+whose message is the server's own sentence (who may not do what) and what to do,
+instead of a dump of the HTTP response.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import default as default_converter
@@ -25,6 +31,7 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
+from ferry.api.errors import PermissionDenied
 from ferry.observability.logs import migration_context
 
 GENERATION_HEADER = "ferry-generation"
@@ -52,7 +59,24 @@ class _ActivityLogContext(ActivityInboundInterceptor):
         with migration_context(
             workflow_id=activity.info().workflow_id, generation=_generation(input.headers), **fields
         ):
-            return await self.next.execute_activity(input)
+            try:
+                return await self.next.execute_activity(input)
+            except ApiException as error:
+                if error.status != 403:
+                    raise
+                raise PermissionDenied(_forbidden(error)) from None
+
+
+def _forbidden(error: ApiException) -> str:
+    """The API server's own sentence (who may not do what, where), and what to do about it."""
+    try:
+        said = str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        said = str(error.reason)
+    return (
+        f"the Kubernetes API server refused: {said}. Grant that permission to ferry's worker "
+        "(deploy/rbac/worker_role.yaml), then retry the step or roll back."
+    )
 
 
 class _WorkflowOutbound(WorkflowOutboundInterceptor):

@@ -41,6 +41,10 @@ class VerificationMismatch(PermanentError):
     """Source and target hold different data; the message names the tables."""
 
 
+class PermissionDenied(PermanentError):
+    """The Kubernetes API server refused a call (403): ferry's ServiceAccount lacks a permission."""
+
+
 NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     InvalidSpec,
     MissingSecret,
@@ -49,5 +53,6 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     BucketMissing,
     SnapshotCorrupt,
     VerificationMismatch,
+    PermissionDenied,
 )
 NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -31,6 +32,7 @@ from ferry.stack.stack import StackInfo
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.deploy.conftest import ServiceAccountKubeconfig
+from tests.deploy.files import DEPLOY
 from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest, s3_client
 from tests.postgres.data import contents, create_shop
 
@@ -378,3 +380,48 @@ def test_each_service_account_may_do_exactly_what_its_component_needs(
         if answer != ("yes" if expected else "no"):
             wrong.append(f"{request}: {answer}")
     assert not wrong, f"{account}: " + "; ".join(wrong)
+
+
+@pytest.fixture
+def worker_without_statefulset_create(kubectl: Kubectl, ferry_system: str) -> Iterator[str]:
+    """A ServiceAccount with deploy/rbac's worker role minus `create` on StatefulSets: provision's first need."""
+    account = "ferry-worker-short"
+    rules = yaml.safe_load((DEPLOY / "rbac" / "worker_role.yaml").read_text().split("\n---\n")[0])["rules"]
+    for rule in rules:
+        if "statefulsets" in rule.get("resources", []):
+            rule["verbs"] = [verb for verb in rule["verbs"] if verb != "create"]
+    objects = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": ferry_system}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": account},
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": account},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ferry_system}]},
+    ]  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    yield account
+    kubectl("delete", "clusterrolebinding,clusterrole", account, "--ignore-not-found")
+
+
+def test_a_missing_permission_ends_the_step_with_what_to_grant_not_an_http_dump(
+    stack: StackInfo, databases: Databases, bucket: str, migration_secrets: None, source_workload: str,
+    migration_crd: str, ferry_system: str, service_account_kubeconfig: ServiceAccountKubeconfig,
+    worker_without_statefulset_create: str, run_ferry: RunFerry, kubectl: Kubectl, namespace: str,
+    binaries: Binaries,
+) -> None:  # fmt: skip
+    worker = run_ferry("worker", service_account_kubeconfig(worker_without_statefulset_create))
+    watcher = run_ferry(
+        "watcher", service_account_kubeconfig("ferry-watcher"), FERRY_LEASE_NAMESPACE=ferry_system,
+        FERRY_LEASE_NAME=LEASE, FERRY_NAMESPACES=namespace,
+    )  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+
+    status = _wait_for_phase(kubectl, namespace, ref.name, Ferry(worker, watcher, "watcher"))
+
+    assert status["phase"] == "RolledBack"
+    provision = next(step for step in status["steps"] if step["name"] == "provision")
+    assert provision["attempts"] == 1
+    assert provision["lastError"].startswith("PermissionDenied: the Kubernetes API server refused: ")
+    assert "cannot create resource" in provision["lastError"]
+    assert "Grant that permission to ferry's worker" in provision["lastError"]
+    assert "HTTP response headers" not in status["message"]
