@@ -25,7 +25,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from ferry.api.saga import MigrationRef
 from ferry.clients import connect_temporal, kubernetes_client
-from ferry.observability import tracing
+from ferry.observability import health, tracing
 from ferry.observability.metrics import prometheus_runtime
 from watcher.deletion import DeletionHandler
 from watcher.handling import MigrationHandler
@@ -192,6 +192,20 @@ async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -
     asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, "ferry-watcher"))
     api = kubernetes_client(settings.kubeconfig, connections=threads + len(settings.namespaces) + 1)
     elector = LeaderElector(api, settings.lease)
+    # Ready once connected: a standby replica is as ready as the leader, so a rollout or a
+    # disruption budget counts it.
+    async with health.serving(observed.health_address, lambda: True):
+        await _lead(client, api, elector, settings, metrics, stop)
+
+
+async def _lead(
+    client: Client,
+    api: k8s.ApiClient,
+    elector: LeaderElector,
+    settings: WatcherSettings,
+    metrics: WatcherMetrics,
+    stop: asyncio.Event,
+) -> None:
     try:
         if not await elector.acquire(stop):
             return

@@ -26,7 +26,7 @@ from activities.settings import MIB, DataActivitySettings, KubeActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry.clients import connect_temporal, kubernetes_client
-from ferry.observability import tracing
+from ferry.observability import health, tracing
 from ferry.observability.metrics import prometheus_runtime
 from worker.interceptors import LogContextInterceptor
 from worker.settings import WorkerSettings
@@ -107,6 +107,6 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
             settings.temporal.address,
             settings.temporal.namespace,
         )
-        async with worker:
+        async with worker, health.serving(observed.health_address, lambda: worker.is_running):
             await (stop or asyncio.Event()).wait()
     api.close()

@@ -17,6 +17,8 @@ class ObservabilitySettings:
     tracing: TracingSettings = dataclasses.field(default_factory=TracingSettings)
     log_format: str = "json"
     """`json` (one object per line, for log collectors) or `text` (for a terminal)."""
+    health_address: str | None = None
+    """host:port to answer Kubernetes probes on (/healthz, /readyz); None: no endpoint."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="append finished spans to this file as JSON lines [FERRY_TRACE_FILE] (default: off)",
     )
     group.add_argument(
+        "--health-address",
+        default=os.environ.get("FERRY_HEALTH_ADDRESS"),
+        help="answer probes at http://ADDRESS/healthz and /readyz, e.g. 0.0.0.0:8080 [FERRY_HEALTH_ADDRESS] "
+        "(default: off)",
+    )
+    group.add_argument(
         "--log-format",
         choices=("json", "text"),
         default=os.environ.get("FERRY_LOG_FORMAT", "json"),
@@ -53,4 +61,5 @@ def from_arguments(args: argparse.Namespace) -> ObservabilitySettings:
         metrics_address=args.metrics_address,
         tracing=TracingSettings(otlp_endpoint=args.otlp_endpoint, file=args.trace_file),
         log_format=args.log_format,
+        health_address=args.health_address,
     )
