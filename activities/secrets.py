@@ -118,3 +118,11 @@ class SecretReader:
                 f"Add {'it' if len(missing) == 1 else 'them'}; the Secret needs {', '.join(keys)}."
             )
         return {key: base64.b64decode(encoded[key]).decode() for key in keys}
+
+
+def secrets_from(api_client: k8s.ApiClient | None, fixed: Secrets | None) -> Secrets:
+    """`fixed` when given (a benchmark's own connections), else the Secrets read through `api_client`."""
+    if fixed is not None:
+        return fixed
+    assert api_client is not None, "without fixed secrets, the activities read them through an API client"
+    return SecretReader(api_client)

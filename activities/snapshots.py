@@ -10,7 +10,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities import s3 as snapshot_store
-from activities.secrets import SecretReader, Secrets
+from activities.secrets import Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.migration import SnapshotSpec
 from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, SnapshotStoreActivity, UndoSnapshotInput
@@ -23,10 +23,7 @@ class SnapshotStoreActivities:
         self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
-        if secrets is None:
-            assert api_client is not None, "without fixed secrets, the activities read them through an API client"
-            secrets = SecretReader(api_client)
-        self._secrets = secrets
+        self._secrets = secrets_from(api_client, secrets)
         self._settings = settings
 
     @activity.defn(name=SnapshotStoreActivity.UNDO_SNAPSHOT.value)

@@ -21,7 +21,7 @@ from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
 from activities.postgres import checksums, database_settings, dumping, freezing, restoring
 from activities.postgres.connection import Connection, connect, privileged
-from activities.secrets import DatabaseConnection, SecretReader, Secrets
+from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.errors import VerificationMismatch
 from ferry.api.migration import DriverType
@@ -61,10 +61,7 @@ class PostgresActivities:
         self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
-        if secrets is None:
-            assert api_client is not None, "without fixed secrets, the activities read them through an API client"
-            secrets = SecretReader(api_client)
-        self._secrets = secrets
+        self._secrets = secrets_from(api_client, secrets)
         self._settings = settings
 
     # --- freeze ------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ferry.stack.errors import StartError
 from ferry.stack.install import Binaries, ensure_binaries
 from ferry.stack.kube import KubeControlPlane
 from ferry.stack.postgres import PostgresEndpoint, PostgresInstance
@@ -219,9 +218,3 @@ def describe(info: StackInfo) -> str:
     for name, endpoint in info.postgres.items():
         lines.append(f"PostgreSQL {name + ':':8}{endpoint.host}:{endpoint.port} (user {endpoint.user})")
     return "\n".join(lines)
-
-
-def require(info: StackInfo | None) -> StackInfo:
-    if info is None:
-        raise StartError("the stack is not running; call start() first")
-    return info
