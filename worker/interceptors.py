@@ -32,7 +32,7 @@ from temporalio.worker import (
 )
 
 from ferry.api.errors import PermissionDenied
-from ferry.observability.logs import migration_context
+from ferry.observability.logs import bind, migration_context
 
 GENERATION_HEADER = "ferry-generation"
 
@@ -102,8 +102,10 @@ class _WorkflowLogContext(WorkflowInboundInterceptor):
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         first = input.args[0] if input.args else None
         self._generation[0] = getattr(first, "generation", None)
-        with migration_context(generation=self._generation[0], **_ref_fields(input.args)):
-            return await self.next.execute_workflow(input)
+        # The workflow's task has its own context; an evicted workflow's coroutine is closed
+        # from elsewhere, so the fields are bound for the task rather than reset on the way out.
+        bind(generation=self._generation[0], **_ref_fields(input.args))
+        return await self.next.execute_workflow(input)
 
 
 class LogContextInterceptor(Interceptor):

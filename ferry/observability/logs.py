@@ -35,6 +35,13 @@ def migration_context(**fields: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+def bind(**fields: Any) -> None:
+    """Adds migration fields for the rest of the current task, which must run in a context of its own
+    (every asyncio task does): a workflow's coroutine may be closed from another context, where a
+    context manager could not reset them."""
+    _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+
+
 def _from_workflow_id(workflow_id: str) -> dict[str, Any]:
     parts = workflow_id.split("/")
     if len(parts) == 4 and parts[0] in ("migration", "cleanup"):

@@ -57,6 +57,21 @@ def _temporal(binaries: Binaries, stack: StackInfo, *args: str) -> None:
     )
 
 
+async def _signal(binaries: Binaries, stack: StackInfo, ref: MigrationRef, name: str, payload: str = "") -> None:
+    """`temporal workflow signal` as an operator types it, with an optional JSON input."""
+    extra = [f"--input={payload}"] if payload else []
+    await asyncio.to_thread(
+        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", f"--name={name}", *extra
+    )
+
+
+async def _at_approval_gate(kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str) -> MigrationRef:
+    """A Migration that requires approval, waiting at its gate before switch-traffic."""
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    await _wait_phase(kubectl, ref, "AwaitingApproval")
+    return ref
+
+
 async def test_kubectl_wait_returns_when_the_migration_succeeds_and_describe_lists_the_step_events(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, databases: Databases,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
@@ -85,13 +100,9 @@ async def test_approve_with_the_temporal_cli_lets_the_migration_finish(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
-    await _wait_phase(kubectl, ref, "AwaitingApproval")
+    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
 
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=approve",
-        '--input={"by": "carol"}',
-    )  # fmt: skip
+    await _signal(binaries, stack, ref, "approve", '{"by": "carol"}')
 
     status = await _wait_phase(kubectl, ref, "Succeeded")
     assert status["approvedBy"] == "carol"
@@ -101,21 +112,13 @@ async def test_pause_and_resume_with_the_temporal_cli_hold_the_migration_before_
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
-    await _wait_phase(kubectl, ref, "AwaitingApproval")
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=pause"
-    )
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=approve",
-        '--input={"by": "dave"}',
-    )  # fmt: skip
+    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
+    await _signal(binaries, stack, ref, "pause")
+    await _signal(binaries, stack, ref, "approve", '{"by": "dave"}')
 
     paused = await _wait_phase(kubectl, ref, "Paused")
     assert paused["message"] == "paused before scale-down-old; send resume to go on"
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=resume"
-    )
+    await _signal(binaries, stack, ref, "resume")
     await _wait_phase(kubectl, ref, "Succeeded")
 
 
@@ -123,13 +126,9 @@ async def test_rollback_with_the_temporal_cli_undoes_the_completed_steps(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
-    await _wait_phase(kubectl, ref, "AwaitingApproval")
+    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
 
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=rollback",
-        '--input={"by": "erin", "reason": "not today"}',
-    )  # fmt: skip
+    await _signal(binaries, stack, ref, "rollback", '{"by": "erin", "reason": "not today"}')
 
     status = await _wait_phase(kubectl, ref, "RolledBack")
     assert status["message"] == "rolled back: rollback requested by erin: not today"
@@ -145,8 +144,7 @@ async def test_cancel_with_the_temporal_cli_rolls_back(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
-    await _wait_phase(kubectl, ref, "AwaitingApproval")
+    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
 
     await asyncio.to_thread(_temporal, binaries, stack, "workflow", "cancel", f"--workflow-id={workflow_id(ref)}")
 
@@ -167,10 +165,7 @@ async def test_retry_with_the_temporal_cli_reruns_a_failed_step_under_the_pause_
     assert "BadCredentials" in paused["message"]
 
     core.patch_namespaced_secret(TARGET_SECRET, namespace, {"data": {"password": good}})
-    await asyncio.to_thread(
-        _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", "--name=retry",
-        '--input={"by": "frank"}',
-    )  # fmt: skip
+    await _signal(binaries, stack, ref, "retry", '{"by": "frank"}')
 
     status = await _wait_phase(kubectl, ref, "Succeeded")
     migrate = next(step for step in status["steps"] if step["name"] == "migrate")
