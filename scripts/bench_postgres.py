@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import boto3
 import psycopg
 from temporalio.testing import ActivityEnvironment
 
@@ -169,13 +168,7 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
     assert info.s3_access_key is not None
     assert info.s3_secret_key is not None
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=info.s3_endpoint,
-        aws_access_key_id=info.s3_access_key,
-        aws_secret_access_key=info.s3_secret_key,
-        region_name=info.s3_region,
-    )
+    s3 = info.s3_client()
     s3.create_bucket(Bucket=bucket)
     secrets = FixedSecrets(
         {"source": source, "target": target}, S3Credentials(info.s3_access_key, info.s3_secret_key, "bench/s3")

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from kubernetes import client as k8s
@@ -86,18 +85,8 @@ def _connection(endpoint: PostgresEndpoint) -> dict[str, str]:
 @pytest.fixture
 def bucket(stack: StackInfo) -> str:
     name = f"ferry-{uuid.uuid4().hex[:12]}"
-    s3_client(stack).create_bucket(Bucket=name)
+    stack.s3_client().create_bucket(Bucket=name)
     return name
-
-
-def s3_client(stack: StackInfo) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=stack.s3_endpoint,
-        aws_access_key_id=stack.s3_access_key,
-        aws_secret_access_key=stack.s3_secret_key,
-        region_name=stack.s3_region,
-    )
 
 
 @pytest.fixture

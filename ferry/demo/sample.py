@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 from typing import Any
 
-import boto3
 import psycopg
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -157,13 +156,7 @@ def create_workload(api: k8s.ApiClient, info: StackInfo, source: PostgresEndpoin
 
 
 def create_bucket(info: StackInfo) -> None:
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=info.s3_endpoint,
-        aws_access_key_id=info.s3_access_key,
-        aws_secret_access_key=info.s3_secret_key,
-        region_name=info.s3_region,
-    )
+    s3 = info.s3_client()
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=BUCKET)
 

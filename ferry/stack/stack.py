@@ -14,8 +14,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import boto3
+
+from ferry.stack.errors import StartError
 from ferry.stack.install import Binaries, ensure_binaries
 from ferry.stack.kube import KubeControlPlane
 from ferry.stack.postgres import PostgresEndpoint, PostgresInstance
@@ -23,6 +26,9 @@ from ferry.stack.processes import ManagedProcess, PidFile
 from ferry.stack.readiness import PortBook
 from ferry.stack.s3 import REGION, S3Server
 from ferry.stack.temporal import NAMESPACE, TemporalDevServer
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 log = logging.getLogger("ferry.stack")
 
@@ -46,6 +52,18 @@ class StackInfo:
     s3_secret_key: str | None = None
     s3_region: str | None = None
     postgres: dict[str, PostgresEndpoint] = dataclasses.field(default_factory=dict)
+
+    def s3_client(self) -> S3Client:
+        """A boto3 client for the stack's S3 server, with its root credentials."""
+        if self.s3_endpoint is None:
+            raise StartError("this stack runs no S3 server (start it with the s3 component)")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_endpoint,
+            aws_access_key_id=self.s3_access_key,
+            aws_secret_access_key=self.s3_secret_key,
+            region_name=self.s3_region,
+        )
 
     def to_json(self) -> str:
         raw: dict[str, Any] = dataclasses.asdict(self)

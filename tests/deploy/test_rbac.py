@@ -33,7 +33,7 @@ from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.deploy.conftest import ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY
-from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest, s3_client
+from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest
 from tests.postgres.data import contents, create_shop
 
 SAGA_TIMEOUT = 240.0
@@ -210,11 +210,11 @@ def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_o
 
     # Deleting it: the watcher holds its finalizer until the worker's retention cleanup has
     # deleted the snapshot with the credentials of the Migration's Secret.
-    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 1
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 1
     kubectl("delete", "migration", ref.name, "-n", namespace, "--wait=false")
     _wait_until("the Migration to be gone", lambda: _migration(kubectl, namespace, ref.name) is None, 120, ferry.worker)
 
-    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
     ferry.assert_never_refused()
 
 
@@ -260,7 +260,7 @@ def test_a_rollback_after_the_traffic_moved_undoes_every_step_under_the_service_
     assert [s.metadata.name for s in apps.list_namespaced_stateful_set(namespace).items] == ["orders-db"]
     claims = core.list_namespaced_persistent_volume_claim(namespace).items
     assert not [claim.metadata.name for claim in claims if "orders-db-16" in claim.metadata.name]
-    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
     assert contents(databases.source) == source_before
     ferry.assert_never_refused()
 

@@ -7,7 +7,7 @@ import pytest
 from ferry.api.errors import InvalidSpec, SnapshotCorrupt
 from ferry.api.saga import SnapshotResult
 from ferry.stack.stack import StackInfo
-from tests.end_to_end import Databases, s3_client
+from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, contents, create_shop, tables
 
@@ -71,7 +71,7 @@ def test_migrate_refuses_a_target_holding_data_it_did_not_restore(
 def test_a_snapshot_changed_in_s3_is_refused_and_nothing_of_it_is_restored(
     steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult, where: str
 ) -> None:
-    s3 = s3_client(stack)
+    s3 = stack.s3_client()
     stored = bytearray(s3.get_object(Bucket=snapshot.bucket, Key=snapshot.key)["Body"].read())
     if where == "other bytes":
         stored = bytearray(b"not a snapshot at all")
@@ -92,7 +92,7 @@ def test_a_snapshot_changed_in_s3_is_refused_and_nothing_of_it_is_restored(
 def test_migrate_of_a_snapshot_that_is_gone_fails_saying_so(
     steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult
 ) -> None:
-    s3_client(stack).delete_object(Bucket=snapshot.bucket, Key=snapshot.key)
+    stack.s3_client().delete_object(Bucket=snapshot.bucket, Key=snapshot.key)
 
     with pytest.raises(SnapshotCorrupt, match=rf"{snapshot.location} is gone"):
         steps.migrate(snapshot)

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 from kubernetes import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -31,7 +30,7 @@ from ferry.stack.install import Binaries
 from ferry.stack.stack import Stack, StackInfo
 from tests.cluster import eventually
 from tests.conftest import make_state_dir
-from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases, s3_client
+from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import connect, create_bulky
 from tests.postgres.heartbeat_hooks import OnHeartbeat
@@ -135,13 +134,7 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
         assert own.s3_secret_key is not None
         credentials = {"accessKeyId": own.s3_access_key, "secretAccessKey": own.s3_secret_key}
         create_secret(kube_api, namespace, "outage-s3", credentials)
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=own.s3_endpoint,
-            aws_access_key_id=own.s3_access_key,
-            aws_secret_access_key=own.s3_secret_key,
-            region_name=own.s3_region,
-        )
+        s3 = own.s3_client()
         s3.create_bucket(Bucket="snapshots")
         spec = SnapshotSpec(bucket="snapshots", endpoint=own.s3_endpoint, credentials_secret="outage-s3")
         input = SnapshotInput(
@@ -202,7 +195,7 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
             if doomed.returncode is None:
                 doomed.kill()
                 await doomed.wait()
-        s3 = s3_client(stack)
+        s3 = stack.s3_client()
         assert code == -9, "the worker killed itself in the middle of the upload"
         assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "it died with an unfinished upload"
         eventually("the dead worker's pg_dump to go", lambda: _sessions(databases) == 0, timeout=20)

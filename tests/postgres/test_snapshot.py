@@ -16,18 +16,18 @@ from activities.settings import MIB
 from ferry.stack.install import Binaries
 from ferry.stack.stack import StackInfo
 from tests.cluster import eventually
-from tests.end_to_end import Databases, s3_client
+from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, create_bulky, create_shop
 
 
 def _objects(stack: StackInfo, bucket: str) -> list[str]:
-    listed = s3_client(stack).list_objects_v2(Bucket=bucket)
+    listed = stack.s3_client().list_objects_v2(Bucket=bucket)
     return [item["Key"] for item in listed.get("Contents", [])]
 
 
 def _unfinished_uploads(stack: StackInfo, bucket: str) -> list[str]:
-    return [upload["Key"] for upload in s3_client(stack).list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    return [upload["Key"] for upload in stack.s3_client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
 def _source_sessions(databases: Databases) -> int:
@@ -55,7 +55,7 @@ def test_snapshot_puts_a_restorable_dump_in_s3_with_the_checksum_and_size_it_rep
         bucket,
         f"{steps.ref.namespace}/orders-db-to-16/{steps.ref.uid}/snapshot.dump",
     )
-    stored = s3_client(stack).get_object(Bucket=bucket, Key=result.key)["Body"].read()
+    stored = stack.s3_client().get_object(Bucket=bucket, Key=result.key)["Body"].read()
     assert len(stored) == result.size_bytes
     assert hashlib.sha256(stored).hexdigest() == result.sha256
     listing = subprocess.run(
@@ -77,7 +77,7 @@ def test_snapshot_run_again_replaces_the_object_and_aborts_the_upload_a_dead_att
     steps: Steps, databases: Databases, stack: StackInfo, bucket: str
 ) -> None:
     create_shop(databases.source, customers=500, orders=5_000)
-    s3 = s3_client(stack)
+    s3 = stack.s3_client()
     dead = s3.create_multipart_upload(Bucket=bucket, Key=steps.key)
     s3.upload_part(Bucket=bucket, Key=steps.key, UploadId=dead["UploadId"], PartNumber=1, Body=b"x" * 5 * MIB)
 

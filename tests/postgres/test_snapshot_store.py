@@ -10,18 +10,17 @@ from activities.snapshots import SnapshotStoreActivities
 from ferry.api.migration import SnapshotSpec
 from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, UndoSnapshotInput, snapshot_key
 from ferry.stack.stack import StackInfo
-from tests.end_to_end import s3_client
 
 
 @pytest.fixture
 def artifact(stack: StackInfo, ref: MigrationRef, snapshot_spec: SnapshotSpec) -> SnapshotResult:
     key = snapshot_key(ref, snapshot_spec)
-    s3_client(stack).put_object(Bucket=snapshot_spec.bucket, Key=key, Body=b"a snapshot")
+    stack.s3_client().put_object(Bucket=snapshot_spec.bucket, Key=key, Body=b"a snapshot")
     return SnapshotResult(bucket=snapshot_spec.bucket, key=key, sha256="0" * 64, size_bytes=10)
 
 
 def _keys(stack: StackInfo, bucket: str) -> list[str]:
-    return [item["Key"] for item in s3_client(stack).list_objects_v2(Bucket=bucket).get("Contents", [])]
+    return [item["Key"] for item in stack.s3_client().list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
 def test_undo_snapshot_deletes_the_object_and_any_unfinished_upload_of_it(
@@ -32,7 +31,7 @@ def test_undo_snapshot_deletes_the_object_and_any_unfinished_upload_of_it(
     snapshot_spec: SnapshotSpec,
     artifact: SnapshotResult,
 ) -> None:
-    s3 = s3_client(stack)
+    s3 = stack.s3_client()
     s3.put_object(Bucket=artifact.bucket, Key="someone/else.dump", Body=b"not ours")
     upload = s3.create_multipart_upload(Bucket=artifact.bucket, Key=artifact.key)
     s3.upload_part(Bucket=artifact.bucket, Key=artifact.key, UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * MIB)
@@ -73,5 +72,5 @@ def test_delete_snapshot_deletes_the_object_and_a_bucket_already_gone_counts_as_
     activity_env.run(snapshots.delete_snapshot, delete)
 
     assert _keys(stack, artifact.bucket) == []
-    s3_client(stack).delete_bucket(Bucket=artifact.bucket)
+    stack.s3_client().delete_bucket(Bucket=artifact.bucket)
     activity_env.run(snapshots.delete_snapshot, delete)

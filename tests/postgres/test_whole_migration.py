@@ -26,7 +26,6 @@ from tests.end_to_end import (
     Databases,
     apply_migration,
     migration_manifest,
-    s3_client,
     start_migration,
     worker_settings,
 )
@@ -136,7 +135,7 @@ class CorruptTheSnapshot(Interceptor):
         return _Corrupting(next, self._corrupt)
 
     def _corrupt(self, artifact: SnapshotResult) -> None:
-        s3 = s3_client(self._stack)
+        s3 = self._stack.s3_client()
         stored = bytearray(s3.get_object(Bucket=artifact.bucket, Key=artifact.key)["Body"].read())
         stored[len(stored) // 2] ^= 0x01
         s3.put_object(Bucket=artifact.bucket, Key=artifact.key, Body=bytes(stored))
@@ -212,4 +211,4 @@ async def test_a_snapshot_changed_before_migrate_rolls_the_migration_back_and_le
         conn.execute("insert into audit.log (order_id, note) values (1, 'written after the rollback')")
     with connect(databases.target) as conn:
         assert tables(conn) == [], "nothing of the changed snapshot was restored"
-    assert s3_client(stack).list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the rollback deleted the snapshot"
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the rollback deleted the snapshot"

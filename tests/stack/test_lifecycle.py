@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import psycopg
 import pytest
 from kubernetes import client as k8s
@@ -24,7 +23,7 @@ from temporalio.client import Client
 
 from ferry.stack.install import Binaries
 from ferry.stack.processes import group_members, processes_under
-from ferry.stack.stack import Stack, StackInfo
+from ferry.stack.stack import Stack
 from tests.conftest import make_state_dir
 
 
@@ -33,16 +32,6 @@ def own_state_dir() -> Iterator[Path]:
     folder = make_state_dir("ferry-lifecycle-")
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _s3(info: StackInfo):  # type: ignore[no-untyped-def]
-    return boto3.client(
-        "s3",
-        endpoint_url=info.s3_endpoint,
-        aws_access_key_id=info.s3_access_key,
-        aws_secret_access_key=info.s3_secret_key,
-        region_name=info.s3_region,
-    )
 
 
 def _wait_for_no_process(state_dir: Path, groups: set[int], timeout: float = 15) -> list[object]:
@@ -66,8 +55,8 @@ async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown
         with psycopg.connect(info.postgres["source"].dsn) as conn:
             conn.execute("create table survivors (marker text)")
             conn.execute("insert into survivors values (%s)", (marker,))
-        _s3(info).create_bucket(Bucket="survivors")
-        _s3(info).put_object(Bucket="survivors", Key="marker", Body=marker.encode())
+        info.s3_client().create_bucket(Bucket="survivors")
+        info.s3_client().put_object(Bucket="survivors", Key="marker", Body=marker.encode())
         api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
         k8s.CoreV1Api(api).create_namespaced_config_map(
             "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="survivor"), data={"marker": marker})
@@ -82,7 +71,7 @@ async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown
     try:
         with psycopg.connect(info.postgres["source"].dsn) as conn:
             row = conn.execute("select marker from survivors").fetchone()
-        body = _s3(info).get_object(Bucket="survivors", Key="marker")["Body"].read()
+        body = info.s3_client().get_object(Bucket="survivors", Key="marker")["Body"].read()
         api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
         config_map = k8s.CoreV1Api(api).read_namespaced_config_map("survivor", "default")
         api.close()

@@ -6,24 +6,13 @@ import hashlib
 import os
 import uuid
 
-import boto3
 from boto3.s3.transfer import TransferConfig
 
 from ferry.stack.stack import StackInfo
 
 
-def _client(stack: StackInfo):  # type: ignore[no-untyped-def]
-    return boto3.client(
-        "s3",
-        endpoint_url=stack.s3_endpoint,
-        aws_access_key_id=stack.s3_access_key,
-        aws_secret_access_key=stack.s3_secret_key,
-        region_name=stack.s3_region,
-    )
-
-
 def test_boto3_round_trips_a_20_mb_object_through_multipart_upload(stack: StackInfo, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    s3 = _client(stack)
+    s3 = stack.s3_client()
     bucket = f"roundtrip-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket)
     payload = os.urandom(20 * 1024 * 1024)

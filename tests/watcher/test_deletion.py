@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 
 from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, s3_client
+from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
 
@@ -74,7 +74,7 @@ async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
     await eventually("the Migration to be gone", gone, within=120)
     assert _stateful_sets(kube_api, namespace) == ["orders-db"]  # provision was undone
     assert _read_only_default(databases) is None  # freeze was undone: writes are allowed again
-    listed = s3_client(stack).list_objects_v2(Bucket=bucket)
+    listed = stack.s3_client().list_objects_v2(Bucket=bucket)
     assert listed.get("KeyCount", 0) == 0  # the snapshot was undone (afterRollback: Delete)
     events = await asyncio.to_thread(
         kubectl, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={ref.name}", "-o", "json"
@@ -107,5 +107,5 @@ async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(
     # Retention afterSuccess: DeleteWithMigration (the default) removed the snapshot with the Migration.
     key = snapshot["location"].removeprefix(f"s3://{bucket}/")
     with pytest.raises(ClientError) as missing:
-        s3_client(stack).head_object(Bucket=bucket, Key=key)
+        stack.s3_client().head_object(Bucket=bucket, Key=key)
     assert missing.value.response["Error"]["Code"] in ("404", "NoSuchKey")
