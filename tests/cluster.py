@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
-SOURCE = "orders-db"
-"""The source StatefulSet, and the stable Service its clients use."""
+from ferry.demo.sample import SOURCE, source_objects
+
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 
 
@@ -38,43 +38,9 @@ def ready_replicas(kube_api: k8s.ApiClient, namespace: str, name: str) -> int:
 
 def create_source(kube_api: k8s.ApiClient, namespace: str) -> str:
     """orders-db: two Ready postgres:15 replicas on 1Gi "standard" volumes, behind the stable Service orders-db."""
-    labels = {"app": SOURCE}
-    k8s.CoreV1Api(kube_api).create_namespaced_service(
-        namespace,
-        k8s.V1Service(
-            metadata=k8s.V1ObjectMeta(name=SOURCE),
-            spec=k8s.V1ServiceSpec(selector=labels, ports=[k8s.V1ServicePort(name="postgres", port=5432)]),
-        ),
-    )
-    container = k8s.V1Container(
-        name="postgres",
-        image="postgres:15",
-        volume_mounts=[k8s.V1VolumeMount(name="data", mount_path="/var/lib/postgresql/data")],
-    )
-    claim = k8s.V1PersistentVolumeClaim(
-        metadata=k8s.V1ObjectMeta(name="data"),
-        spec=k8s.V1PersistentVolumeClaimSpec(
-            access_modes=["ReadWriteOnce"],
-            storage_class_name="standard",
-            resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-        ),
-    )
-    k8s.AppsV1Api(kube_api).create_namespaced_stateful_set(
-        namespace,
-        k8s.V1StatefulSet(
-            metadata=k8s.V1ObjectMeta(name=SOURCE),
-            spec=k8s.V1StatefulSetSpec(
-                service_name=SOURCE,
-                replicas=2,
-                pod_management_policy="Parallel",
-                selector=k8s.V1LabelSelector(match_labels=labels),
-                template=k8s.V1PodTemplateSpec(
-                    metadata=k8s.V1ObjectMeta(labels=labels), spec=k8s.V1PodSpec(containers=[container])
-                ),
-                volume_claim_templates=[claim],
-            ),
-        ),
-    )
+    service, stateful_set = source_objects(replicas=2)
+    k8s.CoreV1Api(kube_api).create_namespaced_service(namespace, service)
+    k8s.AppsV1Api(kube_api).create_namespaced_stateful_set(namespace, stateful_set)
     eventually("the source to be Ready", lambda: ready_replicas(kube_api, namespace, SOURCE) == 2)
     eventually("the source's endpoints", lambda: endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS)
     return SOURCE

@@ -109,16 +109,14 @@ def _connection_secret(name: str, endpoint: PostgresEndpoint) -> k8s.V1Secret:
     return k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), string_data=data)
 
 
-def create_workload(api: k8s.ApiClient, info: StackInfo, source: PostgresEndpoint, target: PostgresEndpoint) -> None:
-    """Namespace, the orders-db StatefulSet and Service, and the Secrets; existing ones are kept."""
-    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
-    _create(core.create_namespace, k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+def source_objects(replicas: int) -> tuple[k8s.V1Service, k8s.V1StatefulSet]:
+    """orders-db as it runs before a migration: a postgres:15 StatefulSet on 1Gi "standard" volumes,
+    behind the stable Service orders-db that its clients use."""
     labels = {"app": SOURCE}
     service = k8s.V1Service(
         metadata=k8s.V1ObjectMeta(name=SOURCE),
         spec=k8s.V1ServiceSpec(selector=labels, ports=[k8s.V1ServicePort(name="postgres", port=5432)]),
     )
-    _create(core.create_namespaced_service, NAMESPACE, service)
     container = k8s.V1Container(
         name="postgres",
         image="postgres:15",
@@ -137,7 +135,8 @@ def create_workload(api: k8s.ApiClient, info: StackInfo, source: PostgresEndpoin
         metadata=k8s.V1ObjectMeta(name=SOURCE),
         spec=k8s.V1StatefulSetSpec(
             service_name=SOURCE,
-            replicas=1,
+            replicas=replicas,
+            pod_management_policy="Parallel",
             selector=k8s.V1LabelSelector(match_labels=labels),
             template=k8s.V1PodTemplateSpec(
                 metadata=k8s.V1ObjectMeta(labels=labels), spec=k8s.V1PodSpec(containers=[container])
@@ -145,6 +144,15 @@ def create_workload(api: k8s.ApiClient, info: StackInfo, source: PostgresEndpoin
             volume_claim_templates=[claim],
         ),
     )
+    return service, stateful_set
+
+
+def create_workload(api: k8s.ApiClient, info: StackInfo, source: PostgresEndpoint, target: PostgresEndpoint) -> None:
+    """Namespace, the orders-db StatefulSet and Service, and the Secrets; existing ones are kept."""
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    _create(core.create_namespace, k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+    service, stateful_set = source_objects(replicas=1)
+    _create(core.create_namespaced_service, NAMESPACE, service)
     _create(apps.create_namespaced_stateful_set, NAMESPACE, stateful_set)
     _create(core.create_namespaced_secret, NAMESPACE, _connection_secret("orders-db-source", source))
     _create(core.create_namespaced_secret, NAMESPACE, _connection_secret("orders-db-target", target))
