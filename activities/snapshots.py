@@ -32,12 +32,13 @@ class SnapshotStoreActivities:
 
         Idempotent: an object (or bucket) that is already gone counts as deleted.
         """
+        artifact = input.artifact or SnapshotResult(
+            bucket=input.snapshot.bucket, key=input.key, sha256="", size_bytes=0
+        )
         if input.keep:
-            activity.logger.info(
-                "keeping %s after the rollback (retention afterRollback: Keep)", input.artifact.location
-            )
+            activity.logger.info("keeping %s after the rollback (retention afterRollback: Keep)", artifact.location)
             return
-        self._delete(input.ref, input.snapshot, input.artifact)
+        self._delete(input.ref, input.snapshot, artifact)
 
     @activity.defn(name=SnapshotStoreActivity.DELETE_SNAPSHOT.value)
     def delete_snapshot(self, input: DeleteSnapshotInput) -> None:

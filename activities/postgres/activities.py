@@ -104,7 +104,12 @@ class PostgresActivities:
             self._undo(conn, db, input.ref, input.previous_setting, heartbeats)
 
     def _undo(
-        self, conn: Connection, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats
+        self,
+        conn: Connection,
+        db: DatabaseConnection,
+        ref: MigrationRef,
+        expected: str | None,
+        heartbeats: Heartbeats,
     ) -> None:
         with privileged(db, "change the database's settings"):
             restored = freezing.restore(conn, db, owner(ref), expected)

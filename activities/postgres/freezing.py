@@ -75,7 +75,7 @@ def freeze(conn: Connection, db: DatabaseConnection, owner: str) -> str:
     return previous
 
 
-def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str) -> str | None:
+def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str | None) -> str | None:
     """Puts back the setting `owner`'s freeze recorded and returns it; None when no such freeze is there.
 
     The markers stay until `forget`, so that a crash before the read-only sessions
@@ -91,7 +91,7 @@ def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str)
                 )
             return None
         previous = current.get(READ_ONLY_BEFORE, UNSET)
-        if previous != expected:
+        if expected is not None and previous != expected:
             activity.logger.warning(
                 "%s recorded %s=%s before the freeze, the saga %s; restoring what the database recorded",
                 db.describe(),

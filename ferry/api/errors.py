@@ -45,6 +45,14 @@ class PermissionDenied(PermanentError):
     """The Kubernetes API server refused a call (403): ferry's ServiceAccount lacks a permission."""
 
 
+class PrecheckFailed(PermanentError):
+    """Checks made before anything changes found problems; the message lists every one of them."""
+
+
+class WritesAfterFreeze(PermanentError):
+    """The source committed writes after the freeze: the target may lack them, so traffic must not move."""
+
+
 NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     InvalidSpec,
     MissingSecret,
@@ -54,5 +62,7 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     SnapshotCorrupt,
     VerificationMismatch,
     PermissionDenied,
+    PrecheckFailed,
+    WritesAfterFreeze,
 )
 NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

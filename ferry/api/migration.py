@@ -311,7 +311,9 @@ class WorkflowRef(ApiModel):
 
 
 class SnapshotStatus(ApiModel):
-    location: str = Field(description="s3://bucket/key of the snapshot object.")
+    location: str = Field(description="s3://bucket/key of the snapshot object, for people.")
+    bucket: str | None = Field(default=None, description="Bucket of the snapshot object.")
+    key: str | None = Field(default=None, description="Key of the snapshot object.")
     sha256: str
     size_bytes: int
     deleted: bool = Field(default=False, description="Whether retention has deleted the object.")

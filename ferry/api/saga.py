@@ -29,6 +29,8 @@ TASK_QUEUE = "ferry"
 
 WORKFLOW_NAME = "Migration"
 CLEANUP_WORKFLOW_NAME = "MigrationRetentionCleanup"
+UNDO_WORKFLOW_NAME = "MigrationUndo"
+"""Undoes a Migration whose run succeeded after its deletion was asked for (see the watcher's deletion)."""
 
 
 class MigrationRef(ApiModel):
@@ -49,6 +51,10 @@ def workflow_id(ref: MigrationRef) -> str:
 
 def cleanup_workflow_id(ref: MigrationRef) -> str:
     return f"cleanup/{ref.namespace}/{ref.name}/{ref.uid}"
+
+
+def undo_workflow_id(ref: MigrationRef) -> str:
+    return f"undo/{ref.namespace}/{ref.name}/{ref.uid}"
 
 
 # --- workflow ------------------------------------------------------------------------------
@@ -156,7 +162,10 @@ class SwitchTrafficResult(ApiModel):
 class UndoSwitchTrafficInput(ApiModel):
     ref: MigrationRef
     service: str
-    previous_selector: dict[str, str]
+    previous_selector: dict[str, str] | None = Field(
+        default=None,
+        description="The selector before the switch; None: read what switch-traffic recorded on the Service.",
+    )
     source_stateful_set: str
 
 
@@ -172,7 +181,10 @@ class ScaleDownOldResult(ApiModel):
 class UndoScaleDownOldInput(ApiModel):
     ref: MigrationRef
     stateful_set: str
-    replicas: int
+    replicas: int | None = Field(
+        default=None,
+        description="Replicas before the scale-down; None: read what scale-down-old recorded on the StatefulSet.",
+    )
 
 
 # --- data-driver activities ----------------------------------------------------------------
@@ -181,10 +193,13 @@ class UndoScaleDownOldInput(ApiModel):
 class DriverOperation(enum.StrEnum):
     """What every data driver implements; the activity name is `<driver>.<operation>`."""
 
+    PRECHECK = "precheck"
     FREEZE = "freeze"
     UNDO_FREEZE = "undo_freeze"
+    CHECK_FROZEN = "check_frozen"
     SNAPSHOT = "snapshot"
     MIGRATE = "migrate"
+    UNDO_MIGRATE = "undo_migrate"
     VERIFY = "verify"
 
 
@@ -200,20 +215,59 @@ class SnapshotStoreActivity(enum.StrEnum):
     DELETE_SNAPSHOT = "delete_snapshot"
 
 
+class PrecheckInput(ApiModel):
+    """Everything checked before anything changes: both databases, the tools, the snapshot bucket."""
+
+    ref: MigrationRef
+    driver: DriverSpec
+    snapshot: SnapshotSpec
+
+
+class PrecheckResult(ApiModel):
+    source_version: str = Field(description="The source server's version, e.g. 15.18.")
+    target_version: str = Field(description="The target server's version.")
+    tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
+    source_size_bytes: int = Field(description="Size of the source database.")
+
+
 class FreezeInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec
 
 
+class FenceMark(ApiModel):
+    """Where the source's writes stood once the freeze was complete; check_frozen compares the present with it."""
+
+    writes: int = Field(description="Rows inserted, updated or deleted in user tables and large objects so far.")
+    stats_reset: str | None = Field(default=None, description="When the server's statistics were last reset.")
+    catalog: str = Field(description="Fingerprint of the relations' storage and the sequences' state.")
+
+
 class FreezeResult(ApiModel):
     previous_setting: str = Field(description="The source's write setting before the freeze, restored by the undo.")
     sessions_ended: int = 0
+    fence: FenceMark | None = Field(default=None, description="The write position at the freeze (None before 0.2).")
 
 
 class UndoFreezeInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec
-    previous_setting: str
+    previous_setting: str | None = Field(
+        default=None, description="What the freeze returned; None: the undo reads what the freeze recorded."
+    )
+
+
+class CheckFrozenInput(ApiModel):
+    """Before traffic moves (and before the source goes away): has anything been written since the freeze?"""
+
+    ref: MigrationRef
+    driver: DriverSpec
+    fence: FenceMark
+    before: str = Field(description="The step about to run, for messages.")
+
+
+class CheckFrozenResult(ApiModel):
+    sessions_ended: int = Field(default=0, description="Sessions found in the frozen source and ended.")
 
 
 class SnapshotInput(ApiModel):
@@ -237,8 +291,15 @@ class SnapshotResult(ApiModel):
 class UndoSnapshotInput(ApiModel):
     ref: MigrationRef
     snapshot: SnapshotSpec
-    artifact: SnapshotResult
+    artifact: SnapshotResult | None = Field(
+        default=None, description="What the snapshot returned; None when it did not finish (then `key` is used)."
+    )
+    key: str = Field(default="", description="The snapshot's deterministic key, for a snapshot that did not finish.")
     keep: bool = Field(description="Retention says to keep the object; the undo then leaves it.")
+
+
+class UndoSnapshotResult(ApiModel):
+    deleted: bool = Field(description="Whether the object (or any unfinished upload of it) is gone now.")
 
 
 class MigrateInput(ApiModel):
@@ -251,6 +312,13 @@ class MigrateInput(ApiModel):
 class MigrateResult(ApiModel):
     tables: int = 0
     bytes_restored: int = 0
+
+
+class UndoMigrateInput(ApiModel):
+    """Removes what migrate restored into the target, recognized by ferry's marker; nothing else."""
+
+    ref: MigrationRef
+    driver: DriverSpec
 
 
 class VerifyInput(ApiModel):
@@ -272,6 +340,14 @@ class TableCheck(ApiModel):
 
 class VerifyResult(ApiModel):
     tables: list[TableCheck]
+
+
+class UndoMigrationInput(ApiModel):
+    """Undo, in reverse, every step of a Migration whose run ended Succeeded, from what the steps recorded."""
+
+    ref: MigrationRef
+    spec: MigrationSpec
+    reason: str
 
 
 class DeleteSnapshotInput(ApiModel):
