@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
 from ferry.api.migration import MigrationSpec
-from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
 from ferry.clients import TemporalSettings
 from ferry.stack.postgres import PostgresEndpoint
 from ferry.stack.stack import StackInfo
@@ -133,7 +133,7 @@ async def start_migration(
     """Starts the saga for an applied Migration directly, as the watcher would."""
     spec = MigrationSpec.model_validate(manifest["spec"])
     return await client.start_workflow(
-        "Migration",
+        WORKFLOW_NAME,
         MigrationInput(ref=ref, generation=1, spec=spec),
         id=workflow_id(ref),
         task_queue=task_queue,

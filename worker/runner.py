@@ -31,7 +31,9 @@ from ferry.observability.metrics import prometheus_runtime
 from worker.interceptors import LogContextInterceptor
 from worker.settings import WorkerSettings
 from workflows.cleanup import RetentionCleanupWorkflow
+from workflows.legacy import MigrationWorkflowV1
 from workflows.migration import MigrationWorkflow
+from workflows.undo import MigrationUndoWorkflow
 
 log = logging.getLogger("ferry.worker")
 
@@ -78,7 +80,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[MigrationWorkflow, RetentionCleanupWorkflow],
+        workflows=[MigrationWorkflow, MigrationUndoWorkflow, RetentionCleanupWorkflow, MigrationWorkflowV1],
         activities=activities(api, settings),
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,

@@ -11,7 +11,8 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from ferry.api.saga import CLEANUP_WORKFLOW_NAME, DeleteSnapshotInput, SnapshotStoreActivity
-    from workflows import plan
+    from workflows.saga import RETENTION_TIMEOUT
+    from workflows.steps import UNDO_RETRY
 
 
 @workflow.defn(name=CLEANUP_WORKFLOW_NAME)
@@ -21,7 +22,7 @@ class RetentionCleanupWorkflow:
         await workflow.execute_activity(
             SnapshotStoreActivity.DELETE_SNAPSHOT.value,
             input,
-            start_to_close_timeout=plan.CLEANUP_TIMEOUT,
-            retry_policy=plan.UNDO_RETRY,
+            start_to_close_timeout=RETENTION_TIMEOUT,
+            retry_policy=UNDO_RETRY.as_policy(),
             summary=f"{input.ref}: delete snapshot {input.artifact.location} (retention)",
         )

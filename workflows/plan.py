@@ -1,99 +1,217 @@
-"""The saga's plan: each step beside its compensation, with the retry policies they run under.
+"""The saga's plan: its steps in order, each with its activity, its undo, its guard and its report.
 
-This table is the one place to read which undo belongs to which step. Activity names
-come from ferry.api.saga; data-driver steps resolve to `<driver>.<operation>` at run
-time, so one workflow serves every driver.
+This table is the one place to read what the saga does. A new step is a new entry here
+(and its activities, registered by the worker); the loop in workflows/saga.py needs no
+change. Data-driver activities resolve to `<driver>.<operation>` from the spec, so one
+plan serves every driver.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import timedelta
+from typing import Any
 
-from temporalio.common import RetryPolicy
+from ferry.api.migration import MigrationSpec, SnapshotStatus, StepName
+from ferry.api.saga import (
+    CheckFrozenInput,
+    CheckFrozenResult,
+    DriverOperation,
+    FreezeInput,
+    FreezeResult,
+    KubeActivity,
+    MigrateInput,
+    MigrateResult,
+    PrecheckInput,
+    PrecheckResult,
+    ProvisionInput,
+    ProvisionResult,
+    ScaleDownOldInput,
+    ScaleDownOldResult,
+    SnapshotInput,
+    SnapshotResult,
+    SnapshotStoreActivity,
+    SwitchTrafficInput,
+    SwitchTrafficResult,
+    UndoFreezeInput,
+    UndoMigrateInput,
+    UndoProvisionInput,
+    UndoScaleDownOldInput,
+    UndoSnapshotInput,
+    UndoSnapshotResult,
+    UndoSwitchTrafficInput,
+    VerifyInput,
+    VerifyResult,
+    keep_after_rollback,
+    snapshot_key,
+)
+from workflows.status import SagaStatus
+from workflows.steps import Context, Guard, Step, Undo, driver, kube, store
 
-from ferry.api.errors import NON_RETRYABLE_TYPES
-from ferry.api.migration import StepName
-from ferry.api.saga import DriverOperation, KubeActivity, SnapshotStoreActivity, driver_activity
+# --- what steps add to the status, and when a result still fails its step ------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Activity:
-    """An activity, either by fixed name or as an operation of the Migration's data driver."""
-
-    name: str | None = None
-    driver_operation: DriverOperation | None = None
-
-    def resolve(self, driver: str) -> str:
-        if self.driver_operation is not None:
-            return driver_activity(driver, self.driver_operation)
-        assert self.name is not None
-        return self.name
+def record_snapshot(result: SnapshotResult, status: SagaStatus) -> None:
+    status.snapshot = SnapshotStatus(
+        location=result.location,
+        bucket=result.bucket,
+        key=result.key,
+        sha256=result.sha256,
+        size_bytes=result.size_bytes,
+    )
 
 
-def kube(name: KubeActivity) -> Activity:
-    return Activity(name=name.value)
+def record_snapshot_deleted(result: UndoSnapshotResult, status: SagaStatus) -> None:
+    if result.deleted and status.snapshot is not None:
+        status.snapshot = status.snapshot.model_copy(update={"deleted": True})
 
 
-def driver(operation: DriverOperation) -> Activity:
-    return Activity(driver_operation=operation)
+def differences(result: VerifyResult) -> str | None:
+    """Drivers raise VerificationMismatch themselves; this guards against one that reports a difference quietly."""
+    different = [check.table for check in result.tables if not check.equal]
+    return f"VerificationMismatch: source and target differ in {', '.join(different)}" if different else None
 
 
-@dataclasses.dataclass(frozen=True)
-class StepPlan:
-    step: StepName
-    do: Activity
-    undo: Activity | None
-    """None where nothing needs undoing: see `why_no_undo`."""
-    why_no_undo: str = ""
+def precheck_seconds(spec: MigrationSpec) -> int:
+    return spec.timeouts.precheck
 
 
-PLAN: tuple[StepPlan, ...] = (
-    StepPlan(StepName.PROVISION, kube(KubeActivity.PROVISION), kube(KubeActivity.UNDO_PROVISION)),
-    StepPlan(StepName.FREEZE, driver(DriverOperation.FREEZE), driver(DriverOperation.UNDO_FREEZE)),
-    StepPlan(
-        StepName.SNAPSHOT,
-        driver(DriverOperation.SNAPSHOT),
-        Activity(name=SnapshotStoreActivity.UNDO_SNAPSHOT.value),
+# --- the steps -----------------------------------------------------------------------------
+
+PRECHECK = Step(
+    StepName.PRECHECK,
+    driver(DriverOperation.PRECHECK),
+    PrecheckResult,
+    build=lambda c: PrecheckInput(ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot),
+    undo=None,
+    why_no_undo="it only reads (the object it writes to test the bucket is deleted at once)",
+    timeout=precheck_seconds,
+)
+
+PROVISION = Step(
+    StepName.PROVISION,
+    kube(KubeActivity.PROVISION),
+    ProvisionResult,
+    build=lambda c: ProvisionInput(ref=c.ref, spec=c.spec),
+    undo=Undo(
+        kube(KubeActivity.UNDO_PROVISION),
+        lambda c, _: UndoProvisionInput(ref=c.ref, stateful_set=c.spec.target.stateful_set),
     ),
-    StepPlan(
-        StepName.MIGRATE,
-        driver(DriverOperation.MIGRATE),
-        None,
-        why_no_undo="the restored data lives in the target, which provision's undo deletes",
+)
+
+FREEZE = Step(
+    StepName.FREEZE,
+    driver(DriverOperation.FREEZE),
+    FreezeResult,
+    build=lambda c: FreezeInput(ref=c.ref, driver=c.spec.driver),
+    undo=Undo(
+        driver(DriverOperation.UNDO_FREEZE),
+        lambda c, done: UndoFreezeInput(
+            ref=c.ref, driver=c.spec.driver, previous_setting=done.previous_setting if done else None
+        ),
     ),
-    StepPlan(StepName.VERIFY, driver(DriverOperation.VERIFY), None, why_no_undo="verify only reads"),
-    StepPlan(StepName.SWITCH_TRAFFIC, kube(KubeActivity.SWITCH_TRAFFIC), kube(KubeActivity.UNDO_SWITCH_TRAFFIC)),
-    StepPlan(StepName.SCALE_DOWN_OLD, kube(KubeActivity.SCALE_DOWN_OLD), kube(KubeActivity.UNDO_SCALE_DOWN_OLD)),
 )
 
-STEP_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=5,
-    non_retryable_error_types=NON_RETRYABLE_TYPES,
+SNAPSHOT = Step(
+    StepName.SNAPSHOT,
+    driver(DriverOperation.SNAPSHOT),
+    SnapshotResult,
+    build=lambda c: SnapshotInput(
+        ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot, key=snapshot_key(c.ref, c.spec.snapshot)
+    ),
+    report=record_snapshot,
+    undo=Undo(
+        store(SnapshotStoreActivity.UNDO_SNAPSHOT),
+        lambda c, done: UndoSnapshotInput(
+            ref=c.ref,
+            snapshot=c.spec.snapshot,
+            artifact=done,
+            key=snapshot_key(c.ref, c.spec.snapshot),
+            keep=keep_after_rollback(c.spec.snapshot.retention.after_rollback),
+        ),
+        result=UndoSnapshotResult,
+        report=record_snapshot_deleted,
+    ),
 )
-"""A step gets a few automatic attempts; then the Migration's failure policy decides."""
 
-UNDO_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=12,
-    non_retryable_error_types=NON_RETRYABLE_TYPES,
+MIGRATE = Step(
+    StepName.MIGRATE,
+    driver(DriverOperation.MIGRATE),
+    MigrateResult,
+    build=lambda c: MigrateInput(
+        ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot, artifact=c.results.require(SNAPSHOT)
+    ),
+    undo=Undo(driver(DriverOperation.UNDO_MIGRATE), lambda c, _: UndoMigrateInput(ref=c.ref, driver=c.spec.driver)),
 )
-"""An undo tries harder (about ten minutes in all) before the Migration ends Failed."""
 
-MIRROR_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=10,
+VERIFY = Step(
+    StepName.VERIFY,
+    driver(DriverOperation.VERIFY),
+    VerifyResult,
+    build=lambda c: VerifyInput(ref=c.ref, driver=c.spec.driver),
+    check=differences,
+    undo=None,
+    why_no_undo="it only reads",
 )
-"""Status mirroring is best effort: each write carries the whole status, so the next one catches up."""
 
-HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-"""Long activities heartbeat at least this often; a dead worker is noticed within it."""
 
-MIRROR_TIMEOUT = timedelta(seconds=30)
-CLEANUP_TIMEOUT = timedelta(minutes=5)
+def fence_of_the_freeze(c: Context, before: str) -> CheckFrozenInput | None:
+    """Nothing may have been written to the source since the freeze (runs whose freeze left no mark skip it)."""
+    frozen = c.results.get(FREEZE)
+    if frozen is None or frozen.fence is None:
+        return None
+    return CheckFrozenInput(ref=c.ref, driver=c.spec.driver, fence=frozen.fence, before=before)
+
+
+NO_WRITES_SINCE_FREEZE = Guard(
+    driver(DriverOperation.CHECK_FROZEN),
+    fence_of_the_freeze,
+    timeout=lambda spec: spec.timeouts.freeze,
+    result=CheckFrozenResult,
+)
+"""Guards the steps after which the source stops counting: switch-traffic and scale-down-old."""
+
+SWITCH_TRAFFIC = Step(
+    StepName.SWITCH_TRAFFIC,
+    kube(KubeActivity.SWITCH_TRAFFIC),
+    SwitchTrafficResult,
+    build=lambda c: SwitchTrafficInput(
+        ref=c.ref, service=c.spec.source.service, target_stateful_set=c.spec.target.stateful_set
+    ),
+    guard=NO_WRITES_SINCE_FREEZE,
+    needs_approval=True,
+    undo=Undo(
+        kube(KubeActivity.UNDO_SWITCH_TRAFFIC),
+        lambda c, done: UndoSwitchTrafficInput(
+            ref=c.ref,
+            service=c.spec.source.service,
+            previous_selector=done.previous_selector if done else None,
+            source_stateful_set=c.spec.source.stateful_set,
+        ),
+    ),
+)
+
+SCALE_DOWN_OLD = Step(
+    StepName.SCALE_DOWN_OLD,
+    kube(KubeActivity.SCALE_DOWN_OLD),
+    ScaleDownOldResult,
+    build=lambda c: ScaleDownOldInput(ref=c.ref, stateful_set=c.spec.source.stateful_set),
+    guard=NO_WRITES_SINCE_FREEZE,
+    soaks_before=True,
+    undo=Undo(
+        kube(KubeActivity.UNDO_SCALE_DOWN_OLD),
+        lambda c, done: UndoScaleDownOldInput(
+            ref=c.ref, stateful_set=c.spec.source.stateful_set, replicas=done.previous_replicas if done else None
+        ),
+    ),
+)
+
+PLAN: tuple[Step[Any, Any], ...] = (
+    PRECHECK,
+    PROVISION,
+    FREEZE,
+    SNAPSHOT,
+    MIGRATE,
+    VERIFY,
+    SWITCH_TRAFFIC,
+    SCALE_DOWN_OLD,
+)
+"""The steps in the order they run; undone in reverse."""

@@ -16,7 +16,6 @@ from ferry.api.migration import (
     ConditionStatus,
     Phase,
     SnapshotStatus,
-    StepName,
     StepState,
     StepStatus,
     WorkflowRef,
@@ -64,21 +63,42 @@ class SagaStatus:
     workflow: WorkflowRef
     generation: int
     phase: Phase = Phase.PENDING
-    current_step: StepName | None = None
+    current_step: str | None = None
     message: str = ""
     approved_by: str | None = None
     snapshot: SnapshotStatus | None = None
-    steps: dict[StepName, StepStatus] = dataclasses.field(
-        default_factory=lambda: {step: StepStatus(name=step) for step in STEP_ORDER}
-    )
+    order: tuple[str, ...] = STEP_ORDER
+    """The steps this run has, in the order they run."""
+    steps: dict[str, StepStatus] = dataclasses.field(default_factory=dict)
     conditions: dict[str, Condition] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.steps = {step: self.steps.get(step, StepStatus(name=step)) for step in self.order}
+
+    @classmethod
+    def resumed_from(
+        cls, model: StatusModel, workflow: WorkflowRef, generation: int, order: tuple[str, ...]
+    ) -> SagaStatus:
+        """The status a later run (the undo of a finished one) continues from: its steps, snapshot and approval."""
+        conditions = {condition.type: condition for condition in model.conditions}
+        return cls(
+            workflow=workflow,
+            generation=generation,
+            phase=model.phase or Phase.PENDING,
+            message=model.message or "",
+            approved_by=model.approved_by,
+            snapshot=model.snapshot,
+            order=order,
+            steps={entry.name: entry for entry in model.steps},
+            conditions=conditions,
+        )
 
     def set_phase(self, phase: Phase, message: str, now: datetime) -> None:
         self.phase = phase
         self.message = message
         self.conditions = conditions_for(phase, message, self.generation, self.conditions, now)
 
-    def update_step(self, step: StepName, now: datetime, **changes: object) -> StepStatus:
+    def update_step(self, step: str, now: datetime, **changes: object) -> StepStatus:
         """Replaces fields of a step's entry; state changes to RUNNING count an attempt and stamp times."""
         entry = self.steps[step]
         fields = dict(changes)
@@ -98,7 +118,7 @@ class SagaStatus:
             phase=self.phase,
             current_step=self.current_step,
             message=self.message,
-            steps=[self.steps[step] for step in STEP_ORDER],
+            steps=[self.steps[step] for step in self.order],
             conditions=[self.conditions[kind] for kind in CONDITION_TYPES if kind in self.conditions],
             observed_generation=self.generation,
             workflow=self.workflow,

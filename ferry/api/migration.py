@@ -57,6 +57,7 @@ Quantity = Annotated[str, Field(pattern=QUANTITY)]
 class StepName(enum.StrEnum):
     """The saga's steps, in the order they run."""
 
+    PRECHECK = "precheck"
     PROVISION = "provision"
     FREEZE = "freeze"
     SNAPSHOT = "snapshot"
@@ -93,6 +94,8 @@ FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED, P
 class StepState(enum.StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
+    RETRYING = "Retrying"
+    """An attempt failed; the saga waits before the next one (lastError says why)."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     COMPENSATING = "Compensating"
@@ -223,6 +226,7 @@ class ApprovalSpec(ApiModel):
 class StepTimeouts(ApiModel):
     """Seconds each step may take, per attempt."""
 
+    precheck: int = Field(default=300, ge=10)
     provision: int = Field(default=900, ge=10)
     freeze: int = Field(default=120, ge=10)
     snapshot: int = Field(default=3600, ge=10)
@@ -231,8 +235,8 @@ class StepTimeouts(ApiModel):
     switch_traffic: int = Field(default=300, ge=10)
     scale_down_old: int = Field(default=600, ge=10)
 
-    def for_step(self, step: StepName) -> int:
-        value: int = getattr(self, step.value.replace("-", "_"))
+    def for_step(self, step: str) -> int:
+        value: int = getattr(self, step.replace("-", "_"))
         return value
 
 
@@ -271,12 +275,13 @@ class MigrationSpec(ApiModel):
 
 
 class StepStatus(ApiModel):
-    name: StepName
+    name: str = Field(description="The step, e.g. provision (see the README's table of steps).")
     state: StepState = StepState.PENDING
     attempts: int = Field(default=0, description="How many times the saga started this step.")
+    undo_attempts: int = Field(default=0, description="How many times the saga started this step's undo.")
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    last_error: str | None = None
+    last_error: str | None = Field(default=None, description="Why the last attempt (or undo attempt) failed.")
 
 
 class EventType(enum.StrEnum):
@@ -355,7 +360,9 @@ WATCHER_STATUS_FIELDS = ("controls", "deletion")
 
 class MigrationStatus(ApiModel):
     phase: Phase | None = None
-    current_step: StepName | None = None
+    current_step: str | None = Field(
+        default=None, description="The step running, or the next one while the saga waits (paused, approval)."
+    )
     message: str | None = None
     steps: list[StepStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)

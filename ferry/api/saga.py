@@ -27,7 +27,8 @@ from ferry.api.migration import (
 TASK_QUEUE = "ferry"
 """The default task queue of ferry's workers."""
 
-WORKFLOW_NAME = "Migration"
+WORKFLOW_NAME = "MigrationV2"
+"""The saga's workflow type. Version 1 ("Migration") runs only to finish what it started: see workflows/legacy.py."""
 CLEANUP_WORKFLOW_NAME = "MigrationRetentionCleanup"
 UNDO_WORKFLOW_NAME = "MigrationUndo"
 """Undoes a Migration whose run succeeded after its deletion was asked for (see the watcher's deletion)."""
@@ -346,8 +347,17 @@ class UndoMigrationInput(ApiModel):
     """Undo, in reverse, every step of a Migration whose run ended Succeeded, from what the steps recorded."""
 
     ref: MigrationRef
+    generation: int
     spec: MigrationSpec
     reason: str
+    status: MigrationStatus | None = Field(default=None, description="The Migration's status when the undo began.")
+
+
+class ControlOutcome(ApiModel):
+    """What the saga did with a control sent as an update."""
+
+    control: str
+    message: str = Field(description="What the saga did, in a sentence, e.g. 'pausing before freeze'.")
 
 
 class DeleteSnapshotInput(ApiModel):

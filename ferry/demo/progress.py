@@ -18,6 +18,7 @@ BAR_WIDTH = 24
 STATE_MARKS = {
     "Pending": " ",
     "Running": ">",
+    "Retrying": "~",
     "Succeeded": "✓",
     "Failed": "✗",
     "Compensating": "↺",
@@ -94,12 +95,14 @@ class Display:
         lines = [f"phase: {phase}  {status.get('message') or ''}".rstrip()]
         steps = {step["name"]: step for step in status.get("steps") or []}
         current = status.get("currentStep")
-        for name in STEP_ORDER:
-            step = steps.get(name.value, {"state": "Pending"})
+        for name in steps or STEP_ORDER:
+            step = steps.get(name, {"state": "Pending"})
             state = step.get("state", "Pending")
             took = _duration(step, now) if now else ""
-            note = detail(name.value, heartbeat, None) if name.value == current and state == "Running" else ""
+            note = detail(name, heartbeat, None) if name == current and state == "Running" else ""
+            if state == "Retrying" and step.get("lastError"):
+                note = f"last error: {step['lastError']}"
             attempts = f" (attempt {step['attempts']})" if step.get("attempts", 0) > 1 else ""
             mark = STATE_MARKS.get(state, "?")
-            lines.append(f"  {mark} {name.value:15} {state:18} {took:>8}{attempts}  {note}".rstrip())
+            lines.append(f"  {mark} {name:15} {state:18} {took:>8}{attempts}  {note}".rstrip())
         return lines

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from ferry.api.saga import MigrationRef, workflow_id
+from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
 from ferry.stack.stack import StackInfo
 
 
@@ -24,7 +24,9 @@ async def workflows_in(client: Client, namespace: str) -> list[str]:
     """IDs of the migration workflows of one Kubernetes namespace, as Temporal's visibility lists them."""
     return [
         execution.id
-        async for execution in client.list_workflows(f"FerryNamespace = '{namespace}' AND WorkflowType = 'Migration'")
+        async for execution in client.list_workflows(
+            f"FerryNamespace = '{namespace}' AND WorkflowType = '{WORKFLOW_NAME}'"
+        )
     ]
 
 

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 from temporalio.client import Client
 
 from ferry.api.migration import FINALIZER
-from ferry.api.saga import workflow_id
+from ferry.api.saga import WORKFLOW_NAME, workflow_id
 from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest
@@ -28,7 +28,7 @@ async def test_applying_a_migration_starts_one_workflow_and_sets_the_finalizer(
     await eventually("the workflow", lambda: has_workflow(temporal_client, ref))
 
     description = await temporal_client.get_workflow_handle(workflow_id(ref)).describe()
-    assert description.workflow_type == "Migration"
+    assert description.workflow_type == WORKFLOW_NAME
     assert description.task_queue == running_watcher.task_queue
     finalizers = json.loads(kubectl("get", "migration", ref.name, "-n", namespace, "-o", "json").stdout)["metadata"][
         "finalizers"

@@ -91,12 +91,14 @@ async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> Async
     """Starts the workflow with a worker hosting the given fakes; the worker stops after the test."""
     workers: list[Worker] = []
 
-    async def start(fakes: FakeSaga, input: MigrationInput | None = None) -> Saga:
+    async def start(
+        fakes: FakeSaga, input: MigrationInput | None = None, workflow_class: type[Any] = MigrationWorkflow
+    ) -> Saga:
         input = input or migration_input()
         worker = Worker(
             time_skipping.client,
             task_queue=task_queue,
-            workflows=[MigrationWorkflow],
+            workflows=[workflow_class],
             activities=fakes.activities(),
             # Cancellation reaches an activity with its next heartbeat, which the SDK
             # otherwise throttles to 80% of the heartbeat timeout.
@@ -105,7 +107,7 @@ async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> Async
         workers.append(worker)
         asyncio.get_running_loop().create_task(worker.run())
         handle = await time_skipping.client.start_workflow(
-            MigrationWorkflow.run, input, id=workflow_id(input.ref), task_queue=task_queue
+            workflow_class.run, input, id=workflow_id(input.ref), task_queue=task_queue
         )
         return Saga(time_skipping.client, fakes, handle)
 
@@ -118,4 +120,4 @@ async def record_history(saga: Saga, name: str) -> None:
     """With FERRY_RECORD_HISTORIES=1, saves the run's history for the replay test."""
     if os.environ.get("FERRY_RECORD_HISTORIES") == "1":
         history = await saga.handle.fetch_history()
-        (HISTORIES / f"{name}.json").write_text(history.to_json())
+        (HISTORIES / f"v2-{name}.json").write_text(history.to_json())

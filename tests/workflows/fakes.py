@@ -1,78 +1,112 @@
-"""Stand-ins for the saga's activities, registered under the real activity names.
+"""Stand-ins for the saga's activities, derived from the plan and registered under the real activity names.
 
 The workflow tests check orchestration only: which activity runs when, which undo
 follows which failure, what the status says. The real activities are tested against
-the real API server, PostgreSQL and S3 in tests/activities; here a fake lets a test
-fail, block or hold any step on demand, which the real components cannot do.
+the real API server, PostgreSQL and S3 in tests/activities and tests/postgres; here a
+fake lets a test fail, block or hold any step on demand, which the real components
+cannot do. The names come from the plan itself, so a step added to the plan is faked
+without touching this file (give it a sample result in `SAMPLE_RESULTS`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from temporalio import activity
 
-from ferry.api.migration import MigrationStatus
+from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName
 from ferry.api.saga import (
-    DriverOperation,
+    CheckFrozenResult,
     EventRecord,
+    FenceMark,
     FreezeResult,
     KubeActivity,
     MigrateResult,
     MirrorStatusInput,
     MirrorStatusResult,
+    PrecheckResult,
     ProvisionResult,
     ScaleDownOldResult,
     SnapshotResult,
     SnapshotStoreActivity,
     SwitchTrafficResult,
     TableCheck,
+    UndoSnapshotResult,
     VerifyResult,
-    driver_activity,
 )
+from tests import samples
+from workflows import plan
+from workflows.steps import ActivityName, Step
 
-DRIVER = "postgresql"
-PROVISION = KubeActivity.PROVISION.value
-FREEZE = driver_activity(DRIVER, DriverOperation.FREEZE)
-SNAPSHOT = driver_activity(DRIVER, DriverOperation.SNAPSHOT)
-MIGRATE = driver_activity(DRIVER, DriverOperation.MIGRATE)
-VERIFY = driver_activity(DRIVER, DriverOperation.VERIFY)
-SWITCH_TRAFFIC = KubeActivity.SWITCH_TRAFFIC.value
-SCALE_DOWN_OLD = KubeActivity.SCALE_DOWN_OLD.value
-STEP_ACTIVITIES = [PROVISION, FREEZE, SNAPSHOT, MIGRATE, VERIFY, SWITCH_TRAFFIC, SCALE_DOWN_OLD]
+SPEC = MigrationSpec.model_validate(samples.migration("orders-db-to-16")["spec"])
 
-UNDO = {
-    PROVISION: KubeActivity.UNDO_PROVISION.value,
-    FREEZE: driver_activity(DRIVER, DriverOperation.UNDO_FREEZE),
-    SNAPSHOT: SnapshotStoreActivity.UNDO_SNAPSHOT.value,
-    SWITCH_TRAFFIC: KubeActivity.UNDO_SWITCH_TRAFFIC.value,
-    SCALE_DOWN_OLD: KubeActivity.UNDO_SCALE_DOWN_OLD.value,
-}
-"""The undo of each step that has one (migrate and verify have none)."""
 
-RESULTS: dict[str, Any] = {
-    PROVISION: ProvisionResult(stateful_set="orders-db-16", service="orders-db-16", ready_replicas=1),
-    FREEZE: FreezeResult(previous_setting="off"),
-    SNAPSHOT: SnapshotResult(
+def name_of(activity_name: ActivityName) -> str:
+    return activity_name.resolve(SPEC)
+
+
+PROVISION = name_of(plan.PROVISION.activity)
+PRECHECK = name_of(plan.PRECHECK.activity)
+FREEZE = name_of(plan.FREEZE.activity)
+SNAPSHOT = name_of(plan.SNAPSHOT.activity)
+MIGRATE = name_of(plan.MIGRATE.activity)
+VERIFY = name_of(plan.VERIFY.activity)
+SWITCH_TRAFFIC = name_of(plan.SWITCH_TRAFFIC.activity)
+SCALE_DOWN_OLD = name_of(plan.SCALE_DOWN_OLD.activity)
+CHECK_FROZEN = name_of(plan.NO_WRITES_SINCE_FREEZE.activity)
+DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
+MIRROR = KubeActivity.MIRROR_STATUS.value
+
+SAMPLE_RESULTS: dict[StepName, ApiModel] = {
+    StepName.PRECHECK: PrecheckResult(
+        source_version="15.18", target_version="15.18", tools_version="15.18", source_size_bytes=8192
+    ),
+    StepName.PROVISION: ProvisionResult(stateful_set="orders-db-16", service="orders-db-16", ready_replicas=1),
+    StepName.FREEZE: FreezeResult(previous_setting="off", fence=FenceMark(writes=42, catalog="c0ffee")),
+    StepName.SNAPSHOT: SnapshotResult(
         bucket="ferry-snapshots", key="ns/orders/uid/snapshot.dump", sha256="ab" * 32, size_bytes=4096
     ),
-    MIGRATE: MigrateResult(tables=3, bytes_restored=4096),
-    VERIFY: VerifyResult(
+    StepName.MIGRATE: MigrateResult(tables=3, bytes_restored=4096),
+    StepName.VERIFY: VerifyResult(
         tables=[
             TableCheck(table="public.orders", source_rows=3, target_rows=3, source_checksum="c", target_checksum="c")
         ]
     ),
-    SWITCH_TRAFFIC: SwitchTrafficResult(previous_selector={"app": "orders-db"}, endpoints=["orders-db-16-0"]),
-    SCALE_DOWN_OLD: ScaleDownOldResult(previous_replicas=2),
+    StepName.SWITCH_TRAFFIC: SwitchTrafficResult(previous_selector={"app": "orders-db"}, endpoints=["orders-db-16-0"]),
+    StepName.SCALE_DOWN_OLD: ScaleDownOldResult(previous_replicas=2),
 }
+"""A plausible result of each step, of the type its plan entry declares."""
+
+OTHER_RESULTS: dict[str, ApiModel] = {
+    CHECK_FROZEN: CheckFrozenResult(),
+    SnapshotStoreActivity.UNDO_SNAPSHOT.value: UndoSnapshotResult(deleted=True),
+}
+
+
+def step_activities(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> list[str]:
+    return [name_of(step.activity) for step in steps]
+
+
+def undo_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
+    """The undo activity of each step activity that has one."""
+    return {name_of(step.activity): name_of(step.undo.activity) for step in steps if step.undo is not None}
+
+
+STEP_ACTIVITIES = step_activities()
+UNDO = undo_of()
+
+
+def default_results(steps: Sequence[Step[Any, Any]]) -> dict[str, ApiModel]:
+    results = {name_of(step.activity): SAMPLE_RESULTS[step.name] for step in steps if step.name in SAMPLE_RESULTS}
+    return {**results, **OTHER_RESULTS}
 
 
 @dataclasses.dataclass
 class FakeSaga:
-    """Every activity of the saga, recording calls; configure failures and holds per activity name."""
+    """Every activity of the plan, recording calls; configure failures and holds per activity name."""
 
     fail: dict[str, BaseException] = dataclasses.field(default_factory=dict)
     """Raise this from the named activity..."""
@@ -80,8 +114,13 @@ class FakeSaga:
     """...only this many times (default: every time)."""
     hold: set[str] = dataclasses.field(default_factory=set)
     """These activities wait, heartbeating, until `release()` or cancellation."""
-    results: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(RESULTS))
+    finish_when_cancelled: set[str] = dataclasses.field(default_factory=set)
+    """Held activities that, asked to stop, finish their work and return their result anyway."""
+    steps: Sequence[Step[Any, Any]] = plan.PLAN
+    extra_results: dict[str, ApiModel] = dataclasses.field(default_factory=dict)
     calls: list[str] = dataclasses.field(default_factory=list)
+    inputs: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    """What each activity was called with, as the JSON it received (camelCase keys)."""
     cancelled: list[str] = dataclasses.field(default_factory=list)
     statuses: list[MigrationStatus] = dataclasses.field(default_factory=list)
     events: list[EventRecord] = dataclasses.field(default_factory=list)
@@ -91,25 +130,38 @@ class FakeSaga:
         self._released.set()
 
     @property
+    def results(self) -> dict[str, ApiModel]:
+        return {**default_results(self.steps), **self.extra_results}
+
+    @property
     def step_calls(self) -> list[str]:
         """Calls other than status mirroring."""
-        return [name for name in self.calls if name != KubeActivity.MIRROR_STATUS.value]
+        return [name for name in self.calls if name != MIRROR]
 
     @property
     def undo_calls(self) -> list[str]:
-        return [name for name in self.step_calls if name in UNDO.values()]
+        undos = set(undo_of(self.steps).values())
+        return [name for name in self.step_calls if name in undos]
 
     def started(self, name: str) -> bool:
         return name in self.calls
 
     def activities(self) -> list[Callable[..., Any]]:
-        names = [*STEP_ACTIVITIES, *UNDO.values(), SnapshotStoreActivity.DELETE_SNAPSHOT.value]
-        return [self._fake(name) for name in names] + [self._mirror()]
+        names: list[str] = []
+        for step in self.steps:
+            names.append(name_of(step.activity))
+            if step.undo is not None:
+                names.append(name_of(step.undo.activity))
+            if step.guard is not None:
+                names.append(name_of(step.guard.activity))
+        names.append(DELETE_SNAPSHOT)
+        return [self._fake(name) for name in dict.fromkeys(names)] + [self._mirror()]
 
     def _fake(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=name)
         async def fake(argument: Any) -> Any:
             self.calls.append(name)
+            self.inputs.setdefault(name, []).append(argument)
             if name in self.fail and self.fail_times.get(name, 1_000_000) > 0:
                 self.fail_times[name] = self.fail_times.get(name, 1_000_000) - 1
                 raise self.fail[name]
@@ -120,15 +172,16 @@ class FakeSaga:
                         await asyncio.sleep(0.05)
                 except asyncio.CancelledError:
                     self.cancelled.append(name)
-                    raise
+                    if name not in self.finish_when_cancelled:
+                        raise
             return self.results.get(name)
 
         return fake
 
     def _mirror(self) -> Callable[..., Any]:
-        @activity.defn(name=KubeActivity.MIRROR_STATUS.value)
+        @activity.defn(name=MIRROR)
         async def mirror_status(request: MirrorStatusInput) -> MirrorStatusResult:
-            self.calls.append(KubeActivity.MIRROR_STATUS.value)
+            self.calls.append(MIRROR)
             self.statuses.append(request.status)
             if request.event is not None:
                 self.events.append(request.event)

@@ -1,0 +1,124 @@
+"""Controls given to a running saga: updates that say what the saga did or why not, signals that leave Events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+
+from ferry.api.errors import InvalidSpec
+from ferry.api.migration import Phase
+from ferry.api.saga import ControlOutcome, ControlRequest, Signal
+from tests.workflows.conftest import migration_input
+from tests.workflows.fakes import PROVISION, SNAPSHOT, SWITCH_TRAFFIC, VERIFY, FakeSaga
+
+Run = Any
+pytestmark = pytest.mark.timeout(90)
+
+
+async def update(saga: Any, control: Signal, by: str = "alice", request_id: str = "") -> ControlOutcome:
+    outcome: ControlOutcome = await saga.handle.execute_update(
+        control.value, ControlRequest(by=by, request_id=request_id), result_type=ControlOutcome
+    )
+    return outcome
+
+
+async def refusal(saga: Any, control: Signal) -> str:
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await update(saga, control)
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause.message
+
+
+async def test_an_accepted_update_says_what_the_saga_does(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={PROVISION}))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+
+    outcome = await update(saga, Signal.PAUSE, by="carol")
+
+    assert outcome.message == "paused by carol: the saga holds before provision once the running step (if any) ends"
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    resumed = await update(saga, Signal.RESUME, by="carol")
+    assert resumed.message == "resumed by carol"
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_updates_that_cannot_apply_are_refused_with_the_reason(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT}))
+    await saga.wait_for("snapshot to start", lambda: saga.fakes.started(SNAPSHOT))
+
+    assert await refusal(saga, Signal.RETRY) == "retry refused: no failed step waits for a decision"
+    assert await refusal(saga, Signal.APPROVE) == (
+        "approve refused: this Migration does not ask for approval (spec.approval.required)"
+    )
+    assert await refusal(saga, Signal.RESUME) == "resume refused: the saga is not paused"
+    await update(saga, Signal.ROLLBACK)
+    assert await refusal(saga, Signal.ROLLBACK) in (
+        "rollback refused: a rollback was already asked for",
+        "rollback refused: it is already rolling back",
+    )
+
+    assert (await saga.handle.result()).phase is Phase.ROLLED_BACK
+
+
+async def test_an_approval_is_refused_once_given(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(), migration_input(approval={"required": True}))
+    await saga.wait_for("the approval gate", phase=Phase.AWAITING_APPROVAL.value)
+
+    approved = await update(saga, Signal.APPROVE, by="alice")
+
+    assert approved.message.startswith("approved by alice")
+    assert await refusal(saga, Signal.APPROVE) == "approve refused: already approved by alice"
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert SWITCH_TRAFFIC in saga.fakes.calls
+
+
+async def test_retry_is_accepted_only_while_a_failed_step_waits(run_saga: Run) -> None:
+    fakes = FakeSaga(fail={VERIFY: InvalidSpec("row counts differ")}, fail_times={VERIFY: 1})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
+
+    outcome = await update(saga, Signal.RETRY, by="dave")
+
+    assert outcome.message == "retrying verify by dave"
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_the_same_request_twice_is_acted_on_once(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={PROVISION}))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+
+    first = await update(saga, Signal.PAUSE, request_id="ferry.dev/pause=carol")
+    again = await update(saga, Signal.PAUSE, request_id="ferry.dev/pause=carol")
+
+    assert first.message.startswith("paused")
+    assert again.message == "pause was already acted on"
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    await update(saga, Signal.RESUME)
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_a_control_sent_as_a_signal_leaves_an_event_naming_it(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={PROVISION}))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+
+    await saga.handle.signal(Signal.RETRY.value, ControlRequest(by="tctl-user"))
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="tctl-user"))
+    await saga.wait_for(
+        "the Events", lambda: {e.reason for e in saga.fakes.events} >= {"ControlIgnored", "ControlReceived"}
+    )
+
+    messages = {event.reason: event.message for event in saga.fakes.events}
+    assert messages["ControlIgnored"] == (
+        "retry (signal from tctl-user) ignored: retry refused: no failed step waits for a decision"
+    )
+    assert messages["ControlReceived"].startswith("pause (signal from tctl-user): paused by tctl-user")
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    await saga.handle.signal(Signal.RESUME.value)
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED

@@ -1,0 +1,85 @@
+"""Undoing a Migration whose run succeeded after its deletion was asked for: every undo, in reverse, from the world."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from ferry.api.migration import MigrationStatus, Phase, StepState
+from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput, undo_workflow_id
+from tests.workflows.conftest import HISTORIES, migration_input
+from tests.workflows.fakes import STEP_ACTIVITIES, UNDO, FakeSaga
+from workflows.undo import MigrationUndoWorkflow
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def undo(client: Client, task_queue: str, fakes: FakeSaga, status: MigrationStatus | None) -> MigrationResult:
+    migration = migration_input()
+    input = UndoMigrationInput(
+        ref=migration.ref, generation=1, spec=migration.spec, reason="deleted while it ran", status=status
+    )
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[MigrationUndoWorkflow],
+        activities=fakes.activities(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+    ):
+        handle = await client.start_workflow(
+            UNDO_WORKFLOW_NAME,
+            input,
+            id=undo_workflow_id(input.ref),
+            task_queue=task_queue,
+            result_type=MigrationResult,
+        )
+        result = await handle.result()
+        if os.environ.get("FERRY_RECORD_HISTORIES") == "1":
+            history = await handle.fetch_history()
+            (HISTORIES / "v2-undo-after-success.json").write_text(history.to_json())
+    return result
+
+
+async def test_every_step_is_undone_in_reverse_without_the_steps_results(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    fakes = FakeSaga()
+
+    result = await undo(time_skipping.client, task_queue, fakes, status=None)
+
+    assert result.phase is Phase.ROLLED_BACK
+    assert result.message == "rolled back: deleted while it ran"
+    assert fakes.step_calls == [UNDO[name] for name in reversed(STEP_ACTIVITIES) if name in UNDO]
+    assert fakes.inputs[UNDO["switch_traffic"]][0].get("previousSelector") is None
+    assert fakes.inputs[UNDO["scale_down_old"]][0].get("replicas") is None
+    assert fakes.inputs[UNDO["postgresql.snapshot"]][0].get("artifact") is None
+
+
+async def test_the_status_goes_on_from_the_succeeded_run(time_skipping: WorkflowEnvironment, task_queue: str) -> None:
+    succeeded = MigrationStatus.model_validate(
+        {
+            "phase": "Succeeded",
+            "message": "migrated",
+            "steps": [{"name": name, "state": "Succeeded", "attempts": 1} for name in STEP_NAMES],
+            "approvedBy": "alice",
+        }
+    )
+    fakes = FakeSaga()
+
+    await undo(time_skipping.client, task_queue, fakes, status=succeeded)
+
+    final = fakes.statuses[-1]
+    assert final.phase is Phase.ROLLED_BACK
+    assert final.approved_by == "alice"
+    states = {step.name: step.state for step in final.steps}
+    assert states["verify"] is StepState.SUCCEEDED
+    assert states["switch-traffic"] is StepState.COMPENSATED
+    assert states["provision"] is StepState.COMPENSATED
+
+
+STEP_NAMES = ["precheck", "provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"]

@@ -1,0 +1,79 @@
+"""Runs started by the previous version of the saga finish on this worker, and bad input never loops."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
+from ferry.api.migration import Phase
+from ferry.api.saga import WORKFLOW_NAME, ControlRequest, Signal
+from tests.workflows.conftest import HISTORIES, migration_input
+from tests.workflows.fakes import FREEZE, PROVISION, FakeSaga
+from workflows.legacy import WORKFLOW_NAME_V1, MigrationWorkflowV1
+from workflows.migration import MigrationWorkflow
+from workflows.undo import MigrationUndoWorkflow
+
+Run = Any
+pytestmark = pytest.mark.timeout(90)
+
+RECORDED = sorted(HISTORIES.glob("*.json"))
+
+
+def test_there_are_recorded_histories_of_both_versions_to_replay() -> None:
+    names = [path.stem for path in RECORDED]
+    assert len([name for name in names if name.startswith("v1-")]) >= 6
+    assert len([name for name in names if name.startswith("v2-")]) >= 6
+
+
+@pytest.mark.parametrize("history", RECORDED, ids=[path.stem for path in RECORDED])
+async def test_recorded_history_replays_without_nondeterminism(history: Path) -> None:
+    replayer = Replayer(
+        workflows=[MigrationWorkflowV1, MigrationWorkflow, MigrationUndoWorkflow],
+        data_converter=pydantic_data_converter,
+    )
+    recorded = WorkflowHistory.from_json(f"migration/{history.stem}", history.read_text())  # noqa: ASYNC240
+
+    result = await replayer.replay_workflow(recorded, raise_on_replay_failure=True)
+
+    assert result.replay_failure is None
+
+
+async def test_a_run_of_the_previous_version_finishes_on_a_worker_of_this_one(run_saga: Run) -> None:
+    fakes = FakeSaga(hold={PROVISION})
+    saga = await run_saga(fakes, migration_input(), workflow_class=MigrationWorkflowV1)
+    await saga.wait_for("provision to start", lambda: fakes.started(PROVISION))
+    description = await saga.handle.describe()
+    assert description.workflow_type == WORKFLOW_NAME_V1
+
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="carol"))
+    fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert FREEZE in fakes.calls
+
+
+async def test_an_input_that_cannot_be_read_fails_the_run_at_once(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    forged = migration_input().model_dump(mode="json", by_alias=True)
+    forged["spec"]["timeouts"] = {"migrate": "forever"}
+    forged["spec"].pop("source")
+    async with Worker(time_skipping.client, task_queue=task_queue, workflows=[MigrationWorkflow]):
+        handle = await time_skipping.client.start_workflow(
+            WORKFLOW_NAME, forged, id=f"forged-{uuid.uuid4()}", task_queue=task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+
+    message = str(failure.value.cause)
+    assert "spec.source" in message or "source" in message
+    assert "timeouts.migrate" in message or "migrate" in message

@@ -1,0 +1,537 @@
+"""The saga's loop: run the plan's steps in order, undo every started step in reverse on the way out.
+
+Deterministic workflow code only; both the migration workflow and the post-success undo
+workflow drive a `Saga`. Everything about a step comes from its plan entry (see
+workflows/steps.py), so this loop never names a step.
+
+The rule on the way back: **every step that was started is undone**, whether it
+succeeded, failed, was stopped by a rollback or a cancellation, or lost its worker. A
+step whose activity reports success even after it was asked to stop counts as done,
+and its result goes to its undo; a step whose outcome is unknown has its undo run
+without a result. This is safe because every undo is idempotent and finds what its step
+did where the step recorded it (labels with the Migration's uid, annotations, markers
+in the database, a deterministic S3 key), so an undo of a step that did nothing, or
+half of it, does exactly what is needed and nothing else.
+
+Attempts are the saga's own: each activity runs once per attempt, and the saga waits
+between attempts, so the status shows every attempt, the last error while it waits,
+and an Event per failed attempt. Status is mirrored into the Migration at every
+transition, one mirror at a time, always the newest status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
+
+with workflow.unsafe.imports_passed_through():
+    from ferry.api import search_attributes
+    from ferry.api.migration import (
+        ApiModel,
+        DeadlinePolicy,
+        EventType,
+        FailurePolicy,
+        MigrationSpec,
+        Phase,
+        StepState,
+    )
+    from ferry.api.saga import (
+        DeleteSnapshotInput,
+        EventRecord,
+        KubeActivity,
+        MigrationRef,
+        MigrationResult,
+        MirrorStatusInput,
+        MirrorStatusResult,
+        SnapshotStoreActivity,
+        keep_after_success,
+    )
+    from ferry.observability import metrics
+    from workflows import plan
+    from workflows.controls import Controls, Stage
+    from workflows.status import SagaStatus
+    from workflows.steps import UNDO_RETRY, Call, Context, Results, Retry, Step
+
+ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+"""Activities of steps and undos run once per attempt: the saga counts and spaces the attempts itself."""
+
+MIRROR_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=10
+)
+"""Status mirroring is best effort: each write carries the whole status, so the next one catches up."""
+MIRROR_TIMEOUT = timedelta(seconds=30)
+RETENTION_TIMEOUT = timedelta(minutes=5)
+LONGEST_WAIT = timedelta(days=30)
+"""No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
+
+
+class RollbackRequested(Exception):
+    """Leaves the forward path because someone (or a deadline policy) asked to roll back."""
+
+
+class StepFailed(Exception):
+    """Leaves the forward path because a step failed for good under the RollBack policy."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"step {step} failed: {error}")
+        self.step = step
+
+
+def error_text(error: BaseException) -> str:
+    """The innermost message of an activity failure, which is what a person can act on."""
+    while error.__cause__ is not None and isinstance(error, ActivityError):
+        error = error.__cause__
+    if isinstance(error, ApplicationError) and error.type:
+        return f"{error.type}: {error.message}"
+    return str(error) or type(error).__name__
+
+
+def is_permanent(error: BaseException, retry: Retry) -> bool:
+    """Whether no further attempt can fix `error`: a non-retryable failure type, or one raised as such."""
+    cause = error.__cause__ if isinstance(error, ActivityError) else error
+    if isinstance(cause, ApplicationError):
+        return cause.non_retryable or (cause.type or "") in retry.non_retryable
+    return False
+
+
+def bounded(seconds: int) -> timedelta:
+    return min(timedelta(seconds=max(seconds, 0)), LONGEST_WAIT)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one activity call ended: a result, an error, and whether the saga was interrupted meanwhile."""
+
+    result: ApiModel | None = None
+    error: BaseException | None = None
+    interruption: BaseException | None = None
+    """RollbackRequested or the workflow's cancellation, raised once the call has stopped."""
+
+
+class Saga:
+    """One run of a plan for one Migration: the steps started so far, their results, and the status."""
+
+    def __init__(
+        self,
+        ref: MigrationRef,
+        spec: MigrationSpec,
+        steps: Sequence[Step[Any, Any]],
+        status: SagaStatus,
+        controls: Controls,
+    ) -> None:
+        self.context = Context(ref=ref, spec=spec, results=Results())
+        self.steps = tuple(steps)
+        self.status = status
+        self.controls = controls
+        self.started: list[Step[Any, Any]] = []
+        self._mirroring = asyncio.Lock()
+        self._events = 0
+        self._indexed: tuple[str, str] | None = None
+        meter = workflow.metric_meter()
+        self._step_duration = meter.create_histogram_float(
+            metrics.STEP_DURATION, "How long a saga step took, retries included", "s"
+        )
+        self._step_outcomes = meter.create_counter(metrics.STEPS, "Saga steps finished, by outcome")
+        self._compensations = meter.create_counter(metrics.COMPENSATIONS, "Undos run, by outcome")
+
+    @property
+    def ref(self) -> MigrationRef:
+        return self.context.ref
+
+    @property
+    def spec(self) -> MigrationSpec:
+        return self.context.spec
+
+    # --- the forward path -------------------------------------------------------------------
+
+    async def forward(self) -> None:
+        """Runs every step; raises RollbackRequested, StepFailed or the workflow's cancellation to leave early."""
+        await self.transition(Phase.RUNNING, "migration started", "Started")
+        for step in self.steps:
+            self.controls.next_step = step.name
+            await self._hold_before(step)
+            await self._run_step(step)
+        self.controls.next_step = None
+
+    async def succeed(self) -> MigrationResult:
+        await self._apply_retention_after_success()
+        self.controls.stage = Stage.FINISHED
+        self.status.current_step = None
+        target = self.spec.target.stateful_set
+        await self.transition(
+            Phase.SUCCEEDED,
+            f"migrated {self.spec.source.stateful_set} to {target}; traffic goes to {target}",
+            "Succeeded",
+        )
+        return MigrationResult(phase=Phase.SUCCEEDED, message=self.status.message, snapshot=self.status.snapshot)
+
+    async def _hold_before(self, step: Step[Any, Any]) -> None:
+        """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
+        self._raise_if_rollback_requested()
+        if self.controls.pause_requested:
+            self.status.current_step = step.name
+            await self.transition(Phase.PAUSED, f"paused before {step.name}; send resume to go on", "Paused")
+            await workflow.wait_condition(
+                lambda: not self.controls.pause_requested or self.controls.rollback is not None
+            )
+            self._raise_if_rollback_requested()
+            await self.transition(Phase.RUNNING, f"resumed before {step.name}", "Resumed")
+        if step.needs_approval and self.spec.approval.required:
+            await self._await_approval(step.name)
+        if step.soaks_before and self.spec.soak_seconds:
+            self.status.current_step = step.name
+            await self.transition(Phase.RUNNING, f"soaking for {self.spec.soak_seconds}s before {step.name}", "Soaking")
+            await self._wait_or_rollback(bounded(self.spec.soak_seconds))
+
+    async def _await_approval(self, step: str) -> None:
+        controls = self.controls
+        if controls.approved_by is None:
+            deadline = self.spec.approval.deadline_seconds
+            waiting = f"waiting for approval before {step}{f' (deadline {deadline}s)' if deadline else ''}"
+            self.status.current_step = step
+            await self.transition(Phase.AWAITING_APPROVAL, waiting, "AwaitingApproval")
+            answered = await self._wait_until(
+                lambda: controls.approved_by is not None or controls.rollback is not None,
+                bounded(deadline) if deadline else None,
+            )
+            self._raise_if_rollback_requested()
+            if not answered:
+                controls.approval_settled = True
+                if self.spec.approval.on_deadline is DeadlinePolicy.ROLL_BACK:
+                    raise RollbackRequested(f"no approval within {deadline}s (onDeadline: RollBack)")
+                controls.approved_by = f"nobody: the {deadline}s deadline passed (onDeadline: Proceed)"
+        controls.approval_settled = True
+        self.status.approved_by = controls.approved_by
+        await self.transition(Phase.RUNNING, f"approved by {controls.approved_by}", "Approved")
+
+    async def _run_step(self, step: Step[Any, Any]) -> None:
+        """Runs `step` until it succeeds, or its failure counts (then the failure policy decides)."""
+        name = step.name
+        self.started.append(step)  # from now on its undo runs on the way back, whatever happens
+        attempt = 0
+        while True:
+            attempt += 1
+            previous = self.status.steps[name]
+            retrying = previous.state is StepState.RETRYING
+            entry = self.status.update_step(
+                name,
+                workflow.now(),
+                state=StepState.RUNNING,
+                last_error=previous.last_error if retrying else None,
+                started_at=previous.started_at if retrying else workflow.now(),
+            )
+            self.status.current_step = name
+            await self.transition(
+                Phase.RUNNING,
+                f"{name}: running (attempt {entry.attempts})",
+                "StepStarted",
+                key=f"{name}.{entry.attempts}",
+            )
+            error, failure = await self._attempt(step)
+            if error is None:
+                self._count(name, entry.started_at, "succeeded")
+                self.status.update_step(name, workflow.now(), state=StepState.SUCCEEDED, last_error=None)
+                await self.transition(
+                    Phase.RUNNING, f"{name}: succeeded", "StepSucceeded", key=f"{name}.{entry.attempts}"
+                )
+                return
+            permanent = failure is None or is_permanent(failure, step.retry)
+            if not permanent and attempt < step.retry.attempts:
+                delay = step.retry.delay(attempt)
+                self.status.update_step(name, workflow.now(), state=StepState.RETRYING, last_error=error)
+                await self.transition(
+                    Phase.RUNNING,
+                    f"{name}: attempt {entry.attempts} failed: {error}; "
+                    f"attempt {attempt + 1} of {step.retry.attempts} in {delay.total_seconds():g}s",
+                    "StepRetrying",
+                    EventType.WARNING,
+                    key=f"{name}.{entry.attempts}",
+                )
+                await self._wait_or_rollback(delay)
+                continue
+            self._count(name, entry.started_at, "failed")
+            tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+            self.status.update_step(name, workflow.now(), state=StepState.FAILED, last_error=error)
+            if self.spec.failure_policy is FailurePolicy.PAUSE:
+                await self._await_decision(name, f"{error}{tries}", entry.attempts)
+                attempt = 0
+                continue
+            await self.record(
+                f"{name} failed{tries}: {error}; rolling back",
+                "StepFailed",
+                EventType.WARNING,
+                key=f"{name}.{entry.attempts}",
+            )
+            raise StepFailed(name, f"{error}{tries}") from failure
+
+    async def _attempt(self, step: Step[Any, Any]) -> tuple[str | None, BaseException | None]:
+        """One attempt: the guard, then the activity. Returns (why it failed, the failure), (None, None) if not."""
+        guard = step.guard_call(self.context)
+        if guard is not None:
+            checked = await self._call(guard)
+            if checked.interruption is not None:
+                await self._interrupted(step.name, None)
+                raise checked.interruption
+            if checked.error is not None:
+                return error_text(checked.error), checked.error
+        outcome = await self._call(step.call(self.context))
+        reason = None
+        if outcome.error is None and outcome.result is not None:
+            reason = step.accept(self.context, outcome.result, self.status)
+        if outcome.interruption is not None:
+            await self._interrupted(step.name, outcome if outcome.error is None and reason is None else None)
+            raise outcome.interruption
+        if outcome.error is not None:
+            return error_text(outcome.error), outcome.error
+        return reason, None
+
+    async def _interrupted(self, step: str, completed: Outcome | None) -> None:
+        """Records how a step that a rollback or cancellation stopped ended: done anyway, or not."""
+        why = self.controls.rollback_reason() or "the workflow was cancelled"
+        if completed is not None:
+            self.status.update_step(step, workflow.now(), state=StepState.SUCCEEDED, last_error=None)
+            workflow.logger.info("%s completed while being stopped (%s); its undo will run", step, why)
+        else:
+            self.status.update_step(step, workflow.now(), state=StepState.FAILED, last_error=f"interrupted: {why}")
+
+    async def _call(self, call: Call) -> Outcome:
+        """Runs one activity once; a rollback request or the workflow's cancellation stops it and waits until it has."""
+        handle = workflow.start_activity(
+            call.activity,
+            call.argument,
+            result_type=call.result_type,
+            start_to_close_timeout=call.timeout,
+            heartbeat_timeout=call.heartbeat,
+            retry_policy=ONE_ATTEMPT,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=call.summary,
+        )
+        interruption: BaseException | None = None
+        try:
+            await workflow.wait_condition(lambda: handle.done() or self.controls.rollback is not None)
+        except BaseException as cancelled:  # the workflow itself is being cancelled
+            if not is_cancelled_exception(cancelled):
+                raise
+            interruption = cancelled
+        if interruption is None and not handle.done():
+            interruption = RollbackRequested(self.controls.rollback_reason())
+        if interruption is not None and not handle.done():
+            handle.cancel()
+        try:
+            result = await handle
+        except BaseException as error:
+            if interruption is None and not isinstance(error, ActivityError):
+                raise
+            return Outcome(error=error, interruption=interruption)
+        return Outcome(result=result, interruption=interruption)
+
+    async def _await_decision(self, step: str, error: str, attempt: int) -> None:
+        """failurePolicy Pause: hold until a person sends retry (returns) or rollback (raises)."""
+        self.controls.awaiting_decision = step
+        self.controls.retry_requested = False
+        self.status.current_step = step
+        await self.transition(
+            Phase.PAUSED,
+            f"{step} failed: {error}; send retry to run it again, or rollback to undo the started steps",
+            "StepFailed",
+            EventType.WARNING,
+            key=f"{step}.{attempt}",
+        )
+        await workflow.wait_condition(lambda: self.controls.retry_requested or self.controls.rollback is not None)
+        self.controls.awaiting_decision = None
+        self._raise_if_rollback_requested()
+
+    async def _wait_until(self, condition: Callable[[], bool], limit: timedelta | None) -> bool:
+        """True when `condition` held before `limit` passed (None: wait as long as it takes)."""
+        try:
+            await workflow.wait_condition(condition, timeout=limit)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _wait_or_rollback(self, delay: timedelta) -> None:
+        if await self._wait_until(lambda: self.controls.rollback is not None, delay):
+            self._raise_if_rollback_requested()
+
+    def _raise_if_rollback_requested(self) -> None:
+        reason = self.controls.rollback_reason()
+        if reason is not None:
+            raise RollbackRequested(reason)
+
+    def _count(self, step: str, started: datetime | None, outcome: str) -> None:
+        labels = {"step": step, "outcome": outcome}
+        self._step_outcomes.add(1, labels)
+        if started is not None:
+            self._step_duration.record((workflow.now() - started).total_seconds(), labels)
+
+    async def _apply_retention_after_success(self) -> None:
+        snapshot = self.status.snapshot
+        if snapshot is None or keep_after_success(self.spec.snapshot.retention.after_success):
+            return
+        artifact = self.context.results.require(plan.SNAPSHOT)
+        try:
+            await workflow.execute_activity(
+                SnapshotStoreActivity.DELETE_SNAPSHOT.value,
+                DeleteSnapshotInput(ref=self.ref, snapshot=self.spec.snapshot, artifact=artifact),
+                start_to_close_timeout=RETENTION_TIMEOUT,
+                retry_policy=UNDO_RETRY.as_policy(),
+                summary=f"{self.ref}: delete snapshot (retention)",
+            )
+        except ActivityError as error:
+            if is_cancelled_exception(error):
+                raise
+            # The migration itself succeeded; a leftover object is reported, not rolled back.
+            await self.record(
+                f"could not delete the snapshot: {error_text(error)}", "RetentionFailed", EventType.WARNING
+            )
+            return
+        self.status.snapshot = snapshot.model_copy(update={"deleted": True})
+
+    # --- the way back -------------------------------------------------------------------------
+
+    async def shielded_roll_back(self, reason: str) -> MigrationResult:
+        """Runs the rollback to its end even if the workflow is cancelled meanwhile."""
+        task = asyncio.ensure_future(self._roll_back(reason))
+        while True:
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done():
+                    raise
+                workflow.logger.info("cancellation requested during rollback of %s; the rollback goes on", self.ref)
+
+    async def _roll_back(self, reason: str) -> MigrationResult:
+        self.controls.stage = Stage.ROLLING_BACK
+        self.status.current_step = None
+        for name, entry in self.status.steps.items():
+            if entry.state in (StepState.RUNNING, StepState.RETRYING):
+                self.status.update_step(
+                    name, workflow.now(), state=StepState.FAILED, last_error=f"interrupted: {reason}"
+                )
+        await self.transition(Phase.ROLLING_BACK, f"rolling back: {reason}", "RollingBack", EventType.WARNING)
+        failed: list[str] = []
+        for step in reversed(self.started):
+            call = step.undo_call(self.context)
+            if call is not None:
+                error = await self._undo(step, call)
+                if error is not None:
+                    failed.append(f"{step.name} ({error})")
+        self.status.current_step = None
+        self.controls.stage = Stage.FINISHED
+        if failed:
+            message = (
+                f"rollback incomplete after {reason}: undo of {'; '.join(failed)} kept failing. "
+                "Fix the cause and undo those steps by hand (see the README's recovery section)"
+            )
+            await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
+            raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
+        await self.transition(Phase.ROLLED_BACK, f"rolled back: {reason}", "RolledBack")
+        return MigrationResult(phase=Phase.ROLLED_BACK, message=self.status.message, snapshot=self.status.snapshot)
+
+    async def _undo(self, step: Step[Any, Any], call: Call) -> str | None:
+        """Runs a step's undo until it succeeds or its attempts are spent; returns the last error if they were."""
+        assert step.undo is not None
+        retry, name = step.undo.retry, step.name
+        for attempt in range(1, retry.attempts + 1):
+            entry = self.status.update_step(
+                name,
+                workflow.now(),
+                state=StepState.COMPENSATING,
+                undo_attempts=self.status.steps[name].undo_attempts + 1,
+            )
+            self.status.current_step = name
+            tries = f" (attempt {attempt})" if attempt > 1 else ""
+            await self.transition(
+                Phase.ROLLING_BACK, f"undoing {name}{tries}", "CompensationStarted", key=f"{name}.{entry.undo_attempts}"
+            )
+            try:
+                result = await workflow.execute_activity(
+                    call.activity,
+                    call.argument,
+                    result_type=call.result_type,
+                    start_to_close_timeout=call.timeout,
+                    heartbeat_timeout=call.heartbeat,
+                    retry_policy=ONE_ATTEMPT,
+                    summary=call.summary,
+                )
+            except ActivityError as failure:
+                error = error_text(failure)
+                self.status.update_step(name, workflow.now(), last_error=f"undo: {error}")
+                if is_permanent(failure, retry) or attempt == retry.attempts:
+                    self._compensations.add(1, {"step": name, "outcome": "failed"})
+                    self.status.update_step(name, workflow.now(), state=StepState.COMPENSATION_FAILED)
+                    await self.record(
+                        f"undo of {name} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name)
+                    )
+                    return error
+                delay = retry.delay(attempt)
+                await self.record(
+                    f"undo of {name}: attempt {attempt} failed: {error}; "
+                    f"attempt {attempt + 1} of {retry.attempts} in {delay.total_seconds():g}s",
+                    "CompensationRetrying",
+                    EventType.WARNING,
+                    key=f"{name}.{entry.undo_attempts}",
+                )
+                await workflow.sleep(delay)
+                continue
+            step.undone(result, self.status)
+            self._compensations.add(1, {"step": name, "outcome": "succeeded"})
+            self.status.update_step(name, workflow.now(), state=StepState.COMPENSATED)
+            await self.record(f"undid {name}", "StepCompensated", key=str(name))
+            return None
+        raise AssertionError("unreachable: the last attempt returns")
+
+    # --- mirroring ----------------------------------------------------------------------------
+
+    async def transition(
+        self, phase: Phase, message: str, reason: str, kind: EventType = EventType.NORMAL, key: str = ""
+    ) -> None:
+        """Moves to `phase` and mirrors the new status into the resource, with one Event."""
+        self.status.set_phase(phase, message, workflow.now())
+        self._index()
+        await self.record(message, reason, kind, key)
+
+    async def record(self, message: str, reason: str, kind: EventType = EventType.NORMAL, key: str = "") -> None:
+        """Mirrors the newest status with an Event. Mirrors run one at a time, so none overtakes a newer one."""
+        async with self._mirroring:
+            self._events += 1
+            event = EventRecord(type=kind, reason=reason, message=message, key=f"{self._events}.{reason}.{key}")
+            try:
+                await workflow.execute_activity(
+                    KubeActivity.MIRROR_STATUS.value,
+                    MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event),
+                    result_type=MirrorStatusResult,
+                    start_to_close_timeout=MIRROR_TIMEOUT,
+                    retry_policy=MIRROR_RETRY,
+                    summary=f"{self.ref}: status {self.status.phase}, {reason}",
+                )
+            except ActivityError as error:
+                if is_cancelled_exception(error):
+                    raise
+                workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
+
+    def _index(self) -> None:
+        """Keeps the run's search attributes in step with its phase, so the UI and CLI can filter on them."""
+        step = self.status.current_step or ""
+        indexed = (self.status.phase.value, step)
+        if indexed == self._indexed:
+            return
+        updates: list[SearchAttributeUpdate[Any]] = [
+            search_attributes.PHASE.value_set(indexed[0]),
+            search_attributes.STEP.value_set(indexed[1]),
+        ]
+        if self._indexed is None:
+            updates += [
+                search_attributes.MIGRATION_NAMESPACE.value_set(self.ref.namespace),
+                search_attributes.MIGRATION_NAME.value_set(self.ref.name),
+            ]
+        workflow.upsert_search_attributes(updates)
+        self._indexed = indexed

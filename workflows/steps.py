@@ -1,0 +1,246 @@
+"""What a saga step is: one typed object that knows everything about its step.
+
+A `Step` names the activity it calls (its input and result models), builds that input
+from the Migration's spec and earlier steps' results, names its undo and builds the
+undo's input (with the step's result, or without one when the step was interrupted or
+its outcome is unknown), and says how long an attempt may take, how often to try, what
+must hold before it runs (a guard), whether a person or a soak time holds it, and what
+it adds to the status. The saga (workflows/saga.py) is one loop over these; the plan
+(workflows/plan.py) lists them in order.
+
+Deterministic: nothing here does I/O, so workflow code imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from temporalio.common import RetryPolicy
+
+from ferry.api.errors import NON_RETRYABLE_TYPES
+from ferry.api.migration import ApiModel, MigrationSpec
+from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, SnapshotStoreActivity, driver_activity
+from workflows.status import SagaStatus
+
+I = TypeVar("I", bound=ApiModel)  # noqa: E741 - the input, beside R for the result
+R = TypeVar("R", bound=ApiModel)
+U = TypeVar("U", bound=ApiModel)
+UR = TypeVar("UR", bound=ApiModel)
+G = TypeVar("G", bound=ApiModel)
+
+HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+"""Long activities heartbeat at least this often; a lost worker is noticed within it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivityName:
+    """An activity, by fixed name or as an operation of the Migration's data driver (`<driver>.<operation>`)."""
+
+    name: str | None = None
+    operation: DriverOperation | None = None
+
+    def resolve(self, spec: MigrationSpec) -> str:
+        if self.operation is not None:
+            return driver_activity(spec.driver.type.value, self.operation)
+        assert self.name is not None
+        return self.name
+
+
+def kube(name: KubeActivity) -> ActivityName:
+    return ActivityName(name=name.value)
+
+
+def driver(operation: DriverOperation) -> ActivityName:
+    return ActivityName(operation=operation)
+
+
+def store(name: SnapshotStoreActivity) -> ActivityName:
+    return ActivityName(name=name.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """How many attempts the saga gives a step (or an undo) before its failure counts, and the waits between.
+
+    The saga counts attempts itself (each activity runs once per attempt), so the status
+    shows every attempt and the error of the last one while it waits for the next.
+    """
+
+    attempts: int
+    first_delay: timedelta = timedelta(seconds=1)
+    backoff: float = 2.0
+    max_delay: timedelta = timedelta(seconds=60)
+    non_retryable: tuple[str, ...] = tuple(NON_RETRYABLE_TYPES)
+    """Failure types that no further attempt can fix: the first one counts at once."""
+
+    def as_policy(self) -> RetryPolicy:
+        """The same attempts as a Temporal retry policy, for calls outside the saga's own counting."""
+        return RetryPolicy(
+            initial_interval=self.first_delay,
+            backoff_coefficient=self.backoff,
+            maximum_interval=self.max_delay,
+            maximum_attempts=self.attempts,
+            non_retryable_error_types=list(self.non_retryable),
+        )
+
+    def delay(self, failed_attempt: int) -> timedelta:
+        """The wait after attempt number `failed_attempt` (1-based) failed."""
+        seconds = self.first_delay.total_seconds() * self.backoff ** (failed_attempt - 1)
+        return min(timedelta(seconds=seconds), self.max_delay)
+
+
+STEP_RETRY = Retry(attempts=5)
+"""A step gets a few attempts (about a minute in all); then the Migration's failure policy decides."""
+
+UNDO_RETRY = Retry(attempts=12, first_delay=timedelta(seconds=2))
+"""An undo tries harder (about ten minutes in all) before the Migration ends Failed."""
+
+
+class Results:
+    """What the steps of this run returned, by step; typed by the step asked about."""
+
+    def __init__(self) -> None:
+        self._by_step: dict[str, ApiModel] = {}
+
+    def get(self, step: Step[Any, R]) -> R | None:
+        found = self._by_step.get(step.name)
+        return found if isinstance(found, step.result) else None
+
+    def require(self, step: Step[Any, R]) -> R:
+        found = self.get(step)
+        if found is None:
+            raise LookupError(f"no result of step {step.name}, which the plan puts earlier")
+        return found
+
+    def put(self, step: Step[Any, R], result: R) -> None:
+        self._by_step[step.name] = result
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What step and undo inputs are built from."""
+
+    ref: MigrationRef
+    spec: MigrationSpec
+    results: Results
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One activity call, ready for the saga to run."""
+
+    activity: str
+    argument: ApiModel
+    result_type: type[ApiModel] | None
+    timeout: timedelta
+    summary: str
+    heartbeat: timedelta | None = HEARTBEAT_TIMEOUT
+
+
+@dataclasses.dataclass(frozen=True)
+class Undo(Generic[R, U, UR]):
+    """A step's compensation: its activity, how its input is built, and what its result adds to the status."""
+
+    activity: ActivityName
+    build: Callable[[Context, R | None], U]
+    """The undo's input, from the step's result when there is one, else from the spec alone:
+    an undo without a result finds what its step did where the step recorded it."""
+    result: type[UR] | None = None
+    report: Callable[[UR, SagaStatus], None] | None = None
+    retry: Retry = UNDO_RETRY
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard(Generic[G]):
+    """A check run before every attempt of a step: an activity whose failure fails the attempt."""
+
+    activity: ActivityName
+    build: Callable[[Context, str], G | None]
+    """The check's input for the step it guards; None when there is nothing to check."""
+    timeout: Callable[[MigrationSpec], int]
+    result: type[ApiModel] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step(Generic[I, R]):
+    """One step of the saga, with everything the loop needs to run it, retry it and undo it."""
+
+    name: str
+    activity: ActivityName
+    result: type[R]
+    build: Callable[[Context], I]
+    undo: Undo[R, Any, Any] | None
+    why_no_undo: str = ""
+    """Where `undo` is None: why nothing needs undoing."""
+    timeout: Callable[[MigrationSpec], int] | None = None
+    """Seconds one attempt may take (default: the spec's timeouts for this step)."""
+    retry: Retry = STEP_RETRY
+    guard: Guard[Any] | None = None
+    """A check run before every attempt, if any."""
+    check: Callable[[R], str | None] | None = None
+    """A reason to fail the step although its activity returned, e.g. a difference a driver reported."""
+    report: Callable[[R, SagaStatus], None] | None = None
+    """What the step's result adds to the status."""
+    needs_approval: bool = False
+    """A person approves before this step, when the Migration asks for approval."""
+    soaks_before: bool = False
+    """The Migration's soak time passes before this step."""
+
+    def __post_init__(self) -> None:
+        if self.undo is None and not self.why_no_undo:
+            raise ValueError(f"step {self.name} has no undo: say why in why_no_undo")
+
+    def seconds(self, spec: MigrationSpec) -> int:
+        return self.timeout(spec) if self.timeout is not None else spec.timeouts.for_step(self.name)
+
+    def call(self, context: Context) -> Call:
+        return Call(
+            activity=self.activity.resolve(context.spec),
+            argument=self.build(context),
+            result_type=self.result,
+            timeout=timedelta(seconds=self.seconds(context.spec)),
+            summary=f"{context.ref}: {self.name}",
+        )
+
+    def guard_call(self, context: Context) -> Call | None:
+        if self.guard is None:
+            return None
+        argument = self.guard.build(context, self.name)
+        if argument is None:
+            return None
+        return Call(
+            activity=self.guard.activity.resolve(context.spec),
+            argument=argument,
+            result_type=self.guard.result,
+            timeout=timedelta(seconds=self.guard.timeout(context.spec)),
+            summary=f"{context.ref}: check before {self.name}",
+        )
+
+    def accept(self, context: Context, result: object, status: SagaStatus) -> str | None:
+        """Keeps the step's result and reports it; returns why the step fails anyway, if it does."""
+        if not isinstance(result, self.result):
+            raise TypeError(f"step {self.name} returned {type(result).__name__}, not {self.result.__name__}")
+        context.results.put(self, result)
+        if self.report is not None:
+            self.report(result, status)
+        return self.check(result) if self.check is not None else None
+
+    def undo_call(self, context: Context) -> Call | None:
+        if self.undo is None:
+            return None
+        return Call(
+            activity=self.undo.activity.resolve(context.spec),
+            argument=self.undo.build(context, context.results.get(self)),
+            result_type=self.undo.result,
+            timeout=timedelta(seconds=self.seconds(context.spec)),
+            summary=f"{context.ref}: undo {self.name}",
+        )
+
+    def undone(self, result: object, status: SagaStatus) -> None:
+        """Reports what the undo returned."""
+        undo = self.undo
+        if undo is not None and undo.result is not None and undo.report is not None and isinstance(result, undo.result):
+            undo.report(result, status)

@@ -1,0 +1,39 @@
+"""Undoing a Migration whose run succeeded after someone had already asked for its deletion.
+
+The person who deleted a running Migration asked for a rollback; if the run finished
+first, the watcher starts this workflow (one per Migration, by ID) before it releases
+the finalizer. It runs every step's undo in reverse, without the steps' results: each
+undo finds what its step did where the step recorded it, so traffic goes back to the
+source, the source is scaled up and unfrozen, and the target is removed.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from ferry.api.migration import WorkflowRef
+    from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput
+    from workflows import plan
+    from workflows.controls import Controls
+    from workflows.saga import Saga
+    from workflows.status import SagaStatus
+
+
+@workflow.defn(name=UNDO_WORKFLOW_NAME, failure_exception_types=[ValidationError])
+class MigrationUndoWorkflow:
+    @workflow.run
+    async def run(self, input: UndoMigrationInput) -> MigrationResult:
+        info = workflow.info()
+        here = WorkflowRef(namespace=info.namespace, id=info.workflow_id, run_id=info.run_id)
+        order = tuple(step.name for step in plan.PLAN)
+        status = (
+            SagaStatus.resumed_from(input.status, here, input.generation, order)
+            if input.status is not None
+            else SagaStatus(workflow=here, generation=input.generation, order=order)
+        )
+        saga = Saga(input.ref, input.spec, plan.PLAN, status, Controls(approval_required=False))
+        saga.started = list(plan.PLAN)
+        return await saga.shielded_roll_back(input.reason)
