@@ -1,10 +1,20 @@
 """Deleting a Migration: ferry holds its finalizer until the undo or the retention cleanup is done.
 
-- Workflow still running: cancel it (which rolls back), and release the finalizer when
-  the rollback has finished.
-- Workflow finished: run the retention cleanup its snapshot asks for (a workflow of its
-  own), then release the finalizer.
-- No workflow: release at once.
+Every decision comes from durable facts — the Migration's deletionTimestamp, and the
+state and close time of its run in Temporal — so whichever watcher leads, before or
+after a crash, decides the same:
+- Run still going: cancel it (which rolls back), and release the finalizer when the
+  rollback has finished.
+- Run finished *after* the deletion was asked for, and Succeeded (the watcher that
+  should have cancelled it died first): the person asked for a rollback, so the
+  Migration is undone by the undo workflow (traffic back, source scaled up and
+  unfrozen, target removed), and only then released, with the reason in status and an
+  Event. Times in deletionTimestamp have whole seconds: a run that closed within the
+  second of the request counts as finished before it, the choice that never undoes a
+  migration someone deleted after it finished.
+- Run finished before the deletion: run the retention cleanup its snapshot asks for (a
+  workflow of its own), then release.
+- No run: release at once.
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
 the finalizer is released anyway, with a Warning Event saying what may be left.
@@ -18,18 +28,31 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import FINALIZER, AfterSuccess, EventType, MigrationSpec, Phase, SnapshotStatus
+from ferry.api.migration import (
+    FINALIZER,
+    AfterSuccess,
+    EventType,
+    MigrationSpec,
+    MigrationStatus,
+    Phase,
+    SnapshotStatus,
+)
 from ferry.api.saga import (
     CLEANUP_WORKFLOW_NAME,
+    UNDO_WORKFLOW_NAME,
     DeleteSnapshotInput,
     MigrationRef,
+    MigrationResult,
     SnapshotResult,
+    UndoMigrationInput,
     cleanup_workflow_id,
+    snapshot_key,
+    undo_workflow_id,
     workflow_id,
 )
 from watcher.patching import MigrationWriter, ref_of
@@ -54,19 +77,15 @@ class DeletionHandler:
         ref = ref_of(obj)
         status = obj.get("status") or {}
         deadline = _deadline(status) or datetime.now(UTC) + timedelta(seconds=self._settings.deletion_timeout)
-        handle = self._client.get_workflow_handle(workflow_id(ref))
-        try:
-            described = await handle.describe()
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise
+        handle = self._client.get_workflow_handle(workflow_id(ref), result_type=MigrationResult)
+        described = await _describe(handle)
+        if described is None:
             await self._release(obj, "no workflow ever ran for it")
             return
         if datetime.now(UTC) >= deadline:
             message = (
                 f"gave up waiting at the deadline ({deadline:%Y-%m-%dT%H:%M:%SZ}); workflow {handle.id} is "
-                f"{described.status.name if described.status else 'unknown'}: check the source, the target and "
-                "the snapshot by hand"
+                f"{_state(described)}: check the source, the target and the snapshot by hand"
             )
             await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
             await self._release(obj, message)
@@ -75,13 +94,71 @@ class DeletionHandler:
             await handle.cancel()
             await self._wait_for(ref, handle, deadline, "rolling back before deletion: the workflow was cancelled")
             return
+        requested = _timestamp(obj["metadata"]["deletionTimestamp"])
+        if await _succeeded_after(handle, described, requested):
+            await self._undo(obj, ref, described, requested, deadline)
+            return
         cleanup = _retention_cleanup(obj, ref)
         if cleanup is not None:
             cleanup_handle = await self._start_cleanup(cleanup)
             if cleanup_handle is not None:
                 await self._wait_for(ref, cleanup_handle, deadline, "deleting the snapshot (retention) before deletion")
                 return
-        await self._release(obj, f"its workflow has finished ({described.status.name if described.status else '?'})")
+        await self._release(obj, f"its workflow has finished ({_state(described)})")
+
+    async def _undo(
+        self, obj: dict[str, Any], ref: MigrationRef, run: WorkflowExecutionDescription, requested: datetime,
+        deadline: datetime,
+    ) -> None:  # fmt: skip
+        """Undoes a run that succeeded after the deletion was asked for; releases the Migration once that is done."""
+        closed = run.close_time
+        why = (
+            f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
+            "(which means: roll back); undoing the migration before it goes"
+        )
+        handle = self._client.get_workflow_handle(undo_workflow_id(ref), result_type=MigrationResult)
+        undone = await _describe(handle)
+        if undone is None:
+            spec = MigrationSpec.model_validate(obj["spec"])
+            raw_status = obj.get("status")
+            status = MigrationStatus.model_validate(raw_status) if raw_status else None
+            generation = int(obj["metadata"].get("generation", 1))
+            input = UndoMigrationInput(ref=ref, generation=generation, spec=spec, reason=why, status=status)
+            try:
+                handle = await self._client.start_workflow(
+                    UNDO_WORKFLOW_NAME,
+                    input,
+                    id=undo_workflow_id(ref),
+                    task_queue=self._settings.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    result_type=MigrationResult,
+                    static_summary=f"Undo of Migration {ref}, deleted while it ran",
+                )
+            except WorkflowAlreadyStartedError:
+                undone = await _describe(handle)
+            else:
+                await asyncio.to_thread(
+                    self._writer.event, ref, EventType.WARNING, "UndoingBeforeDeletion", why, "undo"
+                )
+                await self._wait_for(ref, handle, deadline, why)
+                return
+        if undone is not None and undone.status is WorkflowExecutionStatus.RUNNING:
+            await self._wait_for(ref, handle, deadline, why)
+            return
+        if undone is not None and undone.status is WorkflowExecutionStatus.COMPLETED:
+            message = f"undone before deletion: {why.split(' (')[0]} after the deletion was asked for"
+            await asyncio.to_thread(
+                self._writer.event, ref, EventType.NORMAL, "UndoneBeforeDeletion", message, "undone"
+            )
+            await self._release(obj, message)
+            return
+        message = (
+            f"the undo of the run that succeeded after the deletion was asked for ended {_state(undone)}: "
+            f"check the source, the target and the Service by hand (workflow {handle.id} says what was undone)"
+        )
+        await self._event(ref, EventType.WARNING, "UndoIncomplete", message)
+        await self._release(obj, message)
 
     async def _wait_for(
         self, ref: MigrationRef, handle: WorkflowHandle[Any, Any], deadline: datetime, why: str
@@ -125,14 +202,46 @@ class DeletionHandler:
         except WorkflowAlreadyStartedError:
             return None
 
+    async def _event(self, ref: MigrationRef, kind: EventType, reason: str, message: str) -> None:
+        await asyncio.to_thread(self._writer.event, ref, kind, reason, message, reason)
+
     async def _release(self, obj: dict[str, Any], why: str) -> None:
         await asyncio.to_thread(self._writer.remove_finalizer, obj)
         log.info("Migration %s released for deletion: %s", ref_of(obj), why)
 
 
+async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:
+    try:
+        return await handle.describe()
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return None
+
+
+def _state(described: WorkflowExecutionDescription | None) -> str:
+    return described.status.name if described is not None and described.status else "unknown"
+
+
+async def _succeeded_after(
+    handle: WorkflowHandle[Any, MigrationResult], run: WorkflowExecutionDescription, requested: datetime
+) -> bool:
+    """Whether the run closed Succeeded at least a whole second after the deletion was asked for."""
+    if run.status is not WorkflowExecutionStatus.COMPLETED or run.close_time is None:
+        return False
+    if run.close_time < requested + timedelta(seconds=1):
+        return False
+    result = await handle.result()
+    return result.phase is Phase.SUCCEEDED
+
+
+def _timestamp(raw: str) -> datetime:
+    return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+
+
 def _deadline(status: dict[str, Any]) -> datetime | None:
     raw = (status.get("deletion") or {}).get("deadline")
-    return datetime.fromisoformat(raw.replace("Z", "+00:00")) if raw else None
+    return _timestamp(raw) if raw else None
 
 
 def _retention_cleanup(obj: dict[str, Any], ref: MigrationRef) -> DeleteSnapshotInput | None:
@@ -144,6 +253,10 @@ def _retention_cleanup(obj: dict[str, Any], ref: MigrationRef) -> DeleteSnapshot
     snapshot = SnapshotStatus.model_validate(status["snapshot"])
     if spec.snapshot.retention.after_success is not AfterSuccess.DELETE_WITH_MIGRATION or snapshot.deleted:
         return None
-    bucket, _, key = snapshot.location.removeprefix("s3://").partition("/")
-    artifact = SnapshotResult(bucket=bucket, key=key, sha256=snapshot.sha256, size_bytes=snapshot.size_bytes)
+    artifact = SnapshotResult(
+        bucket=snapshot.bucket or spec.snapshot.bucket,
+        key=snapshot.key or snapshot_key(ref, spec.snapshot),
+        sha256=snapshot.sha256,
+        size_bytes=snapshot.size_bytes,
+    )
     return DeleteSnapshotInput(ref=ref, snapshot=spec.snapshot, artifact=artifact)

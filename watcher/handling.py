@@ -15,11 +15,12 @@ from typing import Any
 
 from opentelemetry import trace
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ferry.api.migration import FINALIZER, FINISHED_PHASES, EventType, MigrationSpec, Phase
-from ferry.api.saga import MigrationRef, workflow_id
+from ferry.api.saga import ControlOutcome, MigrationRef, workflow_id
 from ferry.observability.logs import migration_context
 from watcher import controls
 from watcher.deletion import DeletionHandler
@@ -33,6 +34,9 @@ _tracer = trace.get_tracer("ferry.watcher")
 
 _FINISHED = {phase.value for phase in FINISHED_PHASES}
 STARTED_CACHE = 10_000
+CONTROL_TIMEOUT = 30.0
+"""Seconds a control waits for the saga to take it; past that it stays unacknowledged and is sent again later
+(with the same update id, so the saga acts on it once)."""
 
 
 class MigrationHandler:
@@ -113,36 +117,45 @@ class MigrationHandler:
 
     async def _apply_controls(self, obj: dict[str, Any], ref: MigrationRef) -> None:
         for item in controls.pending(obj):
+            key = f"{item.key}={item.value}"
             if isinstance(item, controls.Rejection):
-                await asyncio.to_thread(
-                    self._writer.event,
-                    ref,
-                    EventType.WARNING,
-                    "InvalidControl",
-                    item.why,
-                    key=f"{item.key}={item.value}",
-                )
+                await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "InvalidControl", item.why, key=key)
                 await self._acknowledge(ref, item.key, item.value, item.why)
                 continue
-            handle = self._client.get_workflow_handle(workflow_id(ref))
-            try:
-                await handle.signal(item.signal.value, item.request)
-            except RPCError as error:
-                if error.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                why = f"{item.key}={item.value!r} ignored: the migration's workflow has finished"
-                await asyncio.to_thread(
-                    self._writer.event, ref, EventType.WARNING, "ControlIgnored", why, key=f"{item.key}={item.value}"
-                )
-                await self._acknowledge(ref, item.key, item.value, why)
-                continue
-            by = f" from {item.request.by}" if item.request.by else ""
-            message = f"{item.key}: sent {item.signal.value}{by} to the saga"
-            await asyncio.to_thread(
-                self._writer.event, ref, EventType.NORMAL, "ControlSent", message, key=f"{item.key}={item.value}"
-            )
+            accepted, message = await self._send(ref, item)
+            kind, reason = (EventType.NORMAL, "ControlAccepted") if accepted else (EventType.WARNING, "ControlRefused")
+            await asyncio.to_thread(self._writer.event, ref, kind, reason, f"{item.key}: {message}", key=key)
             await self._acknowledge(ref, item.key, item.value, message)
-            log.info("Migration %s: %s", ref, message)
+            log.info("Migration %s: %s: %s", ref, item.key, message)
+
+    async def _send(self, ref: MigrationRef, item: controls.Control) -> tuple[bool, str]:
+        """Sends a control as an update and returns whether the saga took it and what it did (or why not).
+
+        A run of the previous saga version has no updates: it gets the signal, as before.
+        """
+        handle = self._client.get_workflow_handle(workflow_id(ref))
+        try:
+            outcome = await asyncio.wait_for(
+                handle.execute_update(
+                    item.signal.value, item.request, id=item.request.request_id or None, result_type=ControlOutcome
+                ),
+                timeout=CONTROL_TIMEOUT,
+            )
+        except WorkflowUpdateFailedError as failed:
+            cause = failed.cause
+            if isinstance(cause, ApplicationError) and cause.type == "ControlRefused":
+                return False, cause.message
+            if not _no_such_update(failed):
+                raise
+        except RPCError as error:
+            if error.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+                raise
+            return False, f"{item.signal.value} ignored: the migration's workflow has finished"
+        else:
+            return True, outcome.message
+        await handle.signal(item.signal.value, item.request)
+        by = f" from {item.request.by}" if item.request.by else ""
+        return True, f"sent {item.signal.value}{by} to the saga"
 
     async def _acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
         await asyncio.to_thread(
@@ -168,6 +181,12 @@ class MigrationHandler:
         await asyncio.to_thread(self._writer.mark_abandoned, obj, message)
         await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "Abandoned", message, key="abandoned")
         log.warning("Migration %s: %s", ref, message)
+
+
+def _no_such_update(failed: WorkflowUpdateFailedError) -> bool:
+    """A run without update handlers (the previous saga version) rejects updates by name."""
+    cause = failed.cause
+    return isinstance(cause, ApplicationError) and "not found" in cause.message and "handler" in cause.message.lower()
 
 
 async def _termination(handle: WorkflowHandle[Any, Any]) -> str:

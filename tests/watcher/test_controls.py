@@ -66,15 +66,39 @@ async def test_bad_control_values_give_a_warning_and_a_valid_rollback_then_rolls
     status = (await _get(kubectl, namespace, ref.name))["status"]
     assert status["message"] == "rolled back: rollback requested by alice: wrong target"
     assert status["controls"]["acknowledged"]["ferry.dev/rollback"] == "alice: wrong target"
-    sent = [e["message"] for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlSent"]
-    assert sent == ["ferry.dev/rollback: sent rollback from alice to the saga"]
+    accepted = [e["message"] for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlAccepted"]
+    assert accepted == [
+        "ferry.dev/rollback: rolling back by alice: the running step is stopped and the started steps undone"
+    ]
+    assert status["controls"]["message"] == accepted[0].removeprefix("ferry.dev/rollback: ")
+
+
+async def test_a_control_the_saga_cannot_apply_is_recorded_as_refused_with_its_reason(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/retry=carol")
+
+    await eventually(
+        "the retry to be acknowledged", lambda: _acknowledged(kubectl, namespace, ref.name, "ferry.dev/retry", "carol")
+    )
+    status = (await _get(kubectl, namespace, ref.name))["status"]
+    assert status["controls"]["message"] == "retry refused: no failed step waits for a decision"
+    refused = [e for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlRefused"]
+    assert [e["message"] for e in refused] == ["ferry.dev/retry: retry refused: no failed step waits for a decision"]
+    assert refused[0]["type"] == "Warning"
+    assert status["phase"] == "Paused"
 
 
 async def test_a_control_is_acted_on_once_even_when_the_watcher_sees_it_again(
     kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    manifest = migration_manifest(stack, "snapshots", paused=True, approval={"required": True})
+    ref = apply_migration(kubectl, namespace, manifest)
     await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
 
     await _annotate(kubectl, namespace, ref.name, "ferry.dev/approve=bob")
@@ -82,14 +106,18 @@ async def test_a_control_is_acted_on_once_even_when_the_watcher_sees_it_again(
         "the approval to be acknowledged",
         lambda: _acknowledged(kubectl, namespace, ref.name, "ferry.dev/approve", "bob"),
     )
-    await asyncio.sleep(5)  # two resyncs list the Migration again meanwhile
+    # Another control makes the watcher handle the Migration again, approve annotation and all.
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/pause=bob")
+    await eventually(
+        "the pause to be acknowledged", lambda: _acknowledged(kubectl, namespace, ref.name, "ferry.dev/pause", "bob")
+    )
 
     history = await temporal_client.get_workflow_handle(workflow_id(ref)).fetch_history()
     approvals = [
         event
         for event in history.events
-        if event.HasField("workflow_execution_signaled_event_attributes")
-        and event.workflow_execution_signaled_event_attributes.signal_name == "approve"
+        if event.HasField("workflow_execution_update_accepted_event_attributes")
+        and event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == "approve"
     ]
     assert len(approvals) == 1
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
+from temporalio.client import Client
 
+from ferry.api.saga import ControlRequest, Signal, workflow_id
 from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest
+from tests.watcher.conftest import WatcherProcess
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
 
@@ -109,3 +114,56 @@ async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(
     with pytest.raises(ClientError) as missing:
         stack.s3_client().head_object(Bucket=bucket, Key=key)
     assert missing.value.response["Error"]["Code"] in ("404", "NoSuchKey")
+
+
+async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_before_the_migration_goes(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, temporal_client: Client, watcher_process: Callable[..., WatcherProcess],
+    ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The leader dies between the deletion and the cancel; the run then succeeds; the next leader undoes it."""
+    first = watcher_process("first")
+    first.start()
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+
+    async def awaiting() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "AwaitingApproval"
+
+    await eventually("the approval gate", awaiting, within=180)
+    first.kill()
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+    deleted_at = datetime.fromisoformat(
+        ((await _migration(kubectl, namespace, ref.name)) or {})["metadata"]["deletionTimestamp"].replace("Z", "+00:00")
+    )
+
+    async def a_second_later() -> bool:
+        return datetime.now(UTC) >= deleted_at + timedelta(seconds=1.5)
+
+    await eventually("the clock to pass the deletion's second", a_second_later)
+    run = temporal_client.get_workflow_handle(workflow_id(ref))
+    await run.signal(Signal.APPROVE.value, ControlRequest(by="someone-unaware"))
+    assert (await run.result())["phase"] == "Succeeded"
+    assert _selector(kube_api, namespace) == {"ferry.dev/statefulset": "orders-db-16"}
+
+    watcher_process("second").start()
+
+    async def gone() -> bool:
+        return await _migration(kubectl, namespace, ref.name) is None
+
+    await eventually("the undo and the Migration to be gone", gone, within=240)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"]
+    assert _selector(kube_api, namespace) == {"app": "orders-db"}
+    source = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-db", namespace)
+    assert source.spec.replicas == 2
+    assert _read_only_default(databases) is None
+    events = await asyncio.to_thread(
+        kubectl, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={ref.name}", "-o", "json"
+    )
+    reasons = [event["reason"] for event in json.loads(events.stdout)["items"]]
+    assert "UndoingBeforeDeletion" in reasons
+    assert "UndoneBeforeDeletion" in reasons
+
+
+def _selector(api: k8s.ApiClient, namespace: str) -> dict[str, str]:
+    service = k8s.CoreV1Api(api).read_namespaced_service("orders-db", namespace)
+    return dict(service.spec.selector or {})
