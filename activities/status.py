@@ -1,12 +1,14 @@
 """Mirrors the saga's progress into the Migration's status, and records its Events, for kubectl users.
 
-The workflow owns the status; the watcher owns two parts of it: status.controls (which
-kubectl controls it has acted on) and status.deletion (why a deleted Migration waits).
-So the status is written from a fresh read that keeps the watcher's parts, conditional
-on that read's resourceVersion: when the watcher wrote in between, the API server
-answers 409 and the write is recomputed from a new read. Events get names derived from
-the transition they record, so a retried activity finds its Event already there
-instead of recording it twice (see activities/events.py).
+The status has two owners, kept apart by the API server rather than by ferry's care:
+the saga writes its fields with server-side apply as field manager `ferry-saga`, and
+the watcher writes its own (status.controls, status.deletion) as `ferry-watcher`. An
+apply sets exactly the fields it carries and removes those it carried before and no
+longer does, so neither owner ever copies, or overwrites, the other's fields. The
+apply is conditional on the resourceVersion of a read that showed the Migration's uid:
+a Migration re-created under the same name is another object, left alone.
+Events get names derived from the transition they record, so a retried activity finds
+its Event already there instead of recording it twice (see activities/events.py).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from temporalio import activity
 from activities import kube_calls
 from activities.events import record_event
 from activities.settings import KubeActivitySettings
-from ferry.api.migration import GROUP, PLURAL, VERSION, WATCHER_STATUS_FIELDS, MigrationStatus
+from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION, WATCHER_STATUS_FIELDS, MigrationStatus
 from ferry.api.saga import EventRecord, KubeActivity, MigrationRef, MirrorStatusInput, MirrorStatusResult
 from ferry.observability import metrics
 
-WATCHER_FIELDS = WATCHER_STATUS_FIELDS
-"""Status fields that belong to the watcher; mirror_status keeps whatever the fresh read holds."""
 REPORTING_COMPONENT = "ferry.dev/saga"
+SAGA_FIELD_MANAGER = "ferry-saga"
+"""Field manager of the saga's status fields, as `kubectl get -o yaml --show-managed-fields` shows it."""
 
 
 class StatusActivities:
@@ -41,12 +43,12 @@ class StatusActivities:
 
     @activity.defn(name=KubeActivity.MIRROR_STATUS.value)
     def mirror_status(self, input: MirrorStatusInput) -> MirrorStatusResult:
-        """Writes the given status into the Migration (keeping status.controls), then records the Event, if any.
+        """Applies the given status to the Migration (the watcher's fields stay as they are), then records the Event.
 
-        Idempotent: the same input writes the same status (and nothing when it is already
-        there), and the Event's name is derived from the Migration's UID and the event's
-        key, so a second run finds it and records nothing. A Migration that is gone, or
-        was re-created under the same name (another UID), is left alone: found=False.
+        Idempotent: the same input applies the same status (a no-op the second time), and
+        the Event's name is derived from the Migration's UID and the event's key, so a
+        second run finds it and records nothing. A Migration that is gone, or was
+        re-created under the same name (another UID), is left alone: found=False.
         """
         ref = input.ref
         started = time.monotonic()
@@ -62,14 +64,12 @@ class StatusActivities:
         if not found:
             activity.logger.info("Migration %s is gone: status not mirrored", ref)
             return MirrorStatusResult(found=False, conflicts=conflicts)
-        if conflicts:
-            activity.logger.info("status of Migration %s written after %d conflicts", ref, conflicts)
         if input.event is not None:
             self._record_event(ref, input.event)
         return MirrorStatusResult(found=True, conflicts=conflicts)
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
-        """One fresh read of the Migration, None when it is gone. Kept apart so tests can add a write after it."""
+        """One read of the Migration, None when it is gone. Kept apart so tests can add a write after it."""
         try:
             migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, ref.namespace, PLURAL, ref.name
@@ -81,38 +81,50 @@ class StatusActivities:
         return migration
 
     def _write_status(self, ref: MigrationRef, status: MigrationStatus) -> bool:
-        """One read-compute-write attempt; False when the Migration is not (or no longer) there."""
+        """Applies the saga's status fields; False when the Migration is not (or no longer) this one.
+
+        The apply carries the resourceVersion of a read that showed the Migration's uid, so
+        it lands on that very object: after a write in between the API server answers 409,
+        and the caller reads again.
+        """
         migration = self._read(ref)
         if migration is None or migration["metadata"].get("uid") != ref.uid:
             return False
-        current = migration.get("status") or {}
-        wanted = self._status_document(status, current)
-        if wanted == current:
-            return True
-        # Replacing the status subresource sends the whole object; the API server takes only its
-        # status, and only if metadata.resourceVersion is still the one just read (else 409).
+        wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for field in WATCHER_STATUS_FIELDS:
+            wanted.pop(field, None)
+        workflow = wanted.get("workflow")
+        if workflow is not None and "url" not in workflow:
+            url = self._workflow_url(workflow)
+            if url is not None:
+                workflow["url"] = url
+        applied = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "resourceVersion": migration["metadata"]["resourceVersion"],
+            },
+            "status": wanted,
+        }
         try:
-            self._custom.replace_namespaced_custom_object_status(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name, {**migration, "status": wanted}
+            self._custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                ref.namespace,
+                PLURAL,
+                ref.name,
+                applied,
+                field_manager=SAGA_FIELD_MANAGER,
+                force=True,
+                _content_type=kube_calls.APPLY_PATCH,
             )
         except ApiException as error:
             if kube_calls.is_not_found(error):
                 return False
             raise
         return True
-
-    def _status_document(self, status: MigrationStatus, current: dict[str, Any]) -> dict[str, Any]:
-        wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for field in WATCHER_FIELDS:
-            wanted.pop(field, None)
-            if field in current:
-                wanted[field] = current[field]
-        workflow = wanted.get("workflow")
-        if workflow is not None and "url" not in workflow:
-            url = self._workflow_url(workflow)
-            if url is not None:
-                workflow["url"] = url
-        return wanted
 
     def _workflow_url(self, workflow: dict[str, Any]) -> str | None:
         """The run's page in the Temporal Web UI; None without a UI URL or a run ID to link to."""

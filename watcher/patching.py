@@ -24,6 +24,8 @@ from workflows.status import conditions_for
 log = logging.getLogger("ferry.watcher.patching")
 
 MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "ferry-watcher"
+"""The watcher's field manager: it owns status.controls and status.deletion (the saga owns the rest)."""
 COMPONENT = "ferry.dev/watcher"
 CONFLICT_ATTEMPTS = 10
 
@@ -73,7 +75,14 @@ class MigrationWriter:
             patch = {"metadata": {"finalizers": wanted, "resourceVersion": obj["metadata"]["resourceVersion"]}}
             try:
                 self._custom.patch_namespaced_custom_object(
-                    GROUP, VERSION, ref.namespace, PLURAL, ref.name, patch, _content_type=MERGE_PATCH
+                    GROUP,
+                    VERSION,
+                    ref.namespace,
+                    PLURAL,
+                    ref.name,
+                    patch,
+                    field_manager=FIELD_MANAGER,
+                    _content_type=MERGE_PATCH,
                 )
                 log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
                 return
@@ -89,7 +98,14 @@ class MigrationWriter:
         """Merge-patches the given status fields; a missing Migration is left alone."""
         try:
             self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status}, _content_type=MERGE_PATCH
+                GROUP,
+                VERSION,
+                ref.namespace,
+                PLURAL,
+                ref.name,
+                {"status": status},
+                field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
             )
         except ApiException as error:
             if error.status != 404:

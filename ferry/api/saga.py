@@ -130,7 +130,7 @@ class MirrorStatusInput(ApiModel):
 
 class MirrorStatusResult(ApiModel):
     found: bool = Field(description="False when the Migration no longer exists; nothing was written.")
-    conflicts: int = Field(default=0, description="How many 409 Conflicts were retried from a fresh read.")
+    conflicts: int = Field(default=0, description="Unused since status is applied server-side; kept for old histories.")
 
 
 class ProvisionInput(ApiModel):

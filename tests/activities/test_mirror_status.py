@@ -73,7 +73,18 @@ def _status(kubectl: Kubectl, ref: MigrationRef) -> dict[str, Any]:
 def _acknowledge_a_control(kubectl: Kubectl, ref: MigrationRef) -> None:
     """What the watcher does: record in status.controls that it acted on a control."""
     patch = json.dumps({"status": {"controls": ACKNOWLEDGED}})
-    kubectl("patch", "migration", ref.name, "-n", ref.namespace, "--subresource=status", "--type=merge", "-p", patch)
+    kubectl(
+        "patch",
+        "migration",
+        ref.name,
+        "-n",
+        ref.namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+        "--field-manager=ferry-watcher",
+    )
 
 
 def _events(kubectl: Kubectl, ref: MigrationRef) -> list[dict[str, Any]]:
@@ -98,7 +109,7 @@ def test_mirror_status_writes_what_kubectl_shows_and_keeps_the_watchers_controls
     assert status["phase"] == "Running"
     assert status["currentStep"] == "provision"
     assert status["steps"] == [
-        {"name": "provision", "state": "Running", "attempts": 1, "startedAt": "2026-01-05T09:30:00Z"}
+        {"name": "provision", "state": "Running", "attempts": 1, "undoAttempts": 0, "startedAt": "2026-01-05T09:30:00Z"}
     ]
     assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [("Ready", "False", "Provisioning")]
     assert status["controls"] == ACKNOWLEDGED
@@ -143,10 +154,32 @@ def test_mirror_status_of_a_missing_migration_writes_nothing(
     assert _events(kubectl, migration) == []
 
 
+def test_the_saga_and_the_watcher_each_keep_their_own_status_fields(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
+    _acknowledge_a_control(kubectl, migration)
+    finished = _running(migration).model_copy(update={"phase": Phase.SUCCEEDED, "current_step": None})
+
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=finished))
+
+    status = _status(kubectl, migration)
+    assert status["controls"] == ACKNOWLEDGED, "the watcher's write between two mirrors is kept"
+    assert status["phase"] == "Succeeded"
+    assert "currentStep" not in status, "a field the saga no longer sets is gone"
+    stored = json.loads(
+        kubectl(
+            "get", "migration", migration.name, "-n", migration.namespace, "-o", "json", "--show-managed-fields"
+        ).stdout
+    )
+    owners = {entry["manager"] for entry in stored["metadata"]["managedFields"] if entry.get("subresource") == "status"}
+    assert {"ferry-saga", "ferry-watcher"} <= owners
+
+
 class WriteBetweenReadAndWrite(StatusActivities):
     """After its first read of the Migration, the watcher acknowledges a control: a real write to the API server.
 
-    This injects timing, not a fake: the activity's own write then carries a stale
+    This injects timing, not a fake: the activity's own apply then carries a stale
     resourceVersion, and the 409 Conflict it gets comes from the real API server.
     """
 
