@@ -1,0 +1,61 @@
+"""kubectl controls as the watcher reads them: annotations `ferry.dev/<control>=<who>[: <reason>]` and spec.paused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferry.api.saga import Signal
+from watcher import controls
+
+
+def migration(annotations: dict[str, str], *, generation: int = 1, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "m",
+            "namespace": "shop",
+            "uid": "u",
+            "generation": generation,
+            "annotations": annotations,
+        },
+        "spec": {"paused": status.pop("paused", False)},
+        "status": status,
+    }
+
+
+def test_a_control_names_who_asked_and_why() -> None:
+    [control] = controls.pending(migration({"ferry.dev/rollback": "alice: wrong target"}))
+
+    assert isinstance(control, controls.Control)
+    assert control.signal is Signal.ROLLBACK
+    assert (control.request.by, control.request.reason) == ("alice", "wrong target")
+    assert control.request.request_id == "ferry.dev/rollback=alice: wrong target"
+
+
+def test_an_acknowledged_value_is_not_sent_again_but_a_new_value_is() -> None:
+    acked = {"controls": {"acknowledged": {"ferry.dev/retry": "bob"}}}
+
+    assert controls.pending(migration({"ferry.dev/retry": "bob"}, **acked)) == []
+    [again] = controls.pending(migration({"ferry.dev/retry": "bob: 2nd"}, **acked))
+    assert isinstance(again, controls.Control)
+
+
+def test_unknown_controls_and_bad_values_are_rejected_with_the_reason() -> None:
+    found = controls.pending(migration({"ferry.dev/rolback": "alice", "ferry.dev/approve": "not valid!"}))
+
+    assert all(isinstance(item, controls.Rejection) for item in found)
+    whys = sorted(item.why for item in found if isinstance(item, controls.Rejection))
+    assert whys[0].startswith("ferry.dev/approve='not valid!' is not valid")
+    assert whys[1].startswith("ferry.dev/rolback is not a control ferry knows")
+
+
+def test_other_annotations_are_not_controls() -> None:
+    assert controls.pending(migration({"kubectl.kubernetes.io/last-applied-configuration": "{}"})) == []
+
+
+def test_spec_paused_is_a_control_only_once_the_run_saw_an_older_generation() -> None:
+    assert controls.pending(migration({}, generation=1, paused=True)) == []
+    [pause] = controls.pending(migration({}, generation=2, paused=True, observedGeneration=1))
+
+    assert isinstance(pause, controls.Control)
+    assert pause.signal is Signal.PAUSE
+    assert pause.value == "true@2"
