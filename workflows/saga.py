@@ -417,24 +417,30 @@ class Saga:
                     name, workflow.now(), state=StepState.FAILED, last_error=f"interrupted: {reason}"
                 )
         await self.transition(Phase.ROLLING_BACK, f"rolling back: {reason}", "RollingBack", EventType.WARNING)
-        failed: list[str] = []
-        for step in reversed(self.started):
+        pending = [step for step in reversed(self.started) if step.undo is not None]
+        while pending:
+            step = pending.pop(0)
             call = step.undo_call(self.context)
-            if call is not None:
-                error = await self._undo(step, call)
-                if error is not None:
-                    failed.append(f"{step.name} ({error})")
+            error = await self._undo(step, call) if call is not None else None
+            if error is not None:
+                # Older steps' undos would pull the ground from under this one (e.g. remove the
+                # target while the Service still sends it traffic): the rollback stops here.
+                await self._stop_rollback(reason, step.name, error, [left.name for left in pending])
         self.status.current_step = None
         self.controls.stage = Stage.FINISHED
-        if failed:
-            message = (
-                f"rollback incomplete after {reason}: undo of {'; '.join(failed)} kept failing. "
-                "Fix the cause and undo those steps by hand (see the README's recovery section)"
-            )
-            await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
-            raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
         await self.transition(Phase.ROLLED_BACK, f"rolled back: {reason}", "RolledBack")
         return MigrationResult(phase=Phase.ROLLED_BACK, message=self.status.message, snapshot=self.status.snapshot)
+
+    async def _stop_rollback(self, reason: str, step: str, error: str, left: list[str]) -> None:
+        self.status.current_step = None
+        self.controls.stage = Stage.FINISHED
+        not_undone = f"; not undone, so as not to act on what depends on it: {', '.join(left)}" if left else ""
+        message = (
+            f"rollback stopped after {reason}: the undo of {step} kept failing ({error}){not_undone}. "
+            "Fix the cause and finish the undo by hand, newest step first (see the README's recovery section)"
+        )
+        await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
+        raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
 
     async def _undo(self, step: Step[Any, Any], call: Call) -> str | None:
         """Runs a step's undo until it succeeds or its attempts are spent; returns the last error if they were."""

@@ -395,7 +395,9 @@ async def test_under_the_pause_policy_rollback_undoes_the_started_steps(run_saga
     assert saga.fakes.undo_calls == undos_of(started_until(VERIFY))
 
 
-async def test_a_compensation_that_keeps_failing_ends_failed_naming_the_step(run_saga: Run) -> None:
+async def test_an_undo_that_keeps_failing_stops_the_rollback_before_older_undos_act_on_what_depends_on_it(
+    run_saga: Run,
+) -> None:
     undo_switch = UNDO[SWITCH_TRAFFIC]
     fakes = FakeSaga(fail={SCALE_DOWN_OLD: InvalidSpec("no scale subresource"), undo_switch: RuntimeError("API down")})
     saga = await run_saga(fakes)
@@ -408,14 +410,15 @@ async def test_a_compensation_that_keeps_failing_ends_failed_naming_the_step(run
     final = saga.final_status
     assert final.phase is Phase.FAILED
     assert final.message is not None
-    assert "undo of switch-traffic" in final.message
+    assert "the undo of switch-traffic kept failing (RuntimeError: API down)" in final.message
+    assert "not undone, so as not to act on what depends on it: migrate, snapshot, freeze, provision" in final.message
     switch = final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)]
     assert switch.state is StepState.COMPENSATION_FAILED
     assert switch.undo_attempts == 12
     assert switch.last_error == "undo: RuntimeError: API down"
-    # The other undos still ran, in reverse order, after the one that kept failing.
-    assert fakes.undo_calls[-4:] == undos_of(started_until(MIGRATE))
-    assert fakes.calls.count(undo_switch) == 12
+    # The target still serves: its data and its StatefulSet are not undone under it.
+    assert fakes.undo_calls == [UNDO[SCALE_DOWN_OLD], *[undo_switch] * 12]
+    assert final.steps[STEP_ACTIVITIES.index(MIGRATE)].state is StepState.SUCCEEDED
     assert {c.type: c.status.value for c in final.conditions}["Succeeded"] == "False"
 
 
