@@ -12,7 +12,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, MigrationSpec
+from ferry.api.migration import (
+    MANAGED_BY_LABEL,
+    MIGRATION_LABEL,
+    MIGRATION_UID_LABEL,
+    STATEFULSET_LABEL,
+    MigrationSpec,
+)
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, ready_replicas
@@ -53,7 +59,11 @@ def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_th
     assert [c.image for c in target.spec.template.spec.containers] == ["postgres:16"]
     assert target.status.ready_replicas == 2
     assert not target.metadata.owner_references, "the target must outlive the Migration"
-    assert target.metadata.labels == {MANAGED_BY_LABEL: "ferry", MIGRATION_LABEL: MIGRATION}
+    assert target.metadata.labels == {
+        MANAGED_BY_LABEL: "ferry",
+        MIGRATION_LABEL: MIGRATION,
+        MIGRATION_UID_LABEL: ref.uid,
+    }, "the Migration's name for people, its uid for ferry"
     assert "app" not in target.spec.template.metadata.labels, "the stable Service selects app"
     claims = _claims(kube_api, ref.namespace, TARGET)
     assert [c.metadata.name for c in claims] == ["data-orders-db-16-0", "data-orders-db-16-1"]
