@@ -85,9 +85,14 @@ def delete_if_unchanged(delete: Callable[..., Any], name: str, namespace: str, u
             raise
 
 
-def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: str) -> Any:
-    """Server-side applies a full manifest through a generated `patch_namespaced_*` method."""
+def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: str, *, dry_run: bool = False) -> Any:
+    """Server-side applies a full manifest through a generated `patch_namespaced_*` method.
+
+    With `dry_run`, the API server validates and admits the object as it would store it,
+    and stores nothing: a refusal (422) then comes before anything was written.
+    """
     metadata = manifest["metadata"]
+    options: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
     return patch(
         metadata["name"],
         metadata["namespace"],
@@ -95,6 +100,7 @@ def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: st
         field_manager=field_manager,
         force=True,
         _content_type=APPLY_PATCH,
+        **options,
     )
 
 

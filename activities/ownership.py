@@ -52,7 +52,7 @@ def owner(obj: Any) -> str:
     labels = labels_of(obj)
     uid, name = labels.get(MIGRATION_UID_LABEL), labels.get(MIGRATION_LABEL)
     if uid:
-        return f"Migration {name!r} (uid {uid})"
+        return f"another Migration, {name!r} (uid {uid})"
     if name:
         return (
             f"an older ferry for a Migration named {name!r} (it has only the name label {MIGRATION_LABEL}, "

@@ -42,12 +42,12 @@ class Provisioning(ClusterApi):
 
         Checks everything first and writes nothing when one check fails (InvalidSpec, not
         retried): the source StatefulSet and stable Service exist and the Service has a
-        selector; the StorageClass exists; the stable Service does not already select
-        the target's Pods (a live target, switched by an earlier run); and no StatefulSet,
-        Service or claim with the target's names exists unless it carries this
-        Migration's uid. Idempotent: both objects are server-side applied from the same
-        source and spec, labelled with the Migration's uid, so a retry finds them its own
-        and applies the same manifests again.
+        selector; the stable Service does not already select the target's Pods (a live
+        target, switched by an earlier run); no StatefulSet, Service or claim with the
+        target's names exists unless it carries this Migration's uid; the StorageClass
+        exists; and the API server accepts both objects in a dry run. Idempotent: both
+        objects are server-side applied from the same source and spec, labelled with the
+        Migration's uid, so a retry finds them its own and applies the same manifests again.
         """
         ref, target = input.ref, input.spec.target.stateful_set
         headless, stateful_set = self._checked_manifests(ref, input.spec)
@@ -138,6 +138,11 @@ class Provisioning(ClusterApi):
                 )
                 self._refuse_foreign(ref, "PersistentVolumeClaim", claim, name)
         self._refuse_missing_storage_classes(ref, spec, stateful_set)
+        # Last, the API server's own validation and admission, storing nothing: its refusal (422) changes nothing.
+        kube_calls.apply(self._core.patch_namespaced_service, headless, self._settings.field_manager, dry_run=True)
+        kube_calls.apply(
+            self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager, dry_run=True
+        )
         return headless, stateful_set
 
     def _refuse_live(
