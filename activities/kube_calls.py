@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
@@ -66,18 +67,32 @@ def read_or_none(read: Callable[..., Any], name: str, namespace: str) -> Any:
         raise
 
 
-def delete_if_present(delete: Callable[..., Any], name: str, namespace: str) -> None:
-    """A generated `delete_namespaced_*` call for which NotFound means the work is done."""
+def delete_if_unchanged(delete: Callable[..., Any], name: str, namespace: str, uid: str, resource_version: str) -> None:
+    """A generated `delete_namespaced_*` call that deletes only the object as it was read (else 409).
+
+    The preconditions make the API server refuse when the object was replaced (another
+    uid) or changed (another resourceVersion) since the read that decided to delete it;
+    NotFound means the work is done.
+    """
+    options = k8s.V1DeleteOptions(
+        propagation_policy="Background",
+        preconditions=k8s.V1Preconditions(uid=uid, resource_version=resource_version),
+    )
     try:
-        delete(name, namespace, propagation_policy="Background")
+        delete(name, namespace, body=options)
     except ApiException as error:
         if not is_not_found(error):
             raise
 
 
-def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: str) -> Any:
-    """Server-side applies a full manifest through a generated `patch_namespaced_*` method."""
+def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: str, *, dry_run: bool = False) -> Any:
+    """Server-side applies a full manifest through a generated `patch_namespaced_*` method.
+
+    With `dry_run`, the API server validates and admits the object as it would store it,
+    and stores nothing: a refusal (422) then comes before anything was written.
+    """
     metadata = manifest["metadata"]
+    options: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
     return patch(
         metadata["name"],
         metadata["namespace"],
@@ -85,6 +100,7 @@ def apply(patch: Callable[..., Any], manifest: dict[str, Any], field_manager: st
         field_manager=field_manager,
         force=True,
         _content_type=APPLY_PATCH,
+        **options,
     )
 
 
@@ -101,15 +117,18 @@ def set_value(path: str, value: Any) -> dict[str, Any]:
 
 
 def set_annotation(read_object: dict[str, Any], key: str, value: str) -> dict[str, Any]:
-    """A JSON Patch operation setting one annotation, also when the object has none yet."""
-    if read_object["metadata"].get("annotations") is None:
-        return set_value("/metadata/annotations", {key: value})
-    return set_value(f"/metadata/annotations/{_pointer_token(key)}", value)
+    """A JSON Patch operation setting one annotation of `read_object`, keeping the others as read.
+
+    It writes the whole map: an operation on one key fails with 422 (not 409) when a
+    concurrent change removed the map, and 422 is a refusal that is not retried. Under
+    the resourceVersion guard, a concurrent change is a 409 either way.
+    """
+    return set_value("/metadata/annotations", {**annotations_of(read_object), key: value})
 
 
-def remove_annotation(key: str) -> dict[str, Any]:
-    """A JSON Patch operation removing an annotation that the guarded read showed present."""
-    return {"op": "remove", "path": f"/metadata/annotations/{_pointer_token(key)}"}
+def remove_annotation(read_object: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON Patch operation removing one annotation of `read_object`, keeping the others (see set_annotation)."""
+    return set_value("/metadata/annotations", {k: v for k, v in annotations_of(read_object).items() if k != key})
 
 
 def annotations_of(read_object: dict[str, Any]) -> dict[str, str]:
@@ -131,8 +150,3 @@ def retry_on_conflict(attempt: Callable[[], T], attempts: int = CONFLICT_ATTEMPT
             if not is_conflict(error) or conflicts + 1 >= attempts:
                 raise
             conflicts += 1
-
-
-def _pointer_token(key: str) -> str:
-    """Escapes a map key for a JSON Pointer (RFC 6901): annotation keys contain '/'."""
-    return key.replace("~", "~0").replace("/", "~1")

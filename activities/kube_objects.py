@@ -1,10 +1,11 @@
 """The objects provision creates, built from the source as plain manifests.
 
 Pure functions from what was read to what is applied, so the rules read in one place:
-what is copied from the source, which labels the target's Pods carry (none that the
-stable Service selects, so it cannot send them traffic before switch-traffic), and
-which requests are refused. Manifests are plain dicts, as the API server sends and
-server-side apply takes them; objects are read as raw JSON (see kube_calls).
+what is copied from the source, which labels the target's objects carry (the owning
+Migration's uid, see ownership.py; and on Pods none that the stable Service selects,
+so it cannot send them traffic before switch-traffic), and which requests are refused.
+Manifests are plain dicts, as the API server sends and server-side apply takes them;
+objects are read as raw JSON (see kube_calls).
 """
 
 from __future__ import annotations
@@ -12,22 +13,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from activities.ownership import object_labels
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, TargetSpec
+from ferry.api.migration import MIGRATION_LABEL, MIGRATION_UID_LABEL, STATEFULSET_LABEL, TargetSpec
 from ferry.api.saga import MigrationRef
 
-MANAGED_BY = "ferry"
-PREVIOUS_SELECTOR_ANNOTATION = "ferry.dev/previous-selector"
-"""On the stable Service while it points at the target: its selector before switch-traffic, as JSON."""
-PREVIOUS_REPLICAS_ANNOTATION = "ferry.dev/previous-replicas"
-"""On the source StatefulSet while scaled down: its replicas before scale-down-old."""
 MAX_LABEL_VALUE = 63
-
-
-def belongs_to(obj: dict[str, Any] | None, migration: str) -> bool:
-    """Whether ferry created `obj` for the Migration named `migration` (its MIGRATION_LABEL says so)."""
-    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(MIGRATION_LABEL) == migration)
 
 
 def is_pod_of(stateful_set: str, pod: str) -> bool:
@@ -43,15 +34,12 @@ def label_selector(labels: dict[str, str]) -> str:
 def target_pod_labels(ref: MigrationRef, target: str) -> dict[str, str]:
     """Labels that mark the target's Pods and claims; the stable Service selects the first after the switch."""
     if len(ref.name) > MAX_LABEL_VALUE:
+        # The CRD refuses such names at admission; this guards Migrations created before it did.
         raise InvalidSpec(
             f"metadata.name: ferry labels the objects it creates with the Migration's name, which must then be "
             f"at most {MAX_LABEL_VALUE} characters; re-create Migration {ref} with a shorter name."
         )
-    return {STATEFULSET_LABEL: target, MIGRATION_LABEL: ref.name}
-
-
-def object_labels(ref: MigrationRef) -> dict[str, str]:
-    return {MANAGED_BY_LABEL: MANAGED_BY, MIGRATION_LABEL: ref.name}
+    return {STATEFULSET_LABEL: target, MIGRATION_LABEL: ref.name, MIGRATION_UID_LABEL: ref.uid}
 
 
 def target_stateful_set(

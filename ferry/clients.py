@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 
 from ferry.api.saga import TASK_QUEUE
+from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +71,13 @@ async def connect_temporal(
     )
 
 
-def kubernetes_client(kubeconfig: Path | None, *, connections: int = 16) -> k8s.ApiClient:
+def kubernetes_client(
+    kubeconfig: Path | None, *, connections: int = 16, timeouts: RequestTimeouts = DEFAULT_TIMEOUTS
+) -> k8s.ApiClient:
     """An API client from the given kubeconfig, else in-cluster config, else ~/.kube/config.
 
     `connections` sizes the connection pool: one per thread that calls the API at once.
+    `timeouts` bounds every call that does not pass its own `_request_timeout` (see kube_requests).
     """
     configuration = k8s.Configuration()
     if kubeconfig is not None:
@@ -84,7 +88,7 @@ def kubernetes_client(kubeconfig: Path | None, *, connections: int = 16) -> k8s.
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = connections
-    return k8s.ApiClient(configuration)
+    return BoundedApiClient(configuration, timeouts)
 
 
 def env(name: str, default: str | None = None) -> str | None:

@@ -30,6 +30,7 @@ _KEEP = {
     "maximum",
     "format",
     "additionalProperties",
+    "x-kubernetes-validations",
 }
 
 _LIST_MAP_KEYS = {("status", "conditions"): "type", ("status", "steps"): "name"}
@@ -108,6 +109,16 @@ _SPEC_RULES = [
 ]
 
 
+_ROOT_RULES = [
+    {
+        # At the root, CEL may read metadata.name (and generateName): the one place to bound it.
+        "rule": f"size(self.metadata.name) <= {api.MAX_NAME}",
+        "message": f"metadata.name must be at most {api.MAX_NAME} characters: ferry puts the Migration's name "
+        "in a label on the objects it creates",
+    },
+]
+
+
 def _mark_list_maps(schema: dict[str, Any]) -> None:
     for (section, field), key in _LIST_MAP_KEYS.items():
         node = schema["properties"][section]["properties"][field]
@@ -127,6 +138,7 @@ def open_api_schema() -> dict[str, Any]:
     schema: dict[str, Any] = {
         "type": "object",
         "description": "A durable, reversible migration of a stateful service, run as a Temporal saga.",
+        "x-kubernetes-validations": _ROOT_RULES,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},

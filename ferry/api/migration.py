@@ -9,10 +9,11 @@ conventions want. Nothing here has side effects, so workflow code may import it.
 from __future__ import annotations
 
 import enum
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 GROUP = "ferry.dev"
@@ -28,12 +29,27 @@ FINALIZER = f"{GROUP}/migration"
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MIGRATION_LABEL = f"{GROUP}/migration"
-"""Label on every object ferry creates, naming the Migration it belongs to."""
+"""Label on every object ferry creates, naming the Migration it was made for: for people, not for ferry."""
+MIGRATION_UID_LABEL = f"{GROUP}/migration-uid"
+"""Label on every object ferry creates, holding the uid of the Migration that owns it: ferry acts on
+an object only when this is its own Migration's uid. A Migration re-created under the same name
+has a new uid, so it never takes over (or undoes) what an earlier one made."""
 STATEFULSET_LABEL = f"{GROUP}/statefulset"
 """Pod label of a target StatefulSet; the stable Service selects it after switch-traffic."""
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+
+MAX_NAME = 63
+"""Longest Migration name: ferry puts it in a label on what it creates, and label values hold 63."""
+DAY = 24 * 3600
+MAX_STEP_SECONDS = 7 * DAY
+"""Longest per-attempt timeout of a step; Temporal's timers and Python's timedelta stay far from overflow."""
+MAX_APPROVAL_SECONDS = 30 * DAY
+"""Longest wait for an approval."""
+MAX_SOAK_SECONDS = 7 * DAY
+"""Longest soak before scale-down-old."""
+MAX_REPLICAS = 100
 
 
 class ApiModel(BaseModel):
@@ -52,6 +68,32 @@ class ApiModel(BaseModel):
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
+
+
+def _positive_quantity(value: str) -> str:
+    number = re.match(r"^[0-9.]+", value)
+    if number is None or float(number.group()) <= 0:
+        raise ValueError(f"{value!r} is not a positive quantity")
+    return value
+
+
+PositiveQuantity = Annotated[
+    str,
+    Field(
+        pattern=QUANTITY,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # The pattern is checked too, but CEL rules run on values that fail it: guard quantity().
+                    "rule": "!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))",
+                    "message": "must be a positive quantity, e.g. 20Gi",
+                }
+            ]
+        },
+    ),
+    AfterValidator(_positive_quantity),
+]
+"""A Kubernetes quantity greater than zero, e.g. 20Gi; the API server checks it with CEL's quantity library."""
 
 
 class StepName(enum.StrEnum):
@@ -168,12 +210,12 @@ class TargetSpec(ApiModel):
         default=None,
         description="Which container of the source's Pod template gets the new image (default: the first).",
     )
-    replicas: int = Field(default=1, ge=1, le=100, description="Replicas of the target StatefulSet.")
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Replicas of the target StatefulSet.")
     storage_class_name: Name | None = Field(
         default=None,
         description="StorageClass of the target's volumes (default: the source's, else the cluster default).",
     )
-    storage_size: Quantity = Field(description="Size of each target volume, e.g. 20Gi.")
+    storage_size: PositiveQuantity = Field(description="Size of each target volume, greater than zero, e.g. 20Gi.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Resources of the target container (default: the source's)."
     )
@@ -218,22 +260,25 @@ class ApprovalSpec(ApiModel):
 
     required: bool = Field(default=False, description="Wait for an approval before switch-traffic.")
     deadline_seconds: int | None = Field(
-        default=None, ge=1, description="How long to wait for the approval (default: forever)."
+        default=None,
+        ge=1,
+        le=MAX_APPROVAL_SECONDS,
+        description="How long to wait for the approval, at most 30 days (default: forever).",
     )
     on_deadline: DeadlinePolicy = Field(default=DeadlinePolicy.ROLL_BACK, description="What to do when it passes.")
 
 
 class StepTimeouts(ApiModel):
-    """Seconds each step may take, per attempt."""
+    """Seconds each step may take, per attempt: at least 10, at most 7 days (604800)."""
 
-    precheck: int = Field(default=300, ge=10)
-    provision: int = Field(default=900, ge=10)
-    freeze: int = Field(default=120, ge=10)
-    snapshot: int = Field(default=3600, ge=10)
-    migrate: int = Field(default=3600, ge=10)
-    verify: int = Field(default=1800, ge=10)
-    switch_traffic: int = Field(default=300, ge=10)
-    scale_down_old: int = Field(default=600, ge=10)
+    precheck: int = Field(default=300, ge=10, le=MAX_STEP_SECONDS)
+    provision: int = Field(default=900, ge=10, le=MAX_STEP_SECONDS)
+    freeze: int = Field(default=120, ge=10, le=MAX_STEP_SECONDS)
+    snapshot: int = Field(default=3600, ge=10, le=MAX_STEP_SECONDS)
+    migrate: int = Field(default=3600, ge=10, le=MAX_STEP_SECONDS)
+    verify: int = Field(default=1800, ge=10, le=MAX_STEP_SECONDS)
+    switch_traffic: int = Field(default=300, ge=10, le=MAX_STEP_SECONDS)
+    scale_down_old: int = Field(default=600, ge=10, le=MAX_STEP_SECONDS)
 
     def for_step(self, step: str) -> int:
         value: int = getattr(self, step.replace("-", "_"))
@@ -264,7 +309,10 @@ class MigrationSpec(ApiModel):
     failure_policy: FailurePolicy = Field(default=FailurePolicy.ROLL_BACK)
     timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
     soak_seconds: int = Field(
-        default=0, ge=0, le=7 * 24 * 3600, description="Time to watch the target serve traffic before scale-down-old."
+        default=0,
+        ge=0,
+        le=MAX_SOAK_SECONDS,
+        description="Seconds to watch the target serve traffic before scale-down-old, at most 7 days.",
     )
     paused: bool = Field(
         default=False, description="Control field: true holds the saga before its next step; false lets it go on."
@@ -277,8 +325,8 @@ class MigrationSpec(ApiModel):
 class StepStatus(ApiModel):
     name: str = Field(description="The step, e.g. provision (see the README's table of steps).")
     state: StepState = StepState.PENDING
-    attempts: int = Field(default=0, description="How many times the saga started this step.")
-    undo_attempts: int = Field(default=0, description="How many times the saga started this step's undo.")
+    attempts: int = Field(default=0, ge=0, description="How many times the saga started this step.")
+    undo_attempts: int = Field(default=0, ge=0, description="How many times the saga started this step's undo.")
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_error: str | None = Field(default=None, description="Why the last attempt (or undo attempt) failed.")
@@ -302,7 +350,7 @@ class Condition(ApiModel):
     status: ConditionStatus
     reason: Annotated[str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
     message: str = ""
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
     last_transition_time: datetime
 
 
@@ -320,7 +368,7 @@ class SnapshotStatus(ApiModel):
     bucket: str | None = Field(default=None, description="Bucket of the snapshot object.")
     key: str | None = Field(default=None, description="Key of the snapshot object.")
     sha256: str
-    size_bytes: int
+    size_bytes: int = Field(ge=0)
     deleted: bool = Field(default=False, description="Whether retention has deleted the object.")
 
 
@@ -366,7 +414,7 @@ class MigrationStatus(ApiModel):
     message: str | None = None
     steps: list[StepStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
     workflow: WorkflowRef | None = None
     snapshot: SnapshotStatus | None = None
     approved_by: str | None = None

@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import MANAGED_BY_LABEL, MIGRATION_LABEL, STATEFULSET_LABEL, MigrationSpec
+from ferry.api.migration import (
+    MANAGED_BY_LABEL,
+    MIGRATION_LABEL,
+    MIGRATION_UID_LABEL,
+    STATEFULSET_LABEL,
+    MigrationSpec,
+)
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
+from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
-from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, ready_replicas
-
-
-def _claims(kube_api: k8s.ApiClient, namespace: str, stateful_set: str) -> list[Any]:
-    """The volume claims of a StatefulSet's Pods, by their names `<template>-<stateful_set>-<ordinal>`."""
-    claims = k8s.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
-    prefix = f"data-{stateful_set}-"
-    return sorted(
-        (c for c in claims if c.metadata.name.startswith(prefix) and c.metadata.name[len(prefix) :].isdigit()),
-        key=lambda c: c.metadata.name,
-    )
-
-
-def _absent(read: Any, name: str, namespace: str) -> bool:
-    try:
-        read(name, namespace)
-    except ApiException as error:
-        return bool(error.status == 404)
-    return False
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
 
 
 def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_the_stable_service_does_not_select(
@@ -53,17 +42,29 @@ def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_th
     assert [c.image for c in target.spec.template.spec.containers] == ["postgres:16"]
     assert target.status.ready_replicas == 2
     assert not target.metadata.owner_references, "the target must outlive the Migration"
-    assert target.metadata.labels == {MANAGED_BY_LABEL: "ferry", MIGRATION_LABEL: MIGRATION}
+    assert target.metadata.labels == {
+        MANAGED_BY_LABEL: "ferry",
+        MIGRATION_LABEL: MIGRATION,
+        MIGRATION_UID_LABEL: ref.uid,
+    }, "the Migration's name for people, its uid for ferry"
     assert "app" not in target.spec.template.metadata.labels, "the stable Service selects app"
-    claims = _claims(kube_api, ref.namespace, TARGET)
+    claims = claims_of(kube_api, ref.namespace, TARGET)
     assert [c.metadata.name for c in claims] == ["data-orders-db-16-0", "data-orders-db-16-1"]
-    assert {(c.spec.storage_class_name, c.spec.resources.requests["storage"], c.status.phase) for c in claims} == {
-        ("fast", "2Gi", "Bound")
-    }
+    assert {(c.spec.storage_class_name, c.spec.resources.requests["storage"]) for c in claims} == {("fast", "2Gi")}
+    assert all(c.metadata.labels[MIGRATION_UID_LABEL] == ref.uid for c in claims)
+    # The claims' phase, and the headless Service's endpoints, are written by controllers
+    # of their own, possibly after the StatefulSet reported Ready: wait for them, do not assume.
+    eventually(
+        "the target's claims to be Bound",
+        lambda: [c.status.phase for c in claims_of(kube_api, ref.namespace, TARGET)] == ["Bound", "Bound"],
+    )
     headless = core.read_namespaced_service(TARGET, ref.namespace)
     assert headless.spec.cluster_ip == "None"
     assert headless.spec.selector == {STATEFULSET_LABEL: TARGET}
-    assert endpoint_pods(kube_api, ref.namespace, TARGET) == TARGET_PODS
+    eventually(
+        "the headless Service to list the target's Pods",
+        lambda: endpoint_pods(kube_api, ref.namespace, TARGET) == TARGET_PODS,
+    )
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS, "no traffic reaches the target yet"
     assert heartbeats, "provision heartbeats while it waits"
     assert heartbeats[-1][0]["ready"] == heartbeats[-1][0]["desired"] == 2
@@ -97,7 +98,7 @@ def test_provision_of_a_missing_source_fails_naming_spec_source_stateful_set(
     with pytest.raises(InvalidSpec, match=r"spec\.source\.statefulSet: 'orders-db' does not exist"):
         activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
 
-    assert _absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
 
 
 def test_provision_refuses_to_take_over_a_stateful_set_it_did_not_create(
@@ -159,13 +160,13 @@ def test_undo_provision_removes_the_target_its_service_and_claims_and_leaves_the
     undo = UndoProvisionInput(ref=ref, stateful_set=TARGET)
     activity_env.run(cluster.undo_provision, undo)
 
-    assert _absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
-    assert _absent(core.read_namespaced_service, TARGET, ref.namespace)
-    assert _claims(kube_api, ref.namespace, TARGET) == []
+    assert absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert absent(core.read_namespaced_service, TARGET, ref.namespace)
+    assert claims_of(kube_api, ref.namespace, TARGET) == []
     assert core.list_namespaced_pod(ref.namespace, label_selector=f"{STATEFULSET_LABEL}={TARGET}").items == []
     assert core.read_namespaced_persistent_volume_claim("keep-me", ref.namespace).metadata.deletion_timestamp is None
     assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2
-    assert [c.metadata.name for c in _claims(kube_api, ref.namespace, SOURCE)] == [
+    assert [c.metadata.name for c in claims_of(kube_api, ref.namespace, SOURCE)] == [
         "data-orders-db-0",
         "data-orders-db-1",
     ]
@@ -173,5 +174,62 @@ def test_undo_provision_removes_the_target_its_service_and_claims_and_leaves_the
 
     activity_env.run(cluster.undo_provision, undo)  # a second run is harmless
 
-    assert _absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
     assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2
+
+
+def test_provision_refuses_a_storage_class_that_does_not_exist_before_creating_anything(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    gold = spec.model_copy(update={"target": spec.target.model_copy(update={"storage_class_name": "gold"})})
+
+    with pytest.raises(InvalidSpec) as refused:
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=gold))
+
+    assert str(refused.value).startswith("spec.target.storageClassName: StorageClass 'gold' does not exist")
+    assert "the cluster has fast, standard" in str(refused.value)
+    assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert absent(k8s.CoreV1Api(kube_api).read_namespaced_service, TARGET, ref.namespace)
+    assert claims_of(kube_api, ref.namespace, TARGET) == []
+
+
+def test_provision_refuses_the_target_of_another_migration_with_the_same_name_and_changes_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    provisioned: ProvisionResult,
+) -> None:
+    before = target_objects(kube_api, ref.namespace, TARGET)
+    applied_again = MigrationRef(namespace=ref.namespace, name=ref.name, uid=str(uuid.uuid4()))
+
+    with pytest.raises(InvalidSpec) as refused:
+        activity_env.run(cluster.provision, ProvisionInput(ref=applied_again, spec=spec))
+
+    assert f"StatefulSet {ref.namespace}/{TARGET} already exists and belongs to another Migration" in str(refused.value)
+    assert f"(uid {ref.uid})" in str(refused.value)
+    assert "changed nothing" in str(refused.value)
+    assert target_objects(kube_api, ref.namespace, TARGET) == before
+
+
+def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_same_name(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    provision_as_an_older_ferry(kube_api, ref, spec)
+    before = target_objects(kube_api, ref.namespace, TARGET)
+
+    with pytest.raises(InvalidSpec, match=r"belongs to an older ferry for a Migration named 'orders-db-to-16'"):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    assert target_objects(kube_api, ref.namespace, TARGET) == before

@@ -1,54 +1,142 @@
-"""switch_traffic sends the stable Service's traffic to the target's Pods; undo_switch_traffic sends it back."""
+"""switch_traffic sends the stable Service's traffic to the target's Pods; undo_switch_traffic sends it back.
+
+The undo may run with no result of the step (previous_selector None): it then restores
+only what its own Migration's switch recorded on the Service, and changes nothing when
+the switch never happened, or was another Migration's.
+"""
 
 from __future__ import annotations
 
+import json
+import uuid
+
+import pytest
 from kubernetes import client as k8s
+from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
+from ferry.api.errors import InvalidSpec
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import (
     MigrationRef,
     ProvisionResult,
     ScaleDownOldInput,
     SwitchTrafficInput,
-    SwitchTrafficResult,
     UndoSwitchTrafficInput,
 )
+from tests.activities.cluster_state import stable_service
 from tests.activities.conftest import TARGET, TARGET_PODS
-from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually
 
 ORIGINAL_SELECTOR = {"app": SOURCE}
+TARGET_SELECTOR = {STATEFULSET_LABEL: TARGET}
+RECORD = "ferry.dev/previous-selector"
 
 
-def _stable_service(kube_api: k8s.ApiClient, namespace: str) -> k8s.V1Service:
-    return k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace)
+def _switch(ref: MigrationRef) -> SwitchTrafficInput:
+    return SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET)
 
 
-def test_switch_traffic_lists_only_target_pods_and_its_undo_lists_the_source_pods_again(
+def _undo(ref: MigrationRef, previous_selector: dict[str, str] | None = None) -> UndoSwitchTrafficInput:
+    return UndoSwitchTrafficInput(
+        ref=ref, service=SOURCE, previous_selector=previous_selector, source_stateful_set=SOURCE
+    )
+
+
+def _serves_the_source_again(kube_api: k8s.ApiClient, namespace: str) -> None:
+    service = stable_service(kube_api, namespace)
+    assert service.spec.selector == ORIGINAL_SELECTOR
+    assert RECORD not in (service.metadata.annotations or {})
+    eventually(
+        "the stable Service to list the source's Pods",
+        lambda: endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS,
+    )
+
+
+def _serves_the_target(kube_api: k8s.ApiClient, namespace: str) -> None:
+    assert stable_service(kube_api, namespace).spec.selector == TARGET_SELECTOR
+    eventually(
+        "the stable Service to list the target's Pods",
+        lambda: endpoint_pods(kube_api, namespace, SOURCE) == TARGET_PODS,
+    )
+
+
+def test_switch_traffic_lists_only_target_pods_and_records_the_selector_before_with_its_migration(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
     cluster: ClusterActivities,
     ref: MigrationRef,
     provisioned: ProvisionResult,
 ) -> None:
-    switched = activity_env.run(
-        cluster.switch_traffic, SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET)
-    )
+    switched = activity_env.run(cluster.switch_traffic, _switch(ref))
 
-    assert switched == SwitchTrafficResult(previous_selector=ORIGINAL_SELECTOR, endpoints=TARGET_PODS)
-    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == TARGET_PODS
-    assert _stable_service(kube_api, ref.namespace).spec.selector == {STATEFULSET_LABEL: TARGET}
+    assert switched.previous_selector == ORIGINAL_SELECTOR
+    assert switched.endpoints, "it waited for the target's Pods"
+    assert set(switched.endpoints) <= set(TARGET_PODS), "and for no other Pods"
+    _serves_the_target(kube_api, ref.namespace)
+    record = json.loads(stable_service(kube_api, ref.namespace).metadata.annotations[RECORD])
+    assert record == {"migration": ref.uid, "selector": ORIGINAL_SELECTOR}
 
-    undo = UndoSwitchTrafficInput(
-        ref=ref, service=SOURCE, previous_selector=switched.previous_selector, source_stateful_set=SOURCE
-    )
-    activity_env.run(cluster.undo_switch_traffic, undo)
 
+def test_undo_switch_traffic_with_the_steps_result_lists_the_source_pods_again(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    switched = activity_env.run(cluster.switch_traffic, _switch(ref))
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref, switched.previous_selector))
+
+    _serves_the_source_again(kube_api, ref.namespace)
+
+
+def test_undo_switch_traffic_without_the_steps_result_restores_what_its_own_switch_recorded(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+
+    _serves_the_source_again(kube_api, ref.namespace)
+
+
+def test_undo_switch_traffic_after_switch_traffic_was_cancelled_while_waiting_points_back(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.cancel()
+    with pytest.raises(CancelledError):
+        activity_env.run(cluster.switch_traffic, _switch(ref))
+    assert stable_service(kube_api, ref.namespace).spec.selector == TARGET_SELECTOR, "it switched, then was stopped"
+
+    ActivityEnvironment().run(cluster.undo_switch_traffic, _undo(ref))
+
+    _serves_the_source_again(kube_api, ref.namespace)
+
+
+def test_undo_switch_traffic_when_switch_traffic_never_ran_changes_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    version = stable_service(kube_api, ref.namespace).metadata.resource_version
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+
+    assert stable_service(kube_api, ref.namespace).metadata.resource_version == version
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
-    service = _stable_service(kube_api, ref.namespace)
-    assert service.spec.selector == ORIGINAL_SELECTOR
-    assert "ferry.dev/previous-selector" not in (service.metadata.annotations or {})
 
 
 def test_switch_traffic_and_its_undo_can_each_run_twice(
@@ -58,23 +146,91 @@ def test_switch_traffic_and_its_undo_can_each_run_twice(
     ref: MigrationRef,
     provisioned: ProvisionResult,
 ) -> None:
-    switch = SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET)
-
-    first = activity_env.run(cluster.switch_traffic, switch)
-    second = activity_env.run(cluster.switch_traffic, switch)
+    first = activity_env.run(cluster.switch_traffic, _switch(ref))
+    second = activity_env.run(cluster.switch_traffic, _switch(ref))
 
     assert first.previous_selector == second.previous_selector == ORIGINAL_SELECTOR
-    assert second.endpoints == TARGET_PODS
+    assert second.endpoints
+    assert set(second.endpoints) <= set(TARGET_PODS)
 
-    undo = UndoSwitchTrafficInput(
-        ref=ref, service=SOURCE, previous_selector=ORIGINAL_SELECTOR, source_stateful_set=SOURCE
-    )
-    activity_env.run(cluster.undo_switch_traffic, undo)
-    version = _stable_service(kube_api, ref.namespace).metadata.resource_version
-    activity_env.run(cluster.undo_switch_traffic, undo)
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+    version = stable_service(kube_api, ref.namespace).metadata.resource_version
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref, ORIGINAL_SELECTOR))
 
-    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
-    assert _stable_service(kube_api, ref.namespace).metadata.resource_version == version, "nothing left to change"
+    _serves_the_source_again(kube_api, ref.namespace)
+    assert stable_service(kube_api, ref.namespace).metadata.resource_version == version, "nothing left to change"
+
+
+def test_undo_switch_traffic_of_another_migration_with_the_same_name_changes_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+    version = stable_service(kube_api, ref.namespace).metadata.resource_version
+    applied_again = MigrationRef(namespace=ref.namespace, name=ref.name, uid=str(uuid.uuid4()))
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(applied_again))
+    activity_env.run(cluster.undo_switch_traffic, _undo(applied_again, ORIGINAL_SELECTOR))
+
+    assert stable_service(kube_api, ref.namespace).metadata.resource_version == version
+    _serves_the_target(kube_api, ref.namespace)
+
+
+def test_switch_traffic_refuses_a_target_its_migration_did_not_provision(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    applied_again = MigrationRef(namespace=ref.namespace, name=ref.name, uid=str(uuid.uuid4()))
+
+    with pytest.raises(InvalidSpec, match=r"belongs to another Migration, 'orders-db-to-16'"):
+        activity_env.run(cluster.switch_traffic, _switch(applied_again))
+
+    assert stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
+
+
+def test_switch_traffic_and_its_undo_understand_the_record_of_an_older_ferry(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    # What an older ferry's switch wrote: the selector before, as bare JSON, with no uid.
+    older = {
+        "spec": {"selector": {"app": None, **TARGET_SELECTOR}},  # a merge patch: None removes a key
+        "metadata": {"annotations": {RECORD: json.dumps(ORIGINAL_SELECTOR)}},
+    }
+    k8s.CoreV1Api(kube_api).patch_namespaced_service(SOURCE, ref.namespace, older)
+
+    retried = activity_env.run(cluster.switch_traffic, _switch(ref))
+    assert retried.previous_selector == ORIGINAL_SELECTOR, "a retry of that run returns the selector before"
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+    assert stable_service(kube_api, ref.namespace).spec.selector == TARGET_SELECTOR, "no uid: not provably its own"
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref, retried.previous_selector))
+    _serves_the_source_again(kube_api, ref.namespace)
+
+
+def test_undo_switch_traffic_never_leaves_the_service_selecting_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref, {}))
+
+    _serves_the_target(kube_api, ref.namespace)
 
 
 def test_undo_switch_traffic_to_a_source_scaled_to_zero_only_waits_for_the_target_to_leave(
@@ -84,18 +240,13 @@ def test_undo_switch_traffic_to_a_source_scaled_to_zero_only_waits_for_the_targe
     ref: MigrationRef,
     provisioned: ProvisionResult,
 ) -> None:
-    switched = activity_env.run(
-        cluster.switch_traffic, SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET)
-    )
+    activity_env.run(cluster.switch_traffic, _switch(ref))
     activity_env.run(cluster.scale_down_old, ScaleDownOldInput(ref=ref, stateful_set=SOURCE))
 
-    undo = UndoSwitchTrafficInput(
-        ref=ref, service=SOURCE, previous_selector=switched.previous_selector, source_stateful_set=SOURCE
-    )
-    activity_env.run(cluster.undo_switch_traffic, undo)
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
 
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == []
-    assert _stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
+    assert stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
 
 
 def test_switch_traffic_ignores_a_previous_selector_left_by_an_earlier_migration(
@@ -105,11 +256,9 @@ def test_switch_traffic_ignores_a_previous_selector_left_by_an_earlier_migration
     ref: MigrationRef,
     provisioned: ProvisionResult,
 ) -> None:
-    left_over = {"metadata": {"annotations": {"ferry.dev/previous-selector": '{"app": "orders-db-legacy"}'}}}
+    left_over = {"metadata": {"annotations": {RECORD: '{"app": "orders-db-legacy"}'}}}
     k8s.CoreV1Api(kube_api).patch_namespaced_service(SOURCE, ref.namespace, left_over)
 
-    switched = activity_env.run(
-        cluster.switch_traffic, SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET)
-    )
+    switched = activity_env.run(cluster.switch_traffic, _switch(ref))
 
     assert switched.previous_selector == ORIGINAL_SELECTOR

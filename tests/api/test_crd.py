@@ -12,6 +12,8 @@ from ferry.api import crd
 from tests import samples
 from tests.conftest import CRD_MANIFEST, Kubectl
 
+SAMPLE = CRD_MANIFEST.parent.parent / "samples" / "migration.yaml"
+
 
 def _apply(kubectl: Kubectl, namespace: str, obj: dict[str, Any]) -> Any:
     return kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(obj), check=False)
@@ -75,6 +77,30 @@ INVALID = {
         {"approval": {"required": False, "deadlineSeconds": 60}},
         ["spec.approval.deadlineSeconds", "only applies with spec.approval.required: true"],
     ),
+    "a step timeout beyond 7 days": (
+        {"timeouts": {"migrate": 99999999999999}},
+        ["spec.timeouts.migrate", "should be less than or equal to 604800"],
+    ),
+    "an approval deadline beyond 30 days": (
+        {"approval": {"required": True, "deadlineSeconds": 99999999999999}},
+        ["spec.approval.deadlineSeconds", "should be less than or equal to 2592000"],
+    ),
+    "a soak beyond 7 days": (
+        {"soakSeconds": 604801},
+        ["spec.soakSeconds", "should be less than or equal to 604800"],
+    ),
+    "more than 100 target replicas": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "1Gi", "replicas": 101}},
+        ["spec.target.replicas", "should be less than or equal to 100"],
+    ),
+    "a zero storage size": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "0"}},
+        ["spec.target.storageSize", "must be a positive quantity"],
+    ),
+    "a zero storage size with a unit": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "0.0Gi"}},
+        ["spec.target.storageSize", "must be a positive quantity"],
+    ),
 }
 
 
@@ -90,6 +116,27 @@ def test_the_api_server_rejects_an_invalid_spec_naming_the_field(
     for fragment in expected:
         assert fragment in rejected.stderr
     assert "NotFound" in kubectl("get", "migration", "invalid", "-n", namespace, check=False).stderr
+
+
+def test_a_name_too_long_for_a_label_is_refused_at_admission(
+    kubectl: Kubectl, migration_crd: str, namespace: str
+) -> None:
+    name = "orders-db-to-16-" + "x" * 48  # 64 characters: a valid object name, too long for a label value
+
+    rejected = _apply(kubectl, namespace, samples.migration(name))
+
+    assert rejected.returncode != 0
+    assert "metadata.name must be at most 63 characters" in rejected.stderr
+    assert "NotFound" in kubectl("get", "migration", name, "-n", namespace, check=False).stderr
+    assert _apply(kubectl, namespace, samples.migration(name[:63])).returncode == 0, "63 characters fit"
+
+
+def test_the_commented_sample_in_deploy_is_accepted(kubectl: Kubectl, migration_crd: str, namespace: str) -> None:
+    applied = kubectl("apply", "-n", namespace, "-f", str(SAMPLE), check=False)
+
+    assert applied.returncode == 0, applied.stderr
+    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "yaml").stdout)
+    assert stored["spec"]["approval"]["deadlineSeconds"] == 86400
 
 
 def test_the_plan_cannot_change_after_creation(kubectl: Kubectl, migration_crd: str, namespace: str) -> None:

@@ -318,12 +318,16 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
         ("list statefulsets.apps", False),
         ("patch statefulsets.apps --subresource=scale", False),
         ("create services", True),
+        ("list services", True),
         ("patch services", True),
         ("update services", False),
         ("get persistentvolumeclaims", True),
         ("list persistentvolumeclaims", True),
         ("delete persistentvolumeclaims", True),
         ("create persistentvolumeclaims", False),
+        ("get storageclasses.storage.k8s.io", True),
+        ("list storageclasses.storage.k8s.io", True),
+        ("create storageclasses.storage.k8s.io", False),
         ("list pods", True),
         ("delete pods", False),
         ("create pods", False),
@@ -367,7 +371,7 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
 
 @pytest.mark.parametrize("account", sorted(CAN_I))
 def test_each_service_account_may_do_exactly_what_its_component_needs(
-    kubectl: Kubectl, ferry_system: str, account: str
+    kubectl: Kubectl, ferry_system: str, migration_crd: str, account: str
 ) -> None:
     wrong = []
     for request, expected in CAN_I[account]:

@@ -1,0 +1,240 @@
+"""provision and its undo: the target StatefulSet and its headless Service, made for one Migration, removed only by it.
+
+provision reads and checks everything before its first write, so a refusal leaves the
+cluster exactly as it was: the source and its Service exist, the storage class
+exists, the target does not already serve the stable Service's traffic, and nothing
+under the target's names (StatefulSet, Service, claims) belongs to anyone but this
+Migration (ownership.py: by uid). undo_provision deletes what carries this Migration's
+uid, whatever provision got to do (nothing, the Service alone, everything), and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import checks, kube_calls, kube_objects, records
+from activities.api_refusals import explain_refusals
+from activities.cluster_api import ClusterApi
+from activities.ownership import belongs_to, own_selector, owner
+from activities.waiting import Progress
+from ferry.api.errors import InvalidSpec
+from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
+from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
+
+TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
+"""Error type of an undo_provision that will not delete a target some Service still sends traffic to."""
+
+
+class Provisioning(ClusterApi):
+    """provision and undo_provision."""
+
+    @activity.defn(name=KubeActivity.PROVISION.value)
+    @explain_refusals
+    def provision(self, input: ProvisionInput) -> ProvisionResult:
+        """Creates the target StatefulSet and its headless Service from the source, and waits until it is Ready.
+
+        Checks everything first and writes nothing when one check fails (InvalidSpec, not
+        retried): the source StatefulSet and stable Service exist and the Service has a
+        selector; the stable Service does not already select the target's Pods (a live
+        target, switched by an earlier run); no StatefulSet, Service or claim with the
+        target's names exists unless it carries this Migration's uid; the StorageClass
+        exists; and the API server accepts both objects in a dry run. Idempotent: both
+        objects are server-side applied from the same source and spec, labelled with the
+        Migration's uid, so a retry finds them its own and applies the same manifests again.
+        """
+        ref, target = input.ref, input.spec.target.stateful_set
+        headless, stateful_set = self._checked_manifests(ref, input.spec)
+
+        kube_calls.apply(self._core.patch_namespaced_service, headless, self._settings.field_manager)
+        kube_calls.apply(self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager)
+        activity.logger.info("applied StatefulSet and Service %s/%s for Migration %s", ref.namespace, target, ref)
+
+        ready = self._wait(
+            lambda: checks.stateful_set_ready(
+                self._apps.read_namespaced_stateful_set(target, ref.namespace), all_updated=True
+            )
+        )
+        return ProvisionResult(stateful_set=target, service=target, ready_replicas=ready.counts["ready"])
+
+    @activity.defn(name=KubeActivity.UNDO_PROVISION.value)
+    @explain_refusals
+    def undo_provision(self, input: UndoProvisionInput) -> None:
+        """Deletes the target StatefulSet, its headless Service and its claims if they carry this Migration's uid.
+
+        Waits until the Pods and claims with this uid are gone. Safe whatever provision
+        did: absent objects are skipped, and anything under the target's names that is
+        not this Migration's (another Migration's, an older ferry's, someone else's) is
+        left alone with a warning naming it. A target that some Service still sends
+        traffic to (its undo_switch_traffic has not run or failed) is not deleted: the
+        activity fails, retryably, saying so. Idempotent: deletions are conditional on
+        the object as read (uid and resourceVersion), NotFound counts as deleted, and a
+        second run finds nothing of this Migration's left.
+        """
+        ref, target = input.ref, input.stateful_set
+        own_target = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
+        if own_target is not None and belongs_to(own_target, ref):
+            self._refuse_while_serving(ref, target)
+
+        read_claim = self._core.read_namespaced_persistent_volume_claim
+        deletions: list[tuple[str, Callable[..., Any], Callable[..., Any], str]] = [
+            ("StatefulSet", self._apps.read_namespaced_stateful_set, self._apps.delete_namespaced_stateful_set, target),
+            ("Service", self._core.read_namespaced_service, self._core.delete_namespaced_service, target),
+        ]
+        claims = self._core.list_namespaced_persistent_volume_claim(
+            ref.namespace, label_selector=f"{STATEFULSET_LABEL}={target}"
+        ).items
+        for claim in claims:
+            delete_claim = self._core.delete_namespaced_persistent_volume_claim
+            deletions.append(("PersistentVolumeClaim", read_claim, delete_claim, claim.metadata.name))
+        for deletion in deletions:
+            kube_calls.retry_on_conflict(functools.partial(self._delete_if_own, ref, *deletion))
+
+        def pods_and_claims_gone() -> Progress:
+            selector = own_selector(ref, **{STATEFULSET_LABEL: target})
+            pods = self._core.list_namespaced_pod(ref.namespace, label_selector=selector).items
+            claims = self._core.list_namespaced_persistent_volume_claim(ref.namespace, label_selector=selector).items
+            return checks.gone(f"Pods and claims of StatefulSet {ref.namespace}/{target}", [*pods, *claims])
+
+        self._wait(pods_and_claims_gone)
+        activity.logger.info("nothing of Migration %s (uid %s) is left under %s", ref, ref.uid, target)
+
+    # --- provision's checks ------------------------------------------------------------------
+
+    def _checked_manifests(self, ref: MigrationRef, spec: MigrationSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The headless Service and StatefulSet to apply, once every check passed; nothing is written here."""
+        source = self._read_named_in_spec(
+            self._apps.read_namespaced_stateful_set, spec.source.stateful_set, ref, "spec.source.statefulSet"
+        )
+        service = self._read_named_in_spec(
+            self._core.read_namespaced_service, spec.source.service, ref, "spec.source.service"
+        )
+        if not service["spec"].get("selector"):
+            raise InvalidSpec(
+                f"spec.source.service: Service {ref.namespace}/{spec.source.service} has no selector, and ferry "
+                "moves traffic by changing it. Migrate only StatefulSets whose clients use a Service with a selector."
+            )
+        stateful_set = kube_objects.target_stateful_set(source, service, ref, spec.target)
+        headless = kube_objects.headless_service(service, ref, spec.target)
+
+        target = spec.target.stateful_set
+        existing = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
+        self._refuse_live(ref, service, existing, stateful_set)
+        self._refuse_foreign(ref, "StatefulSet", existing, target)
+        existing_service = kube_calls.read_json_or_none(self._core.read_namespaced_service, target, ref.namespace)
+        self._refuse_foreign(ref, "Service", existing_service, target)
+        # The StatefulSet controller would give its Pods existing claims of their claim names: someone else's data.
+        for template in stateful_set["spec"]["volumeClaimTemplates"]:
+            for ordinal in range(spec.target.replicas):
+                name = f"{template['metadata']['name']}-{target}-{ordinal}"
+                claim = kube_calls.read_json_or_none(
+                    self._core.read_namespaced_persistent_volume_claim, name, ref.namespace
+                )
+                self._refuse_foreign(ref, "PersistentVolumeClaim", claim, name)
+        self._refuse_missing_storage_classes(ref, spec, stateful_set)
+        # Last, the API server's own validation and admission, storing nothing: its refusal (422) changes nothing.
+        kube_calls.apply(self._core.patch_namespaced_service, headless, self._settings.field_manager, dry_run=True)
+        kube_calls.apply(
+            self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager, dry_run=True
+        )
+        return headless, stateful_set
+
+    def _refuse_live(
+        self, ref: MigrationRef, service: dict[str, Any], existing: dict[str, Any] | None, manifest: dict[str, Any]
+    ) -> None:
+        """Refuses when the stable Service was switched to the target's Pods, unless the target is this Migration's.
+
+        switch-traffic selects the target's Pods by ferry's label `STATEFULSET_LABEL=<target>`:
+        a stable Service selecting it was switched, by an earlier run, to a live database.
+        """
+        if existing is not None and belongs_to(existing, ref):
+            return
+        selector: dict[str, str] = service["spec"]["selector"]
+        target, name = manifest["metadata"]["name"], service["metadata"]["name"]
+        if selector.get(STATEFULSET_LABEL) != target:
+            return
+        record = records.selector_record(kube_calls.annotations_of(service))
+        switched_by = f", switched by the Migration with uid {record.migration}" if record and record.migration else ""
+        made_by = f", and StatefulSet {target} belongs to {owner(existing)}" if existing is not None else ""
+        raise InvalidSpec(
+            f"spec.target.statefulSet: the target {ref.namespace}/{target} already serves traffic: Service "
+            f"{ref.namespace}/{name} selects its Pods (selector {selector}{switched_by}){made_by}. ferry changed "
+            f"nothing and will not provision over a live database: delete Migration {ref} (the live target stays), "
+            "or to migrate again create a Migration with another spec.target.statefulSet."
+        )
+
+    def _refuse_foreign(self, ref: MigrationRef, kind: str, existing: dict[str, Any] | None, name: str) -> None:
+        if existing is None or belongs_to(existing, ref):
+            return
+        raise InvalidSpec(
+            f"spec.target.statefulSet: {kind} {ref.namespace}/{name} already exists and belongs to {owner(existing)}, "
+            f"not to Migration {ref} (uid {ref.uid}); ferry takes over nothing and changed nothing. Delete Migration "
+            f"{ref} and create it again with another spec.target.statefulSet, or remove that {kind} if it is left over."
+        )
+
+    def _refuse_missing_storage_classes(self, ref: MigrationRef, spec: MigrationSpec, manifest: dict[str, Any]) -> None:
+        """A claim of a StorageClass that does not exist never binds, and the target would never become Ready."""
+        wanted = {template["spec"].get("storageClassName") for template in manifest["spec"]["volumeClaimTemplates"]}
+        missing = sorted(name for name in wanted if name and not self._storage_class_exists(name))
+        if not missing:
+            return
+        classes = ", ".join(sorted(item.metadata.name for item in self._storage.list_storage_class().items))
+        if spec.target.storage_class_name is not None:
+            said = f"spec.target.storageClassName: StorageClass {missing[0]!r} does not exist"
+        else:
+            said = (
+                f"spec.target.storageClassName: the source's volumeClaimTemplates name StorageClass {missing[0]!r}, "
+                "which does not exist"
+            )
+        raise InvalidSpec(
+            f"{said}, so the target's volumes could never be provisioned; the cluster has {classes or 'none'}. "
+            f"ferry changed nothing: delete Migration {ref} and create it again naming one of those."
+        )
+
+    def _storage_class_exists(self, name: str) -> bool:
+        try:
+            self._storage.read_storage_class(name)
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return False
+            raise
+        return True
+
+    # --- undo_provision's parts --------------------------------------------------------------
+
+    def _refuse_while_serving(self, ref: MigrationRef, target: str) -> None:
+        """Fails (retryably) while a Service other than this Migration's still selects the target by ferry's label."""
+        services = self._core.list_namespaced_service(ref.namespace).items
+        serving = sorted(
+            service.metadata.name
+            for service in services
+            if (service.spec.selector or {}).get(STATEFULSET_LABEL) == target and not belongs_to(service, ref)
+        )
+        if serving:
+            raise ApplicationError(
+                f"not deleting StatefulSet {ref.namespace}/{target}: Service {', '.join(serving)} still sends its "
+                "traffic there. Undo switch-traffic first (or point the Service back by hand: its previous selector "
+                f"is in the annotation {records.PREVIOUS_SELECTOR_ANNOTATION}); this undo is retried.",
+                type=TARGET_SERVES_TRAFFIC,
+            )
+
+    def _delete_if_own(
+        self, ref: MigrationRef, kind: str, read: Callable[..., Any], delete: Callable[..., Any], name: str
+    ) -> None:
+        found = kube_calls.read_json_or_none(read, name, ref.namespace)
+        if found is None:
+            return
+        if not belongs_to(found, ref):
+            activity.logger.warning(
+                "leaving %s %s/%s: it belongs to %s, not to Migration %s (uid %s)",
+                kind, ref.namespace, name, owner(found), ref, ref.uid,
+            )  # fmt: skip
+            return
+        metadata = found["metadata"]
+        kube_calls.delete_if_unchanged(delete, name, ref.namespace, metadata["uid"], metadata["resourceVersion"])

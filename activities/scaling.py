@@ -1,0 +1,147 @@
+"""scale-down-old and its undo: the source's replicas, to zero and back, with a record of who scaled it down.
+
+The source StatefulSet is not ferry's: it changes only through writes conditional on
+the resourceVersion they were computed from. Its replicas from before the scale-down
+are recorded on it with the Migration's uid, in the same write that sets zero
+(records.py), so a retry and an undo without the step's result both know the count,
+and an undo acts only on its own Migration's scale-down.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities import checks, kube_calls, records
+from activities.api_refusals import explain_refusals
+from activities.cluster_api import ClusterApi
+from activities.waiting import Progress
+from ferry.api.saga import (
+    KubeActivity,
+    MigrationRef,
+    ScaleDownOldInput,
+    ScaleDownOldResult,
+    UndoScaleDownOldInput,
+)
+
+
+class Scaling(ClusterApi):
+    """scale_down_old and undo_scale_down_old."""
+
+    @activity.defn(name=KubeActivity.SCALE_DOWN_OLD.value)
+    @explain_refusals
+    def scale_down_old(self, input: ScaleDownOldInput) -> ScaleDownOldResult:
+        """Scales the source StatefulSet to zero and waits until its Pods are gone.
+
+        The replica count before is recorded in the annotation ferry.dev/previous-replicas
+        as `{"migration": <uid>, "replicas": N}`, in the same write that sets replicas to
+        0. Idempotent: a retry finds 0 replicas with this Migration's record and returns
+        the recorded count, not 0. A source already at 0 without such a record was not
+        scaled down by this Migration: nothing is recorded and the result is 0, so the
+        undo leaves it at 0. A record next to other replicas is left over from before,
+        and is overwritten.
+        """
+        ref, name = input.ref, input.stateful_set
+
+        def scale_to_zero() -> int:
+            source = self._read_named_in_spec(
+                self._apps.read_namespaced_stateful_set, name, ref, "spec.source.statefulSet"
+            )
+            record = records.replicas_record(kube_calls.annotations_of(source))
+            current: int = source["spec"].get("replicas", 1)
+            if current == 0:
+                if record is not None and not record.is_of_another(ref):
+                    return record.value  # this Migration's scale-down (or an older ferry's for this run), retried
+                activity.logger.warning(
+                    "StatefulSet %s/%s was already at 0 replicas, not scaled down by Migration %s: "
+                    "its undo will leave it at 0",
+                    ref.namespace, name, ref,
+                )  # fmt: skip
+                return 0
+            operations = [
+                kube_calls.set_annotation(
+                    source, records.PREVIOUS_REPLICAS_ANNOTATION, records.encode_replicas(ref, current)
+                ),
+                kube_calls.set_value("/spec/replicas", 0),
+            ]
+            kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, operations)
+            return current
+
+        previous, _ = kube_calls.retry_on_conflict(scale_to_zero)
+        activity.logger.info("scaling StatefulSet %s/%s from %d to 0", ref.namespace, name, previous)
+
+        def scaled_away() -> Progress:
+            stateful_set = self._apps.read_namespaced_stateful_set(name, ref.namespace)
+            return checks.stateful_set_scaled_away(stateful_set, self._pods_of(stateful_set))
+
+        self._wait(scaled_away)
+        return ScaleDownOldResult(previous_replicas=previous)
+
+    @activity.defn(name=KubeActivity.UNDO_SCALE_DOWN_OLD.value)
+    @explain_refusals
+    def undo_scale_down_old(self, input: UndoScaleDownOldInput) -> None:
+        """Scales the source StatefulSet back to its replicas from before this Migration's scale-down, until Ready.
+
+        With replicas None, the count comes from the StatefulSet's record, and only a
+        record of this Migration's uid counts: with no record, or another Migration's,
+        the scale-down never happened or is not this Migration's, and nothing changes.
+        An explicit count (runs from before the record had a uid) is restored unless
+        the record names another Migration. Idempotent: replicas are set only when they
+        differ, and the record is removed only after the source is Ready again, so a
+        retry after a crash in between still finds it.
+        """
+        ref, name = input.ref, input.stateful_set
+        wanted, _ = kube_calls.retry_on_conflict(lambda: self._scale_back(input))
+        if wanted is None:
+            return
+        self._wait(
+            lambda: checks.stateful_set_ready(
+                self._apps.read_namespaced_stateful_set(name, ref.namespace), all_updated=False
+            )
+        )
+        kube_calls.retry_on_conflict(lambda: self._forget_replicas_record(ref, name))
+        activity.logger.info("StatefulSet %s/%s is back at %d Ready replicas", ref.namespace, name, wanted)
+
+    def _scale_back(self, input: UndoScaleDownOldInput) -> int | None:
+        """Sets the replicas to restore; returns them, or None when there is nothing of this Migration's to undo."""
+        ref, name = input.ref, input.stateful_set
+        if input.replicas is None:
+            source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, name, ref.namespace)
+            if source is None:
+                activity.logger.warning("StatefulSet %s/%s is gone: nothing to scale back", ref.namespace, name)
+                return None
+        else:
+            source = self._read_named_in_spec(
+                self._apps.read_namespaced_stateful_set, name, ref, "spec.source.statefulSet"
+            )
+        record = records.replicas_record(kube_calls.annotations_of(source))
+        wanted = self._replicas_to_restore(ref, name, input.replicas, record)
+        if wanted is not None and source["spec"].get("replicas") != wanted:
+            operation = kube_calls.set_value("/spec/replicas", wanted)
+            kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])
+        return wanted
+
+    def _replicas_to_restore(
+        self, ref: MigrationRef, name: str, given: int | None, record: records.Record[int] | None
+    ) -> int | None:
+        where = f"StatefulSet {ref.namespace}/{name}"
+        if record is not None and record.is_of_another(ref):
+            activity.logger.warning(
+                "leaving %s as it is: the Migration with uid %s scaled it down, not %s", where, record.migration, ref
+            )
+            return None
+        if given is not None:
+            return given
+        if record is None or not record.is_of(ref):
+            activity.logger.info("%s has no record of a scale-down by Migration %s: nothing to undo", where, ref)
+            return None
+        return record.value
+
+    def _forget_replicas_record(self, ref: MigrationRef, name: str) -> None:
+        source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, name, ref.namespace)
+        if source is None or records.PREVIOUS_REPLICAS_ANNOTATION not in kube_calls.annotations_of(source):
+            return
+        record = records.replicas_record(kube_calls.annotations_of(source))
+        if record is not None and record.is_of_another(ref):
+            return
+        operation = kube_calls.remove_annotation(source, records.PREVIOUS_REPLICAS_ANNOTATION)
+        kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])

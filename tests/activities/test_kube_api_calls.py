@@ -1,0 +1,87 @@
+"""Calls to the Kubernetes API are bounded in time, and the API server's refusals end a step as one sentence."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import watch
+from temporalio.testing import ActivityEnvironment
+
+from activities.cluster import ClusterActivities
+from ferry.api.errors import InvalidSpec
+from ferry.api.migration import MigrationSpec, ResourceRequirements
+from ferry.api.saga import MigrationRef, ProvisionInput
+from ferry.clients import kubernetes_client
+from ferry.kube_requests import RequestTimeouts
+from ferry.stack.stack import StackInfo
+from tests.activities.cluster_state import absent
+from tests.activities.conftest import TARGET
+
+
+def test_a_request_the_api_server_refuses_ends_provision_as_one_sentence_and_creates_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    # The CRD cannot know that requests above limits make an invalid Pod template: the API server says so (422).
+    resources = ResourceRequirements(requests={"cpu": "2"}, limits={"cpu": "1"})
+    invalid = spec.model_copy(update={"target": spec.target.model_copy(update={"resources": resources})})
+
+    with pytest.raises(InvalidSpec) as refused:
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=invalid))
+
+    message = str(refused.value)
+    assert message.startswith(f"the Kubernetes API server refused what ferry asked for Migration {ref}: ")
+    assert "must be less than or equal to cpu limit" in message
+    assert message.endswith(f"then delete Migration {ref} and create it again.")
+    assert "\n" not in message
+    assert "HTTP response headers" not in message
+    assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
+    assert absent(k8s.CoreV1Api(kube_api).read_namespaced_service, TARGET, ref.namespace), "checked before writing"
+
+
+@pytest.fixture
+def silent_server(tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig for an "API server" that accepts connections and never answers, like a hung one."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        host, port = server.getsockname()
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "silent", "cluster": {"server": f"http://{host}:{port}"}}],
+            "users": [{"name": "nobody", "user": {"token": "unused"}}],
+            "contexts": [{"name": "silent", "context": {"cluster": "silent", "user": "nobody"}}],
+            "current-context": "silent",
+        }
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        yield path
+
+
+def test_a_call_to_an_api_server_that_never_answers_fails_after_the_read_timeout(silent_server: Path) -> None:
+    with contextlib.closing(kubernetes_client(silent_server, timeouts=RequestTimeouts(read=0.5))) as api:
+        started = time.monotonic()
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            k8s.CoreV1Api(api).list_namespace()
+
+    assert time.monotonic() - started < 10, "a few read timeouts (urllib3 retries reads), not forever"
+
+
+def test_a_watch_stays_open_longer_than_the_read_timeout(stack: StackInfo, namespace: str) -> None:
+    with contextlib.closing(kubernetes_client(stack.kubeconfig, timeouts=RequestTimeouts(read=0.5))) as api:
+        started = time.monotonic()
+        events = list(watch.Watch().stream(k8s.CoreV1Api(api).list_namespaced_config_map, namespace, timeout_seconds=3))
+
+    assert time.monotonic() - started >= 2.5, "the API server ended the watch after its timeoutSeconds"
+    assert {event["type"] for event in events} <= {"ADDED"}, "at most kube-root-ca.crt appears, then silence"

@@ -1,0 +1,140 @@
+"""undo_provision removes what provision made for its own Migration, whatever provision got to do, and nothing else."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities import kube_calls, kube_objects
+from activities.cluster import ClusterActivities
+from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
+from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, SwitchTrafficInput, UndoProvisionInput
+from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
+from tests.activities.conftest import TARGET, TARGET_PODS
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, ready_replicas
+
+
+def _nothing_of_the_target_left(kube_api: k8s.ApiClient, namespace: str) -> None:
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    assert absent(apps.read_namespaced_stateful_set, TARGET, namespace)
+    assert absent(core.read_namespaced_service, TARGET, namespace)
+    assert claims_of(kube_api, namespace, TARGET) == []
+    assert core.list_namespaced_pod(namespace, label_selector=f"{STATEFULSET_LABEL}={TARGET}").items == []
+
+
+def _source_untouched(kube_api: k8s.ApiClient, namespace: str) -> None:
+    assert ready_replicas(kube_api, namespace, SOURCE) == 2
+    assert [c.metadata.name for c in claims_of(kube_api, namespace, SOURCE)] == ["data-orders-db-0", "data-orders-db-1"]
+    assert endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS
+
+
+def test_undo_provision_after_provision_applied_only_the_headless_service_deletes_it(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    # provision's first write, as if its worker died right after it.
+    core = k8s.CoreV1Api(kube_api)
+    stable = kube_calls.read_json(core.read_namespaced_service, SOURCE, ref.namespace)
+    kube_calls.apply(core.patch_namespaced_service, kube_objects.headless_service(stable, ref, spec.target), "ferry")
+
+    activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    _nothing_of_the_target_left(kube_api, ref.namespace)
+    _source_untouched(kube_api, ref.namespace)
+
+
+def test_undo_provision_after_provision_was_cancelled_while_waiting_removes_what_it_had_made(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    activity_env.cancel()
+    with pytest.raises(CancelledError):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+    assert not absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, TARGET, ref.namespace)
+
+    ActivityEnvironment().run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    _nothing_of_the_target_left(kube_api, ref.namespace)
+    _source_untouched(kube_api, ref.namespace)
+
+
+def test_undo_provision_when_provision_never_ran_changes_nothing(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    source: str,
+) -> None:
+    stable_before = k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, ref.namespace).metadata.resource_version
+
+    activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    _nothing_of_the_target_left(kube_api, ref.namespace)
+    _source_untouched(kube_api, ref.namespace)
+    assert k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, ref.namespace).metadata.resource_version == (
+        stable_before
+    )
+
+
+def test_undo_provision_of_another_migration_with_the_same_name_leaves_the_target(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    before = target_objects(kube_api, ref.namespace, TARGET)
+    applied_again = MigrationRef(namespace=ref.namespace, name=ref.name, uid=str(uuid.uuid4()))
+
+    activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=applied_again, stateful_set=TARGET))
+
+    assert target_objects(kube_api, ref.namespace, TARGET) == before
+    assert ready_replicas(kube_api, ref.namespace, TARGET) == 2
+
+
+def test_undo_provision_leaves_a_target_an_older_ferry_made_with_only_the_name_label(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    provision_as_an_older_ferry(kube_api, ref, spec)
+    before = target_objects(kube_api, ref.namespace, TARGET)
+
+    activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    assert target_objects(kube_api, ref.namespace, TARGET) == before
+    assert ready_replicas(kube_api, ref.namespace, TARGET) == 2
+
+
+def test_undo_provision_keeps_a_target_that_the_stable_service_still_sends_traffic_to(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.run(cluster.switch_traffic, SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET))
+    before = target_objects(kube_api, ref.namespace, TARGET)
+
+    with pytest.raises(ApplicationError, match=r"Service orders-db still sends its traffic there") as refused:
+        activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    assert refused.value.type == "TargetServesTraffic"
+    assert not refused.value.non_retryable, "once switch-traffic is undone, a retry goes on"
+    assert target_objects(kube_api, ref.namespace, TARGET) == before
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == TARGET_PODS
