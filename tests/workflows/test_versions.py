@@ -61,12 +61,26 @@ async def test_a_run_of_the_previous_version_finishes_on_a_worker_of_this_one(ru
     assert FREEZE in fakes.calls
 
 
-async def test_an_input_that_cannot_be_read_fails_the_run_at_once(
-    time_skipping: WorkflowEnvironment, task_queue: str
+FORGED = {
+    "missing-source": ({"source": None}, "source"),
+    "unreadable-timeout": ({"timeouts": {"migrate": "forever"}}, "migrate"),
+    "huge-timeout": ({"timeouts": {"migrate": 99999999999999}}, "migrate"),
+    "huge-deadline": ({"approval": {"required": True, "deadlineSeconds": 99999999999999}}, "deadlineSeconds"),
+}
+
+
+@pytest.mark.parametrize("case", FORGED, ids=list(FORGED))
+async def test_an_input_that_cannot_be_read_fails_the_run_at_once_naming_the_field(
+    time_skipping: WorkflowEnvironment, task_queue: str, case: str
 ) -> None:
+    """A run started by hand with input the API server would refuse: one failure, never a workflow task loop."""
+    changes, field = FORGED[case]
     forged = migration_input().model_dump(mode="json", by_alias=True)
-    forged["spec"]["timeouts"] = {"migrate": "forever"}
-    forged["spec"].pop("source")
+    for key, value in changes.items():
+        if value is None:
+            forged["spec"].pop(key)
+        else:
+            forged["spec"][key] = value
     async with Worker(time_skipping.client, task_queue=task_queue, workflows=[MigrationWorkflow]):
         handle = await time_skipping.client.start_workflow(
             WORKFLOW_NAME, forged, id=f"forged-{uuid.uuid4()}", task_queue=task_queue
@@ -74,6 +88,4 @@ async def test_an_input_that_cannot_be_read_fails_the_run_at_once(
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
 
-    message = str(failure.value.cause)
-    assert "spec.source" in message or "source" in message
-    assert "timeouts.migrate" in message or "migrate" in message
+    assert field in str(failure.value.cause)
