@@ -1,0 +1,32 @@
+"""A chaos run in the test suite: small by default, sized by FERRY_CHAOS_* for the long runs (`-m chaos`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from ferry.stack.install import Binaries
+from ferry.stack.stack import StackInfo
+from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
+from tests.conftest import make_state_dir
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(3600)]
+
+
+def test_under_kills_rollbacks_and_deletions_every_migration_ends_done_or_undone_with_nothing_left(
+    stack: StackInfo, binaries: Binaries, kube_api: k8s.ApiClient, migration_crd: str, tmp_path: Path
+) -> None:
+    plan = ChaosPlan.from_environment()
+    with own_temporal(make_state_dir("ferry-chaos-temporal-"), binaries) as temporal:
+        run = ChaosRun(stack, temporal, kube_api, plan, tmp_path)
+        try:
+            report = run.run()
+            print(f"\n{report.table()}")
+        finally:
+            print(f"\nlogs of ferry's processes: {tmp_path}")
+            cleanup(run)
+
+    assert report.problems == []
+    assert sum(report.kills.values()) >= plan.kills
