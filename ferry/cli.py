@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from ferry.configuration import arguments
+from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
 from ferry.stack import install
 from ferry.stack.errors import StackError
@@ -100,19 +102,19 @@ def _configure_logs(args: argparse.Namespace, log_format: str) -> None:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from worker import runner
-    from worker import settings as worker_settings
+    from worker.settings import WorkerSettings
 
-    settings = worker_settings.from_arguments(args)
+    settings = arguments.from_arguments(WorkerSettings, args, os.environ)
     _configure_logs(args, settings.observability.log_format)
     return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
 
 
 def _cmd_watcher(args: argparse.Namespace) -> int:
     from watcher import runner
-    from watcher import settings as watcher_settings
     from watcher.leadership import LeadershipLost
+    from watcher.settings import WatcherSettings
 
-    settings = watcher_settings.from_arguments(args)
+    settings = arguments.from_arguments(WatcherSettings, args, os.environ)
     _configure_logs(args, settings.observability.log_format)
     try:
         return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
@@ -165,17 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--orders", type=int, default=200_000, help="rows in the sample's orders table (default: %(default)s)"
     )
     up.set_defaults(run=_cmd_up)
-    from watcher import settings as watcher_settings
-    from worker import settings as worker_settings
+    from watcher.settings import WatcherSettings
+    from worker.settings import WorkerSettings
 
     worker = commands.add_parser(
         "worker",
         help="run ferry's Temporal worker (the saga and its activities) against a cluster",
         description="Polls the task queue for migration workflows and runs their activities against the "
         "Kubernetes cluster of --kubeconfig, the databases and the S3 buckets the Migrations name. "
-        "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets.",
+        "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets (an empty one "
+        "counts as unset); a flag wins over its variable.",
     )
-    worker_settings.add_arguments(worker)
+    arguments.add_arguments(worker, WorkerSettings)
     worker.set_defaults(run=_cmd_worker)
 
     watcher = commands.add_parser(
@@ -184,9 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lists and watches Migrations, holds their finalizer, starts one workflow per Migration, "
         "turns kubectl controls (annotations) into signals, and holds deletion until the undo is done. "
         "Replicas elect one active watcher through a Lease. Every flag can also be set by the FERRY_ "
-        "variable in brackets.",
+        "variable in brackets (an empty one counts as unset); a flag wins over its variable.",
     )
-    watcher_settings.add_arguments(watcher)
+    arguments.add_arguments(watcher, WatcherSettings)
     watcher.set_defaults(run=_cmd_watcher)
 
     crd = commands.add_parser(
@@ -207,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
+    except SettingsError as error:
+        # Before logging is configured (the log format is a setting too): a plain line, as argparse's own.
+        print(f"ferry {args.command}: {error}", file=sys.stderr)
+        return 2
     except StackError as error:
         log.error("%s", error)
         return 1

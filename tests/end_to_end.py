@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
+from activities.settings import KubeActivitySettings
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
 from ferry.clients import TemporalSettings
@@ -146,8 +147,7 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
         temporal=TemporalSettings(address=stack.temporal_address, namespace=stack.temporal_namespace or "default"),
         task_queue=task_queue,
         kubeconfig=stack.kubeconfig,
-        temporal_ui_url=stack.temporal_ui_url,
-        poll_interval=0.2,
+        kube_activities=KubeActivitySettings(poll_interval=0.2, temporal_ui_url=stack.temporal_ui_url),
     )
 
 

@@ -22,7 +22,6 @@ from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
 from activities.postgres.activities import PostgresActivities
-from activities.settings import MIB, DataActivitySettings, KubeActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry.clients import connect_temporal, kubernetes_client
@@ -40,17 +39,10 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
     """Every activity the saga calls, bound to its clients."""
-    kube_settings = KubeActivitySettings(poll_interval=settings.poll_interval, temporal_ui_url=settings.temporal_ui_url)
-    data_settings = DataActivitySettings(
-        postgres_bindir=settings.postgres_bindir,
-        part_size=settings.snapshot_part_size_mib * MIB,
-        upload_concurrency=settings.snapshot_upload_concurrency,
-        dump_compression=settings.snapshot_compression,
-    )
-    cluster = ClusterActivities(api, kube_settings)
-    status = StatusActivities(api, kube_settings)
-    postgres = PostgresActivities(api, data_settings)
-    snapshots = SnapshotStoreActivities(api, data_settings)
+    cluster = ClusterActivities(api, settings.kube_activities)
+    status = StatusActivities(api, settings.kube_activities)
+    postgres = PostgresActivities(api, settings.data_activities)
+    snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
         cluster.provision,
         cluster.undo_provision,

@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from activities.settings import DataActivitySettings, KubeActivitySettings
 from ferry.api.crd import manifest_yaml
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
@@ -56,9 +57,8 @@ def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSetti
         temporal=temporal,
         task_queue=TASK_QUEUE,
         kubeconfig=info.kubeconfig,
-        temporal_ui_url=info.temporal_ui_url,
-        postgres_bindir=binaries.postgres_bindir,
-        poll_interval=0.5,
+        kube_activities=KubeActivitySettings(poll_interval=0.5, temporal_ui_url=info.temporal_ui_url),
+        data_activities=DataActivitySettings(postgres_bindir=binaries.postgres_bindir),
     )
     watcher = WatcherSettings(
         temporal=temporal,
