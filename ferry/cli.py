@@ -19,6 +19,7 @@ from ferry.observability import logs
 from ferry.stack import install
 from ferry.stack.errors import StackError
 from ferry.stack.stack import Stack, describe
+from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
 
@@ -176,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Polls the task queue for migration workflows and runs their activities against the "
         "Kubernetes cluster of --kubeconfig, the databases and the S3 buckets the Migrations name. "
         "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets (an empty one "
-        "counts as unset); a flag wins over its variable.",
+        "counts as unset); a flag wins over its variable. Until Temporal answers, the worker keeps trying "
+        "and reports not ready on /readyz.",
     )
     arguments.add_arguments(worker, WorkerSettings)
     worker.set_defaults(run=_cmd_worker)
@@ -187,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lists and watches Migrations, holds their finalizer, starts one workflow per Migration, "
         "turns kubectl controls (annotations) into signals, and holds deletion until the undo is done. "
         "Replicas elect one active watcher through a Lease. Every flag can also be set by the FERRY_ "
-        "variable in brackets (an empty one counts as unset); a flag wins over its variable.",
+        "variable in brackets (an empty one counts as unset); a flag wins over its variable. Until Temporal "
+        "answers, the watcher keeps trying and reports not ready on /readyz.",
     )
     arguments.add_arguments(watcher, WatcherSettings)
     watcher.set_defaults(run=_cmd_watcher)
@@ -214,9 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before logging is configured (the log format is a setting too): a plain line, as argparse's own.
         print(f"ferry {args.command}: {error}", file=sys.stderr)
         return 2
-    except StackError as error:
+    except (StackError, StartupError) as error:
         log.error("%s", error)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the component took over the signal
+        return 130
 
 
 if __name__ == "__main__":
