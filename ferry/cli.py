@@ -18,7 +18,7 @@ from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
 from ferry.stack import install
 from ferry.stack.errors import StackError
-from ferry.stack.stack import Stack, describe
+from ferry.stack.stack import START_TIMEOUT, Stack, describe
 from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
@@ -65,6 +65,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)
+    except StackError as error:
+        # ferry's log goes to a file here: the reason belongs on the terminal.
+        print(f"\nferry up: {error}", flush=True)
+        code = 1
     finally:
         print("stopping the stack...", flush=True)
         stack.stop()
@@ -159,7 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for the stack's data, logs and kubeconfig; reused across runs "
         "(default: $FERRY_STATE_DIR or .ferry/stack)",
     )
-    up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=START_TIMEOUT,
+        help="seconds each component may take to come up; a component that exits fails at once "
+        "(default: %(default)s, for a first start on a cold machine)",
+    )
     up.add_argument("--no-sample", action="store_true", help="skip the sample Migration; keep everything running")
     up.add_argument(
         "--keep-running", action="store_true", help="after the sample, keep everything running until Ctrl-C"
