@@ -188,9 +188,13 @@ async def running_watcher(stack: StackInfo, task_queue: str, namespace: str) -> 
     await asyncio.wait_for(task, timeout=30)
 
 
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 60) -> None:
+async def eventually(
+    what: str, check: Callable[[], Awaitable[bool]], within: float = 60, seen: Callable[[], str] | None = None
+) -> None:
+    """Waits until `check` holds; at the deadline fails naming `what` and, when given, what was `seen` last."""
     deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+            last = f"; last seen: {seen()}" if seen else ""
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}{last}")
         await asyncio.sleep(0.2)
