@@ -116,16 +116,20 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
 
 
 async def _run_until(worker: Worker, stop: asyncio.Event) -> None:
-    """Runs the worker until `stop` is set, then shuts it down; a worker that fails on its own is a StartupError."""
+    """Runs the worker until `stop` is set (or the task is cancelled), then shuts it down gracefully.
+
+    A worker that stops on its own failed (e.g. its namespace does not exist): a StartupError.
+    """
     running = asyncio.create_task(worker.run())
     stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if running.done():
-        try:
-            running.result()
-        except RuntimeError as error:  # e.g. "Worker validation failed: Namespace ... is not found"
-            raise startup.StartupError(f"the worker stopped: {error}") from error
-        return
-    await worker.shutdown()
-    await running
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not running.done():
+            await worker.shutdown()
+            await running
+    try:
+        running.result()
+    except RuntimeError as error:  # e.g. "Worker validation failed: Namespace ... is not found"
+        raise startup.StartupError(f"the worker stopped: {error}") from error

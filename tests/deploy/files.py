@@ -75,7 +75,8 @@ def variables_read_by(command: str) -> set[str]:
     """The FERRY_ variables that change what `ferry <command>` runs with.
 
     Each variable the subcommand's settings declare is tried: it counts only if setting
-    it to one of the sentinels (alone, without any flag) changes the settings it loads.
+    it to one of the sentinels (alone, without any flag) changes the settings it loads. A
+    variable valid only with another (the TLS certificate and its key) does not count alone.
     """
     defaults = settings([command])
     read = set()

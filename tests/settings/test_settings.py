@@ -7,12 +7,15 @@ starting anything: a bad value must end the command with one line and exit code 
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from activities.settings import MIB
 from ferry import cli
@@ -37,8 +40,6 @@ def load(argv: list[str], environ: dict[str, str] | None = None) -> Any:
 @pytest.fixture
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """os.environ without the FERRY_ variables (and their fallbacks) of the test run itself."""
-    import os
-
     for name in [name for name in os.environ if name.startswith("FERRY_")]:
         monkeypatch.delenv(name)
     for name in ("KUBECONFIG", "OTEL_EXPORTER_OTLP_ENDPOINT"):
@@ -131,9 +132,6 @@ def test_an_empty_variable_or_flag_means_the_default() -> None:
 
 
 def test_the_identity_in_the_lease_defaults_to_this_process() -> None:
-    import os
-    import socket
-
     assert load(["watcher"]).lease.identity == f"{socket.gethostname()}-{os.getpid()}"
     assert load(["watcher", "--identity=watcher-0"]).lease.identity == "watcher-0"
 
@@ -188,8 +186,6 @@ def test_help_describes_every_knob_with_its_variable_and_default(
 
 
 def test_settings_made_in_code_are_checked_as_well() -> None:
-    from pydantic import ValidationError
-
     with pytest.raises(ValidationError, match="retry-period < --lease-renew-deadline < --lease-duration"):
         LeaseSettings(duration=5, renew_deadline=10)
 
