@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 VENV := .venv/bin
 
-.PHONY: help setup up test check test-only generate format
+.PHONY: help setup up test unit check test-only generate format
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -17,6 +17,9 @@ test: ## the test command: setup (with headless Chromium), static checks, then e
 	@bash scripts/setup.sh --browser
 	$(MAKE) --no-print-directory check
 	$(VENV)/pytest
+
+unit: setup ## the tests that need no stack (settings, deployment files), in seconds
+	$(VENV)/pytest -m unit
 
 check: ## ruff (lint and format), mypy --strict and import-linter
 	$(VENV)/ruff check .

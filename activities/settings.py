@@ -1,20 +1,33 @@
-"""Settings of the activities: typed objects the worker fills from its flags, one per kind of activity."""
+"""Settings of the activities: typed objects the worker's settings hold, one per kind of activity.
+
+They are frozen dataclasses (pydantic's, which check each value's type and limits when
+one is made); every field is also a knob of `ferry worker` (worker/settings.py), with
+its docstring as its --help.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import socket
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+from pydantic.dataclasses import dataclass
+
+from ferry.configuration.knobs import SETTINGS, Knob
+
+MIB = 1024 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS)
 class KubeActivitySettings:
     """How the Kubernetes-side activities poll, label their writes and link to Temporal."""
 
-    poll_interval: float = 1.0
+    poll_interval: Annotated[float, Field(gt=0)] = 1.0
     """Seconds between two polls while an activity waits for the cluster (readiness, endpoints, deletion)."""
 
-    temporal_ui_url: str | None = None
+    temporal_ui_url: Annotated[str | None, Knob(section="Temporal")] = None
     """Base URL of the Temporal Web UI, e.g. http://localhost:8233. When set, status.workflow.url
     links to the run: {ui}/namespaces/{ns}/workflows/{id}/{run_id}/history."""
 
@@ -25,10 +38,13 @@ class KubeActivitySettings:
     """reportingInstance of the Events ferry records: which worker wrote them (default: the host name)."""
 
 
-MIB = 1024 * 1024
+def _s3_part_size(size: int) -> int:
+    if not 5 * MIB <= size <= 5 * 1024 * MIB:
+        raise ValueError("should be from 5 MiB to 5 GiB, the sizes S3 allows for a part")
+    return size
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS)
 class DataActivitySettings:
     """How the data-driver and snapshot activities reach databases, run the PostgreSQL tools and use S3."""
 
@@ -36,28 +52,30 @@ class DataActivitySettings:
     """Folder holding pg_dump and pg_restore (default: the PATH, else the newest /usr/lib/postgresql/*/bin).
     Use tools of the newest major version among source and target: pg_dump refuses newer servers."""
 
-    connect_attempts: int = 5
+    connect_attempts: Annotated[int, Knob(flag="postgres-connect-attempts"), Field(ge=1)] = 5
     """Connection attempts to a database before it counts as unreachable (a permanent failure of the step)."""
 
-    connect_retry_delay: float = 2.0
+    connect_retry_delay: Annotated[float, Knob(flag="postgres-connect-retry-delay"), Field(ge=0)] = 2.0
     """Seconds between two connection attempts."""
 
-    connect_timeout: int = 10
+    connect_timeout: Annotated[int, Knob(flag="postgres-connect-timeout"), Field(ge=1)] = 10
     """Seconds one connection attempt may take."""
 
-    session_end_timeout: float = 10.0
+    session_end_timeout: Annotated[float, Knob(flag="freeze-session-end-timeout"), Field(ge=0)] = 10.0
     """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
 
-    dump_compression: int = 1
+    dump_compression: Annotated[int, Knob(flag="snapshot-compression"), Field(ge=0, le=9)] = 1
     """pg_dump's compression level, 0-9. Level 1 keeps most of level 6's gain (pg_dump's default)
     at a fraction of its CPU, and the dump runs while the source is frozen."""
 
-    part_size: int = 16 * MIB
-    """Bytes per part of the snapshot's multipart upload (S3 wants at least 5 MiB); also what one
+    part_size: Annotated[
+        int, Knob(flag="snapshot-part-size-mib", unit=MIB, unit_name="MiB"), AfterValidator(_s3_part_size)
+    ] = 16 * MIB
+    """Size of each part of the snapshot's multipart upload, from 5 MiB (S3's minimum); also what one
     part in flight holds in memory. A snapshot can have 10,000 parts, so this bounds its size."""
 
-    upload_concurrency: int = 4
-    """Parts uploaded at once while pg_dump goes on writing the next ones."""
+    upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1)] = 4
+    """Parts uploaded at once while pg_dump goes on writing the next ones; each is held in memory."""
 
-    heartbeat_interval: float = 5.0
+    heartbeat_interval: Annotated[float, Field(gt=0)] = 5.0
     """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""

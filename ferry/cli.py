@@ -13,10 +13,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from ferry.configuration import arguments
+from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
 from ferry.stack import install
 from ferry.stack.errors import StackError
-from ferry.stack.stack import Stack, describe
+from ferry.stack.stack import START_TIMEOUT, Stack, describe
+from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
 
@@ -62,6 +65,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)
+    except StackError as error:
+        # ferry's log goes to a file here: the reason belongs on the terminal.
+        print(f"\nferry up: {error}", flush=True)
+        code = 1
     finally:
         print("stopping the stack...", flush=True)
         stack.stop()
@@ -100,19 +107,19 @@ def _configure_logs(args: argparse.Namespace, log_format: str) -> None:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from worker import runner
-    from worker import settings as worker_settings
+    from worker.settings import WorkerSettings
 
-    settings = worker_settings.from_arguments(args)
+    settings = arguments.from_arguments(WorkerSettings, args, os.environ)
     _configure_logs(args, settings.observability.log_format)
     return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
 
 
 def _cmd_watcher(args: argparse.Namespace) -> int:
     from watcher import runner
-    from watcher import settings as watcher_settings
     from watcher.leadership import LeadershipLost
+    from watcher.settings import WatcherSettings
 
-    settings = watcher_settings.from_arguments(args)
+    settings = arguments.from_arguments(WatcherSettings, args, os.environ)
     _configure_logs(args, settings.observability.log_format)
     try:
         return _run_until_signalled(lambda stop: runner.run(settings, stop=stop))
@@ -156,7 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for the stack's data, logs and kubeconfig; reused across runs "
         "(default: $FERRY_STATE_DIR or .ferry/stack)",
     )
-    up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take to come up")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=START_TIMEOUT,
+        help="seconds each component may take to come up; a component that exits fails at once "
+        "(default: %(default)s, for a first start on a cold machine)",
+    )
     up.add_argument("--no-sample", action="store_true", help="skip the sample Migration; keep everything running")
     up.add_argument(
         "--keep-running", action="store_true", help="after the sample, keep everything running until Ctrl-C"
@@ -165,17 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--orders", type=int, default=200_000, help="rows in the sample's orders table (default: %(default)s)"
     )
     up.set_defaults(run=_cmd_up)
-    from watcher import settings as watcher_settings
-    from worker import settings as worker_settings
+    from watcher.settings import WatcherSettings
+    from worker.settings import WorkerSettings
 
     worker = commands.add_parser(
         "worker",
         help="run ferry's Temporal worker (the saga and its activities) against a cluster",
         description="Polls the task queue for migration workflows and runs their activities against the "
         "Kubernetes cluster of --kubeconfig, the databases and the S3 buckets the Migrations name. "
-        "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets.",
+        "Run as many as you like. Every flag can also be set by the FERRY_ variable in brackets (an empty one "
+        "counts as unset); a flag wins over its variable. Until Temporal answers, the worker keeps trying "
+        "and reports not ready on /readyz.",
     )
-    worker_settings.add_arguments(worker)
+    arguments.add_arguments(worker, WorkerSettings)
     worker.set_defaults(run=_cmd_worker)
 
     watcher = commands.add_parser(
@@ -184,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lists and watches Migrations, holds their finalizer, starts one workflow per Migration, "
         "turns kubectl controls (annotations) into signals, and holds deletion until the undo is done. "
         "Replicas elect one active watcher through a Lease. Every flag can also be set by the FERRY_ "
-        "variable in brackets.",
+        "variable in brackets (an empty one counts as unset); a flag wins over its variable. Until Temporal "
+        "answers, the watcher keeps trying and reports not ready on /readyz.",
     )
-    watcher_settings.add_arguments(watcher)
+    arguments.add_arguments(watcher, WatcherSettings)
     watcher.set_defaults(run=_cmd_watcher)
 
     crd = commands.add_parser(
@@ -207,9 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
-    except StackError as error:
+    except SettingsError as error:
+        # Before logging is configured (the log format is a setting too): a plain line, as argparse's own.
+        print(f"ferry {args.command}: {error}", file=sys.stderr)
+        return 2
+    except (StackError, StartupError) as error:
         log.error("%s", error)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the component took over the signal
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,23 +6,23 @@ activity payload is a pydantic model from ferry.api.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Self
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from pydantic import FilePath, SecretStr, model_validator
+from pydantic.dataclasses import dataclass
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 
-from ferry.api.saga import TASK_QUEUE
+from ferry.configuration.knobs import SETTINGS, Knob
 from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS)
 class TemporalSettings:
     """How to reach the Temporal frontend."""
 
@@ -30,20 +30,24 @@ class TemporalSettings:
     """host:port of the Temporal frontend (gRPC)."""
     namespace: str = "default"
     """Temporal namespace the migration workflows live in."""
-    tls_cert: Path | None = None
-    """Client certificate (PEM) for mutual TLS; with tls_key."""
-    tls_key: Path | None = None
-    """Private key (PEM) of tls_cert."""
-    tls_ca: Path | None = None
-    """CA bundle (PEM) that signed the server's certificate; TLS is on when any TLS file is set."""
-    api_key: str | None = None
-    """API key (Temporal Cloud); implies TLS."""
+    tls_cert: FilePath | None = None
+    """Client certificate (PEM) for mutual TLS, with its key; any TLS file turns TLS on."""
+    tls_key: FilePath | None = None
+    """Private key (PEM) of the client certificate."""
+    tls_ca: FilePath | None = None
+    """CA bundle (PEM) that signed the server's certificate; any TLS file turns TLS on."""
+    api_key: Annotated[SecretStr | None, Knob(secret=True)] = None
+    """API key, e.g. for Temporal Cloud; implies TLS. Pass it from a Secret, never in a ConfigMap."""
+
+    @model_validator(mode="after")
+    def _certificate_with_its_key(self) -> Self:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("the TLS client certificate and its key go together: set both or neither")
+        return self
 
     def tls(self) -> TLSConfig | bool:
         if not (self.tls_cert or self.tls_key or self.tls_ca):
             return self.api_key is not None
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("--temporal-tls-cert and --temporal-tls-key go together: set both or neither")
         return TLSConfig(
             client_cert=self.tls_cert.read_bytes() if self.tls_cert else None,
             client_private_key=self.tls_key.read_bytes() if self.tls_key else None,
@@ -62,7 +66,7 @@ async def connect_temporal(
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
-        api_key=settings.api_key,
+        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         tls=settings.tls(),
         data_converter=pydantic_data_converter,
         identity=identity,
@@ -89,73 +93,3 @@ def kubernetes_client(
             k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = connections
     return BoundedApiClient(configuration, timeouts)
-
-
-def env(name: str, default: str | None = None) -> str | None:
-    """A FERRY_-prefixed environment variable: every flag has one."""
-    return os.environ.get(f"FERRY_{name}", default)
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by the worker and the watcher: Temporal, the task queue, the Web UI, Kubernetes."""
-    group = parser.add_argument_group("Temporal")
-    group.add_argument(
-        "--temporal-address",
-        default=env("TEMPORAL_ADDRESS", "localhost:7233"),
-        help="host:port of the Temporal frontend [FERRY_TEMPORAL_ADDRESS] (default: %(default)s)",
-    )
-    group.add_argument(
-        "--temporal-namespace",
-        default=env("TEMPORAL_NAMESPACE", "default"),
-        help="Temporal namespace [FERRY_TEMPORAL_NAMESPACE] (default: %(default)s)",
-    )
-    group.add_argument(
-        "--temporal-tls-cert",
-        type=Path,
-        default=env("TEMPORAL_TLS_CERT"),
-        help="client certificate for mutual TLS [FERRY_TEMPORAL_TLS_CERT]",
-    )
-    group.add_argument(
-        "--temporal-tls-key",
-        type=Path,
-        default=env("TEMPORAL_TLS_KEY"),
-        help="private key of the client certificate [FERRY_TEMPORAL_TLS_KEY]",
-    )
-    group.add_argument(
-        "--temporal-tls-ca",
-        type=Path,
-        default=env("TEMPORAL_TLS_CA"),
-        help="CA bundle of the server's certificate; any TLS flag turns TLS on [FERRY_TEMPORAL_TLS_CA]",
-    )
-    group.add_argument(
-        "--temporal-api-key",
-        default=env("TEMPORAL_API_KEY"),
-        help="API key, e.g. for Temporal Cloud; implies TLS [FERRY_TEMPORAL_API_KEY]",
-    )
-    group.add_argument(
-        "--task-queue",
-        default=env("TASK_QUEUE", TASK_QUEUE),
-        help="task queue of the migration workflows [FERRY_TASK_QUEUE] (default: %(default)s)",
-    )
-    group.add_argument(
-        "--temporal-ui-url",
-        default=env("TEMPORAL_UI_URL"),
-        help="base URL of the Temporal Web UI, linked from each Migration's status [FERRY_TEMPORAL_UI_URL]",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=env("KUBECONFIG") or os.environ.get("KUBECONFIG"),
-        help="kubeconfig [FERRY_KUBECONFIG, KUBECONFIG] (default: in-cluster, else ~/.kube/config)",
-    )
-
-
-def temporal_settings(args: argparse.Namespace) -> TemporalSettings:
-    return TemporalSettings(
-        address=args.temporal_address,
-        namespace=args.temporal_namespace,
-        tls_cert=args.temporal_tls_cert,
-        tls_key=args.temporal_tls_key,
-        tls_ca=args.temporal_tls_ca,
-        api_key=args.temporal_api_key,
-    )

@@ -111,15 +111,20 @@ async def temporal_client(stack: StackInfo) -> Client:
 
 @pytest.fixture(scope="session")
 def kubectl(stack: StackInfo, binaries: Binaries) -> Kubectl:
-    """Runs the stack's kubectl; `check=False` returns failures instead of raising."""
+    """Runs the stack's kubectl; `check=False` returns failures instead of raising.
 
-    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    `timeout` bounds the call itself: give `kubectl wait` a longer one than its own --timeout.
+    """
+
+    def run(
+        *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [str(binaries.kubectl), f"--kubeconfig={stack.kubeconfig}", *args],
             input=stdin,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")

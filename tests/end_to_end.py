@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
+from activities.settings import KubeActivitySettings
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
 from ferry.clients import TemporalSettings
@@ -146,8 +147,7 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
         temporal=TemporalSettings(address=stack.temporal_address, namespace=stack.temporal_namespace or "default"),
         task_queue=task_queue,
         kubeconfig=stack.kubeconfig,
-        temporal_ui_url=stack.temporal_ui_url,
-        poll_interval=0.2,
+        kube_activities=KubeActivitySettings(poll_interval=0.2, temporal_ui_url=stack.temporal_ui_url),
     )
 
 
@@ -188,9 +188,13 @@ async def running_watcher(stack: StackInfo, task_queue: str, namespace: str) -> 
     await asyncio.wait_for(task, timeout=30)
 
 
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 60) -> None:
+async def eventually(
+    what: str, check: Callable[[], Awaitable[bool]], within: float = 60, seen: Callable[[], str] | None = None
+) -> None:
+    """Waits until `check` holds; at the deadline fails naming `what` and, when given, what was `seen` last."""
     deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+            last = f"; last seen: {seen()}" if seen else ""
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}{last}")
         await asyncio.sleep(0.2)

@@ -3,7 +3,8 @@
 Events are coalesced per Migration: while one is being handled, newer states of it wait,
 and only the latest is handled next, so a burst of status updates costs one pass.
 Different Migrations are handled concurrently, up to the configured limit. A handler
-that fails is retried with backoff; it never stops the watcher.
+that fails is retried with backoff; it never stops the watcher. The health probes answer
+from the start; the watcher is ready once connected to Temporal, which it waits for.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from temporalio.client import Client
 from temporalio.common import MetricMeter
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
+from ferry import startup
 from ferry.api.saga import MigrationRef
-from ferry.clients import connect_temporal, kubernetes_client
 from ferry.observability import health, tracing
-from ferry.observability.metrics import prometheus_runtime
 from watcher.deletion import DeletionHandler
 from watcher.handling import MigrationHandler
 from watcher.leadership import LeaderElector
@@ -176,25 +176,42 @@ class Watcher:
 
 
 async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -> None:
-    """Runs until `stop` is set; raises LeadershipLost if this replica stops leading (the process should exit)."""
+    """Runs until `stop` is set, waiting for Temporal first.
+
+    Raises LeadershipLost if this replica stops leading (the process should exit), and
+    StartupError when it cannot start: a port taken, a kubeconfig that does not load.
+    """
     stop = stop or asyncio.Event()
     identity = settings.lease.identity
     observed = settings.observability
-    runtime = prometheus_runtime(observed.metrics_address, "watcher") if observed.metrics_address else None
-    interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-watcher") else []
-    client = await connect_temporal(
-        settings.temporal, identity=f"ferry-watcher@{identity}", runtime=runtime, interceptors=interceptors
-    )
-    metrics = WatcherMetrics(runtime.metric_meter if runtime else MetricMeter.noop)
-    # Blocking Kubernetes calls run in threads: one per Migration handled at once, plus the
-    # Lease and a resync, each with a connection of its own.
-    threads = settings.concurrency + 4
-    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, "ferry-watcher"))
-    api = kubernetes_client(settings.kubeconfig, connections=threads + len(settings.namespaces) + 1)
-    elector = LeaderElector(api, settings.lease)
     # Ready once connected: a standby replica is as ready as the leader, so a rollout or a
     # disruption budget counts it.
-    async with health.serving(observed.health_address, lambda: True):
+    connected = asyncio.Event()
+    async with health.serving(observed.health_address, connected.is_set):
+        runtime = startup.metrics_runtime(observed.metrics_address, "watcher")
+        interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-watcher") else []
+        # Blocking Kubernetes calls run in threads: one per Migration handled at once, plus the
+        # Lease and a resync, each with a connection of its own.
+        threads = settings.concurrency + 4
+        api = startup.kubernetes_api(settings.kubeconfig, connections=threads + len(settings.namespaces) + 1)
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(threads, "ferry-watcher"))
+        client = None
+        try:
+            client = await startup.wait_for_temporal(
+                settings.temporal,
+                stop,
+                identity=f"ferry-watcher@{identity}",
+                runtime=runtime,
+                interceptors=interceptors,
+            )
+        finally:
+            if client is None:  # stopped while waiting, or cannot start: _lead would have closed it
+                api.close()
+        if client is None:
+            return
+        connected.set()
+        metrics = WatcherMetrics(runtime.metric_meter if runtime else MetricMeter.noop)
+        elector = LeaderElector(api, settings.lease)
         await _lead(client, api, elector, settings, metrics, stop)
 
 

@@ -2,7 +2,8 @@
 
 Activities talk to blocking clients (Kubernetes, PostgreSQL, S3), so they are plain
 functions run in a thread pool; heartbeats are sent at least every two seconds so a
-cancellation (a rollback) reaches a running activity promptly.
+cancellation (a rollback) reaches a running activity promptly. The health probes answer
+from the start; the worker is ready once it polls, which may wait for Temporal to come up.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
 from activities.postgres.activities import PostgresActivities
-from activities.settings import MIB, DataActivitySettings, KubeActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
-from ferry.clients import connect_temporal, kubernetes_client
+from ferry import startup
 from ferry.observability import health, tracing
-from ferry.observability.metrics import prometheus_runtime
 from worker.interceptors import LogContextInterceptor
 from worker.settings import WorkerSettings
 from workflows.cleanup import RetentionCleanupWorkflow
@@ -42,17 +41,10 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
     """Every activity the saga calls, bound to its clients."""
-    kube_settings = KubeActivitySettings(poll_interval=settings.poll_interval, temporal_ui_url=settings.temporal_ui_url)
-    data_settings = DataActivitySettings(
-        postgres_bindir=settings.postgres_bindir,
-        part_size=settings.snapshot_part_size_mib * MIB,
-        upload_concurrency=settings.snapshot_upload_concurrency,
-        dump_compression=settings.snapshot_compression,
-    )
-    cluster = ClusterActivities(api, kube_settings)
-    status = StatusActivities(api, kube_settings)
-    postgres = PostgresActivities(api, data_settings)
-    snapshots = SnapshotStoreActivities(api, data_settings)
+    cluster = ClusterActivities(api, settings.kube_activities)
+    status = StatusActivities(api, settings.kube_activities)
+    postgres = PostgresActivities(api, settings.data_activities)
+    snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
         cluster.provision,
         cluster.undo_provision,
@@ -92,23 +84,54 @@ def build_worker(
 
 
 async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
-    """Runs the worker until `stop` is set (or forever); shuts down gracefully."""
+    """Runs the worker until `stop` is set (or forever), waiting for Temporal first; shuts down gracefully.
+
+    Raises StartupError when it cannot start: a port taken, a kubeconfig that does not load.
+    """
+    stop = stop or asyncio.Event()
     observed = settings.observability
-    runtime = prometheus_runtime(observed.metrics_address, "worker") if observed.metrics_address else None
-    # The tracing interceptor on the client is also used by workers built from it.
-    interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
-    client = await connect_temporal(
-        settings.temporal, identity=f"ferry-worker@{socket.gethostname()}", runtime=runtime, interceptors=interceptors
-    )
-    api = kubernetes_client(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
-        worker = build_worker(client, api, settings, executor)
-        log.info(
-            "worker polling task queue %s on %s (namespace %s)",
-            settings.task_queue,
-            settings.temporal.address,
-            settings.temporal.namespace,
-        )
-        async with worker, health.serving(observed.health_address, lambda: worker.is_running):
-            await (stop or asyncio.Event()).wait()
-    api.close()
+    polling: list[Worker] = []
+    async with health.serving(observed.health_address, lambda: any(worker.is_running for worker in polling)):
+        runtime = startup.metrics_runtime(observed.metrics_address, "worker")
+        # The tracing interceptor on the client is also used by workers built from it.
+        interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
+        api = startup.kubernetes_api(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
+        try:
+            identity = f"ferry-worker@{socket.gethostname()}"
+            client = await startup.wait_for_temporal(
+                settings.temporal, stop, identity=identity, runtime=runtime, interceptors=interceptors
+            )
+            if client is None:
+                return
+            with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
+                worker = build_worker(client, api, settings, executor)
+                polling.append(worker)
+                log.info(
+                    "worker polling task queue %s on %s (namespace %s)",
+                    settings.task_queue,
+                    settings.temporal.address,
+                    settings.temporal.namespace,
+                )
+                await _run_until(worker, stop)
+        finally:
+            api.close()
+
+
+async def _run_until(worker: Worker, stop: asyncio.Event) -> None:
+    """Runs the worker until `stop` is set (or the task is cancelled), then shuts it down gracefully.
+
+    A worker that stops on its own failed (e.g. its namespace does not exist): a StartupError.
+    """
+    running = asyncio.create_task(worker.run())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not running.done():
+            await worker.shutdown()
+            await running
+    try:
+        running.result()
+    except RuntimeError as error:  # e.g. "Worker validation failed: Namespace ... is not found"
+        raise startup.StartupError(f"the worker stopped: {error}") from error

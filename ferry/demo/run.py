@@ -23,12 +23,15 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from activities.settings import DataActivitySettings, KubeActivitySettings
 from ferry.api.crd import manifest_yaml
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
 from ferry.demo import sample
 from ferry.demo.progress import Display
+from ferry.stack.errors import StartError
 from ferry.stack.install import Binaries
+from ferry.stack.readiness import wait_until
 from ferry.stack.stack import StackInfo
 from watcher import runner as watcher_runner
 from watcher.settings import LeaseSettings, WatcherSettings
@@ -41,12 +44,33 @@ TASK_QUEUE = "ferry"
 FINISHED = {phase.value for phase in FINISHED_PHASES}
 
 
+CRD_ESTABLISHED = 300.0
+"""Seconds the API server may take to serve the Migration CRD once applied (a busy, cold machine is slow)."""
+
+
 def install_crd(binaries: Binaries, info: StackInfo) -> None:
+    """Applies the Migration CRD and waits until the API server serves it."""
     kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest_yaml(), text=True, check=True,
-                   capture_output=True)  # fmt: skip
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/migrations.ferry.dev", "--timeout=60s"],
-                   check=True, capture_output=True)  # fmt: skip
+    applied = subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest_yaml(), text=True,
+                             capture_output=True)  # fmt: skip
+    if applied.returncode != 0:
+        raise StartError(f"could not apply the Migration CRD: {applied.stderr.strip()}")
+    # Polled, not `kubectl wait`: that fails outright when it reads the CRD before it has any condition.
+    api = kubernetes_client(info.kubeconfig)
+    try:
+        extensions = k8s.ApiextensionsV1Api(api)
+        wait_until(
+            "the Migration CRD (Established)",
+            lambda: _established(extensions.read_custom_resource_definition(f"{PLURAL}.{GROUP}")),
+            timeout=CRD_ESTABLISHED,
+        )
+    finally:
+        api.close()
+
+
+def _established(crd: Any) -> bool:
+    conditions = (crd.status and crd.status.conditions) or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
 
 
 def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSettings, WatcherSettings]:
@@ -56,9 +80,8 @@ def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSetti
         temporal=temporal,
         task_queue=TASK_QUEUE,
         kubeconfig=info.kubeconfig,
-        temporal_ui_url=info.temporal_ui_url,
-        postgres_bindir=binaries.postgres_bindir,
-        poll_interval=0.5,
+        kube_activities=KubeActivitySettings(poll_interval=0.5, temporal_ui_url=info.temporal_ui_url),
+        data_activities=DataActivitySettings(postgres_bindir=binaries.postgres_bindir),
     )
     watcher = WatcherSettings(
         temporal=temporal,

@@ -2,7 +2,8 @@
 
 /healthz answers 200 while the process's event loop runs. /readyz answers 200 once the
 component is connected and working (the worker polls its task queue; the watcher is
-connected, leading or standing by), 503 before.
+connected, leading or standing by), 503 before. The probes are served from the start,
+while the component still waits for Temporal, so Kubernetes sees it alive but not ready.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
+
+from ferry.startup import StartupError
 
 log = logging.getLogger("ferry.health")
 
@@ -44,7 +48,11 @@ async def serving(address: str | None, ready: Callable[[], bool]) -> AsyncIterat
         yield
         return
     host, _, port = address.rpartition(":")
-    server = await asyncio.start_server(lambda r, w: _serve(ready, r, w), host or "0.0.0.0", int(port))
+    try:
+        server = await asyncio.start_server(lambda r, w: _serve(ready, r, w), host or "0.0.0.0", int(port))
+    except OSError as error:
+        cause = os.strerror(error.errno) if error.errno else str(error)
+        raise StartupError(f"cannot answer health probes on {address}: {cause}") from error
     log.info("health probes on http://%s/healthz and /readyz", address)
     try:
         yield

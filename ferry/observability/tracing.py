@@ -9,24 +9,30 @@ stack and the tests use that), or both.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from pydantic.dataclasses import dataclass
+
+from ferry.configuration.knobs import SETTINGS, Knob
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True, config=SETTINGS)
 class TracingSettings:
-    otlp_endpoint: str | None = None
-    """OTLP/HTTP endpoint of a collector, e.g. http://otel-collector:4318 (spans go to /v1/traces)."""
-    file: Path | None = None
-    """Append finished spans to this file, one JSON object per line."""
+    """Where spans go: an OTLP collector, a file, both or nowhere."""
+
+    otlp_endpoint: Annotated[str | None, Knob(also_env=("OTEL_EXPORTER_OTLP_ENDPOINT",))] = None
+    """Send traces to this OTLP/HTTP collector, e.g. http://otel-collector:4318; spans go to /v1/traces
+    (default: off)."""
+    file: Annotated[Path | None, Knob(flag="trace-file")] = None
+    """Append finished spans to this file as JSON lines (default: off)."""
 
     @property
     def enabled(self) -> bool:

@@ -34,6 +34,9 @@ log = logging.getLogger("ferry.stack")
 
 COMPONENTS = frozenset({"kubernetes", "temporal", "s3", "postgres"})
 POSTGRES_INSTANCES = ("source", "target")
+START_TIMEOUT = 300.0
+"""Seconds each component may take to come up. A first start on a cold, busy machine is slow (page
+cache, initdb, Temporal's schema); a component that exits meanwhile fails the start at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,7 @@ class Stack:
         *,
         components: frozenset[str] = COMPONENTS,
         binaries: Binaries | None = None,
-        timeout: float = 120.0,
+        timeout: float = START_TIMEOUT,
     ) -> None:
         unknown = components - COMPONENTS
         if unknown:

@@ -1,25 +1,27 @@
 """The deployment files as a reader sees them: the repository's paths, its YAML, its Dockerfile and ferry's CLI.
 
 Shared by the tests of tests/deploy, which check these files against the code they deploy:
-the `ferry` command's real parser decides which subcommands and FERRY_ variables exist.
+the `ferry` command's real parser and settings decide which subcommands and FERRY_ variables exist.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
 import re
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ferry import cli
+from ferry.configuration.arguments import from_arguments
+from ferry.configuration.knobs import options
+from ferry.configuration.loading import SettingsError
+from watcher.settings import WatcherSettings
+from worker.settings import WorkerSettings
 
 ROOT = Path(__file__).parent.parent.parent
 DEPLOY = ROOT / "deploy"
@@ -56,44 +58,38 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     raise AssertionError("ferry's parser has no subcommands")
 
 
-@contextlib.contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    """os.environ without any FERRY_ or KUBECONFIG variable of the test run, plus `variables`."""
-    saved = dict(os.environ)
-    try:
-        for name in [name for name in os.environ if name.startswith("FERRY_") or name == "KUBECONFIG"]:
-            del os.environ[name]
-        os.environ.update(variables)
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+def settings(argv: list[str], variables: dict[str, str] | None = None) -> Any:
+    """What `ferry <argv>` would run with, given exactly these environment variables (none of the test run's)."""
+    args = cli.build_parser().parse_args(argv)
+    return from_arguments(SETTINGS[args.command], args, variables or {})
 
 
-def parse(argv: list[str], variables: dict[str, str] | None = None) -> argparse.Namespace:
-    """What `ferry <argv>` would run with, given these environment variables (the parser reads them when built)."""
-    with environment(variables or {}):
-        return cli.build_parser().parse_args(argv)
+SETTINGS: dict[str, type[Any]] = {"worker": WorkerSettings, "watcher": WatcherSettings}
+"""The settings class behind each long-running subcommand."""
 
-
-_SENTINELS: dict[Any, str] = {int: "7", float: "7.5", Path: "/sentinel/path", None: "sentinel"}
+_SENTINELS = ("7", "70", "0.75", "sentinel", "text", "127.0.0.1:7", str(ROOT / "pyproject.toml"), str(ROOT))
+"""Values to try for a variable: one at least fits each knob's type and limits and differs from its default."""
 
 
 def variables_read_by(command: str) -> set[str]:
     """The FERRY_ variables that change what `ferry <command>` runs with.
 
-    Each option of the subcommand is tried: its variable is set to a sentinel, and it
-    counts only if the parsed option then holds that sentinel.
+    Each variable the subcommand's settings declare is tried: it counts only if setting
+    it to one of the sentinels (alone, without any flag) changes the settings it loads. A
+    variable valid only with another (the TLS certificate and its key) does not count alone.
     """
+    defaults = settings([command])
     read = set()
-    for action in subcommands()[command]._actions:
-        if action.dest == "help":
-            continue
-        name = f"FERRY_{action.dest.upper()}"
-        sentinel = _SENTINELS[action.type]
-        expected = action.type(sentinel) if callable(action.type) else sentinel
-        if getattr(parse([command], {name: sentinel}), action.dest) == expected:
-            read.add(name)
+    for option in options(SETTINGS[command]):
+        for name in option.env:
+            for sentinel in _SENTINELS:
+                try:
+                    changed = settings([command], {name: sentinel}) != defaults
+                except SettingsError:
+                    continue
+                if changed:
+                    read.add(name)
+                    break
     return read
 
 

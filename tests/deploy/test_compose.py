@@ -16,6 +16,8 @@ import yaml
 from ferry.api import search_attributes
 from tests.deploy.files import COMPOSE, subcommands, variables_read_by
 
+pytestmark = pytest.mark.unit
+
 FERRY = ("worker", "watcher")
 """The services running ferry itself, each named after its subcommand."""
 WAIT_CONDITIONS = {"service_healthy", "service_completed_successfully"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ferry.stack.versions import POSTGRES_MAJOR
 from tests.deploy.files import (
     DEPLOY,
@@ -21,6 +23,8 @@ from tests.deploy.files import (
     subcommands,
     variables_read_by,
 )
+
+pytestmark = pytest.mark.unit
 
 
 def _arguments(instruction: str) -> list[str]:

@@ -20,8 +20,7 @@ import yaml
 from activities.secrets import DATABASE_KEYS, S3_KEYS
 from ferry.api.migration import MigrationSpec
 from tests.conftest import Kubectl
-from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, parse, subcommands, variables_read_by
-from watcher import settings as watcher_settings
+from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, settings, subcommands, variables_read_by
 
 ALERT_METRICS = {
     "ferry_steps_total",
@@ -281,10 +280,10 @@ def test_the_watchers_lease_is_the_one_in_its_own_namespace_that_its_role_allows
     config = find(documents(DEPLOY / "manager"), "ConfigMap", "ferry-config")["data"]
     role = find(documents(DEPLOY / "rbac"), "Role", "ferry-watcher-leader-election")
 
-    settings = watcher_settings.from_arguments(parse(args, config))
+    loaded = settings(args, config)
 
     assert declared == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
-    assert settings.lease.namespace == SYSTEM_NAMESPACE == role["metadata"]["namespace"]
-    assert settings.lease.identity == pod_name
+    assert loaded.lease.namespace == SYSTEM_NAMESPACE == role["metadata"]["namespace"]
+    assert loaded.lease.identity == pod_name
     named = [rule for rule in role["rules"] if rule.get("resourceNames")]
-    assert [settings.lease.name] == [name for rule in named for name in rule["resourceNames"]]
+    assert [loaded.lease.name] == [name for rule in named for name in rule["resourceNames"]]

@@ -11,12 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,32 +30,13 @@ from tests.deploy.conftest import ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY
 from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest
 from tests.postgres.data import contents, create_shop
+from tests.processes import FerryProcess, start_ferry, wait_until
 
 SAGA_TIMEOUT = 240.0
 RBAC_DENIAL = re.compile(r'serviceaccount:ferry-system:ferry-[a-z]+[\\"]* cannot [a-z]+ resource [\\"]*[\w./]+')
 """How the API server words a refusal by RBAC, in a logged failure (its quotes escaped once per JSON layer)."""
 LEASE = "ferry-watcher"
 """The Lease the watcher's Role names (deploy/rbac/watcher_role.yaml) and its Deployment uses."""
-
-
-@dataclasses.dataclass
-class FerryProcess:
-    """One `ferry <command>` process with its log file."""
-
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(10)
 
 
 RunFerry = Callable[..., FerryProcess]
@@ -72,25 +48,15 @@ def run_ferry(stack: StackInfo, task_queue: str, tmp_path: Path) -> Iterator[Run
     started: list[FerryProcess] = []
 
     def run(command: str, kubeconfig: Path, **variables: str) -> FerryProcess:
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_") and k != "KUBECONFIG"}
-        environment.update(
-            FERRY_KUBECONFIG=str(kubeconfig),
-            FERRY_TEMPORAL_ADDRESS=stack.temporal_address or "",
-            FERRY_TEMPORAL_NAMESPACE=stack.temporal_namespace or "default",
-            FERRY_TEMPORAL_UI_URL=stack.temporal_ui_url or "",
-            FERRY_TASK_QUEUE=task_queue,
+        environment = {
+            "FERRY_KUBECONFIG": str(kubeconfig),
+            "FERRY_TEMPORAL_ADDRESS": stack.temporal_address or "",
+            "FERRY_TEMPORAL_NAMESPACE": stack.temporal_namespace or "default",
+            "FERRY_TEMPORAL_UI_URL": stack.temporal_ui_url or "",
+            "FERRY_TASK_QUEUE": task_queue,
             **variables,
-        )
-        log_path = tmp_path / f"{command}.log"
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "ferry.cli", command],
-                env=environment,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process = FerryProcess(popen, log_path)
+        }
+        process = start_ferry(command, log_path=tmp_path / f"{command}.log", **environment)
         started.append(process)
         return process
 
@@ -106,18 +72,6 @@ def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any] | 
         return None
     migration: dict[str, Any] = json.loads(found.stdout)
     return migration
-
-
-def _wait_until(what: str, check: Callable[[], bool], timeout: float, *processes: FerryProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        for process in processes:
-            code = process.popen.poll()
-            assert code is None, f"{process.log_path.stem} exited ({code}) waiting for {what}:\n{process.log()}"
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.log_path.stem}\n{p.log()[-6000:]}" for p in processes)
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
-        time.sleep(0.5)
 
 
 @dataclasses.dataclass
@@ -169,7 +123,7 @@ def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 def _wait_for_phase(kubectl: Kubectl, namespace: str, name: str, ferry: Ferry) -> dict[str, Any]:
     finished = {"Succeeded", "RolledBack", "Failed", "Abandoned"}
-    _wait_until(
+    wait_until(
         "the Migration to finish",
         lambda: _status(kubectl, namespace, name).get("phase") in finished,
         SAGA_TIMEOUT,
@@ -212,7 +166,7 @@ def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_o
     # deleted the snapshot with the credentials of the Migration's Secret.
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 1
     kubectl("delete", "migration", ref.name, "-n", namespace, "--wait=false")
-    _wait_until("the Migration to be gone", lambda: _migration(kubectl, namespace, ref.name) is None, 120, ferry.worker)
+    wait_until("the Migration to be gone", lambda: _migration(kubectl, namespace, ref.name) is None, 120, ferry.worker)
 
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
     ferry.assert_never_refused()
@@ -239,14 +193,14 @@ def test_a_rollback_after_the_traffic_moved_undoes_every_step_under_the_service_
         steps = {step["name"]: step["state"] for step in _status(kubectl, namespace, ref.name).get("steps", [])}
         return steps.get("switch-traffic") == "Succeeded"
 
-    _wait_until("the traffic to move to the target", soaking, SAGA_TIMEOUT, ferry.worker, ferry.watcher)
+    wait_until("the traffic to move to the target", soaking, SAGA_TIMEOUT, ferry.worker, ferry.watcher)
     assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
     kubectl("annotate", "migration", ref.name, "-n", namespace, "ferry.dev/rollback=tester: changed my mind")
     status = _wait_for_phase(kubectl, namespace, ref.name, ferry)
 
     assert status["phase"] == "RolledBack", _explain(status, ferry)
     # The watcher records the control it acted on in the status; the saga may finish first.
-    _wait_until(
+    wait_until(
         "the watcher to acknowledge the rollback",
         lambda: (
             (_status(kubectl, namespace, ref.name).get("controls") or {}).get("acknowledged")
