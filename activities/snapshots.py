@@ -47,8 +47,8 @@ class SnapshotStoreActivities:
 
     def _delete(self, ref: MigrationRef, spec: SnapshotSpec, artifact: SnapshotResult) -> None:
         credentials = self._secrets.s3_credentials(ref.namespace, spec.credentials_secret)
-        s3 = snapshot_store.client(spec, credentials)
-        with snapshot_store.permanent_failures(artifact.bucket, credentials):
+        s3 = snapshot_store.client(spec, credentials, self._settings)
+        with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
             try:
                 snapshot_store.abort_incomplete_uploads(s3, artifact.bucket, artifact.key)
                 s3.delete_object(Bucket=artifact.bucket, Key=artifact.key)

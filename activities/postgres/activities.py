@@ -157,8 +157,8 @@ class PostgresActivities:
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             self._connect(db).close()  # refused credentials or a missing database fail here, clearly
-            s3 = snapshot_store.client(spec, credentials)
-            with snapshot_store.permanent_failures(bucket, credentials):
+            s3 = snapshot_store.client(spec, credentials, self._settings)
+            with snapshot_store.permanent_failures(s3, bucket, credentials):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
@@ -186,8 +186,8 @@ class PostgresActivities:
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             with privileged(db, "drop and create schemas"):
                 restoring.prepare_target(conn, db, owner(input.ref))
-            s3 = snapshot_store.client(input.snapshot, credentials)
-            with snapshot_store.permanent_failures(artifact.bucket, credentials):
+            s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
+            with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                 body = restoring.open_snapshot(s3, artifact)
                 try:
                     read = restoring.restore(db, self._settings, body, artifact, heartbeats)

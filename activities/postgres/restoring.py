@@ -33,7 +33,7 @@ from activities.heartbeats import Heartbeats
 from activities.postgres import database_settings
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
-from activities.postgres.tools import Tool, find_bindir
+from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.s3 import error_code
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
@@ -132,7 +132,7 @@ def restore(
     """
     argv = [
         str(find_bindir(settings.postgres_bindir) / "pg_restore"),
-        f"--dbname=dbname={_conninfo_quote(db.database)}",
+        f"--dbname={conninfo(db, settings)}",
         "--format=custom",
         "--single-transaction",
         "--no-owner",
@@ -182,8 +182,3 @@ def _feed(restoring: Tool, data: bytes) -> bool:
     except BrokenPipeError:
         return False
     return True
-
-
-def _conninfo_quote(value: str) -> str:
-    """A libpq connection-string value: in single quotes, with quotes and backslashes escaped."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
