@@ -61,6 +61,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         status.mirror_status,
         postgres.freeze,
         postgres.undo_freeze,
+        postgres.check_frozen,
         postgres.snapshot,
         postgres.migrate,
         postgres.verify,

@@ -1,4 +1,8 @@
-"""The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .snapshot, .migrate, .verify.
+"""The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .check_frozen, .snapshot, ...
+
+freeze and undo_freeze, check_frozen, snapshot, migrate, verify: each step's work is in
+the module named for it, and this class wires them to the Secrets, the settings and
+the heartbeats.
 
 Each reads the Secrets it needs when it starts, so inputs carry only their names, and
 each can run again after a crash at any point (its docstring says how). They are
@@ -19,14 +23,25 @@ from temporalio import activity
 
 from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
-from activities.postgres import checksums, database_settings, dumping, freezing, restoring
+from activities.postgres import (
+    checksums,
+    database_settings,
+    dumping,
+    fencing,
+    freezing,
+    grants,
+    restoring,
+)
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
-from ferry.api.errors import VerificationMismatch
+from ferry.api.errors import VerificationMismatch, WritesAfterFreeze
 from ferry.api.migration import DriverType
 from ferry.api.saga import (
+    CheckFrozenInput,
+    CheckFrozenResult,
     DriverOperation,
+    FenceMark,
     FreezeInput,
     FreezeResult,
     MigrateInput,
@@ -68,36 +83,57 @@ class PostgresActivities:
 
     @activity.defn(name=_name(DriverOperation.FREEZE), no_thread_cancel_exception=True)
     def freeze(self, input: FreezeInput) -> FreezeResult:
-        """Makes the source read-only for new transactions and ends its other sessions.
+        """Makes the source read-only, keeps other roles out, ends its other sessions, and marks where writes stand.
 
-        Idempotent: the setting before the freeze is recorded in the source, in the
-        transaction that freezes it, and a retry reads it from there (see freezing).
-        A freeze that fails or is cancelled after that transaction undoes itself, since
-        the saga undoes only steps that completed.
+        Idempotent: the setting and the ACL before the freeze are recorded in the source,
+        in the transaction that freezes it, and a retry reads them from there (see
+        freezing); ending sessions and taking the mark may be repeated at will. A freeze
+        that fails or is cancelled after that transaction undoes itself, since the saga
+        undoes only steps that completed.
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
-            with privileged(db, "change the database's settings"):
-                previous = freezing.freeze(conn, db, owner(input.ref))
+            with privileged(db, "change the database's settings and its CONNECT grants"):
+                frozen = freezing.freeze(conn, db, owner(input.ref))
             heartbeats.progress(frozen=True)
             try:
-                ended = self._end_sessions(conn, db, heartbeats)
+                fence, ended = self._mark(conn, db, heartbeats)
+                unfenced = grants.can_connect(conn)
                 heartbeats.raise_if_cancelled("freezing the source")
             except BaseException:
-                self._undo_quietly(db, input.ref, previous, heartbeats)
+                self._undo_quietly(db, input.ref, frozen.previous, heartbeats)
                 raise
         activity.logger.info(
-            "froze %s (%s was %s); ended %d sessions", db.describe(), database_settings.READ_ONLY, previous, ended
+            "froze %s (%s was %s; CONNECT revoked from %s); ended %d sessions; %d rows written before the freeze",
+            db.describe(),
+            database_settings.READ_ONLY,
+            frozen.previous,
+            ", ".join(frozen.revoked) or "nobody",
+            ended,
+            fence.writes,
         )
-        return FreezeResult(previous_setting=previous, sessions_ended=ended)
+        if unfenced:
+            activity.logger.warning(
+                "these roles can still connect to the frozen %s and write; check_frozen would notice: %s",
+                db.describe(),
+                ", ".join(unfenced),
+            )
+        return FreezeResult(
+            previous_setting=frozen.previous,
+            sessions_ended=ended,
+            fence=fence,
+            revoked_connect=frozen.revoked,
+            can_still_connect=unfenced,
+        )
 
     @activity.defn(name=_name(DriverOperation.UNDO_FREEZE), no_thread_cancel_exception=True)
     def undo_freeze(self, input: UndoFreezeInput) -> None:
-        """Puts the source's setting back as it was before the freeze and ends the sessions opened meanwhile.
+        """Puts the source's setting and CONNECT grants back as they were, and ends the sessions opened meanwhile.
 
-        Idempotent: the marker the freeze left is removed last, after the setting is back
-        and the read-only sessions ended; a run that finds no marker of this Migration
-        has nothing to do.
+        Works without the freeze's result: what to restore is read from the markers the
+        freeze left in the database. Idempotent: the markers are removed last, after the
+        setting and grants are back and the read-only sessions ended; a run that finds
+        no marker of this Migration has nothing to do.
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
@@ -111,7 +147,7 @@ class PostgresActivities:
         expected: str | None,
         heartbeats: Heartbeats,
     ) -> None:
-        with privileged(db, "change the database's settings"):
+        with privileged(db, "change the database's settings and its CONNECT grants"):
             restored = freezing.restore(conn, db, owner(ref), expected)
         if restored is None:
             activity.logger.info("%s is not frozen by Migration %s: nothing to undo", db.describe(), ref)
@@ -120,7 +156,7 @@ class PostgresActivities:
         with privileged(db, "change the database's settings"):
             freezing.forget(conn, owner(ref))
         activity.logger.info(
-            "unfroze %s (%s back to %s); ended %d read-only sessions",
+            "unfroze %s (%s and CONNECT back to %s); ended %d read-only sessions",
             db.describe(),
             database_settings.READ_ONLY,
             restored,
@@ -136,11 +172,40 @@ class PostgresActivities:
             activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
 
     def _end_sessions(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> int:
-        def between_rounds(ended: int) -> None:
-            heartbeats.progress(sessions_ended=ended)
-
         with privileged(db, "end other sessions"):
-            return freezing.end_sessions(conn, self._settings.session_end_timeout, between_rounds)
+            return freezing.end_sessions(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+
+    def _mark(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> tuple[FenceMark, int]:
+        with privileged(db, "end other sessions and read every sequence"):
+            return fencing.mark(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+
+    # --- check_frozen ------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.CHECK_FROZEN), no_thread_cancel_exception=True)
+    def check_frozen(self, input: CheckFrozenInput) -> CheckFrozenResult:
+        """Fails with WritesAfterFreeze if the source was written after the freeze; ends its sessions first.
+
+        Idempotent: it ends sessions of a frozen database (which only flushes their
+        statistics and makes them reconnect) and reads; see fencing for why the
+        comparison with the freeze's mark is exact enough.
+        """
+        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            holder = freezing.frozen_by(conn)
+            present, ended = self._mark(conn, db, heartbeats)
+            found = fencing.changes(input.fence, present)
+            if holder != owner(input.ref):
+                found.insert(0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})")
+            unfenced = grants.can_connect(conn) if found else []
+        if found:
+            who = f" ({', '.join(unfenced)} can connect despite the freeze)" if unfenced else ""
+            raise WritesAfterFreeze(
+                f"{db.describe()} changed after the freeze, before {input.before}: {'; '.join(found)}. The target "
+                "may lack these writes, so traffic must not move: roll back (the source keeps its writes), find the "
+                f"client that writes despite the freeze{who}, and migrate again."
+            )
+        activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
+        return CheckFrozenResult(sessions_ended=ended, fence=present)
 
     # --- snapshot ----------------------------------------------------------------------------
 
@@ -255,3 +320,7 @@ class PostgresActivities:
 
 def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
     return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
+
+
+def _rounds(heartbeats: Heartbeats) -> Callable[[int], None]:
+    return lambda ended: heartbeats.progress(sessions_ended=ended)

@@ -22,6 +22,9 @@ from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
+    CheckFrozenInput,
+    CheckFrozenResult,
+    FenceMark,
     FreezeInput,
     FreezeResult,
     MigrateInput,
@@ -109,9 +112,15 @@ class Steps:
     def freeze(self) -> FreezeResult:
         return self.env.run(self.postgres.freeze, FreezeInput(ref=self.ref, driver=self.driver))
 
-    def undo_freeze(self, previous: str) -> None:
+    def undo_freeze(self, previous: str | None = None) -> None:
+        """Undoes the freeze; without `previous`, as the saga does when it has no result of the freeze."""
         undo = UndoFreezeInput(ref=self.ref, driver=self.driver, previous_setting=previous)
         self.env.run(self.postgres.undo_freeze, undo)
+
+    def check_frozen(self, fence: FenceMark | None, before: str = "switch-traffic") -> CheckFrozenResult:
+        assert fence is not None, "the freeze returned its mark"
+        call = CheckFrozenInput(ref=self.ref, driver=self.driver, fence=fence, before=before)
+        return self.env.run(self.postgres.check_frozen, call)
 
     def snapshot(self) -> SnapshotResult:
         call = SnapshotInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, key=self.key)
