@@ -31,6 +31,7 @@ from activities.postgres import (
     freezing,
     grants,
     restoring,
+    verifying,
 )
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
@@ -266,27 +267,31 @@ class PostgresActivities:
 
     @activity.defn(name=_name(DriverOperation.VERIFY), no_thread_cancel_exception=True)
     def verify(self, input: VerifyInput) -> VerifyResult:
-        """Compares every user table's row count and order-independent checksum on source and target.
+        """Compares source and target: every table's rows, the schema object by object, sequences, large objects.
 
         Idempotent: it only reads. Both sides are read at once, each on its own connection.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            source_tables, target_tables = self._fingerprints(source, target, heartbeats)
-        checks = checksums.compare(source_tables, target_tables)
-        difference = checksums.differences(checks)
-        if difference:
+            source_side, target_side = self._read_sides(source, target, heartbeats)
+        comparison = verifying.compare(source_side, target_side)
+        if comparison.difference:
             raise VerificationMismatch(
-                f"{difference}. The target does not hold the source's data: roll back, find out why, and migrate again."
+                f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
+                "and migrate again."
             )
-        activity.logger.info("verified %d tables: source and target hold the same rows", len(checks))
-        return VerifyResult(tables=checks)
+        activity.logger.info(
+            "verified %d tables and %d schema objects: source and target are the same",
+            len(comparison.checks),
+            comparison.objects,
+        )
+        return VerifyResult(tables=comparison.checks, objects=comparison.objects)
 
-    def _fingerprints(
+    def _read_sides(
         self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats
-    ) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, str]]]:
-        """Both sides' table fingerprints, read at the same time on a connection each."""
+    ) -> tuple[verifying.Side, verifying.Side]:
+        """Both sides, read at the same time on a connection each."""
         with contextlib.ExitStack() as stack:
             connections = [stack.enter_context(self._connect(db, **checksums.SESSION)) for db in (source, target)]
 
@@ -297,7 +302,7 @@ class PostgresActivities:
             heartbeats.on_cancel(cancel_queries)
             with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
                 futures = [
-                    pool.submit(checksums.fingerprints, conn, _counter(heartbeats, side))
+                    pool.submit(verifying.read, conn, _counter(heartbeats, side))
                     for side, conn in zip(("source", "target"), connections, strict=True)
                 ]
                 try:

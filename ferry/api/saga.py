@@ -354,7 +354,10 @@ class TableCheck(ApiModel):
 
 
 class VerifyResult(ApiModel):
-    tables: list[TableCheck]
+    tables: list[TableCheck] = Field(
+        description="Every table, populated materialized view and (as `large objects`) the large objects, compared."
+    )
+    objects: int = Field(default=0, description="Schema objects and sequences compared besides the rows.")
 
 
 class UndoMigrationInput(ApiModel):
