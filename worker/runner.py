@@ -64,6 +64,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         postgres.check_frozen,
         postgres.snapshot,
         postgres.migrate,
+        postgres.undo_migrate,
         postgres.verify,
         snapshots.undo_snapshot,
         snapshots.delete_snapshot,

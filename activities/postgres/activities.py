@@ -1,8 +1,8 @@
 """The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .check_frozen, .snapshot, ...
 
-freeze and undo_freeze, check_frozen, snapshot, migrate, verify: each step's work is in
-the module named for it, and this class wires them to the Secrets, the settings and
-the heartbeats.
+freeze and undo_freeze, check_frozen, snapshot, migrate and undo_migrate, verify: each
+step's work is in the module named for it, and this class wires them to the Secrets,
+the settings and the heartbeats.
 
 Each reads the Secrets it needs when it starts, so inputs carry only their names, and
 each can run again after a crash at any point (its docstring says how). They are
@@ -51,6 +51,8 @@ from ferry.api.saga import (
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
+    UndoMigrateInput,
+    UndoMigrateResult,
     VerifyInput,
     VerifyResult,
     driver_activity,
@@ -262,6 +264,21 @@ class PostgresActivities:
             tables = restoring.count_tables(conn)
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)
+
+    @activity.defn(name=_name(DriverOperation.UNDO_MIGRATE), no_thread_cancel_exception=True)
+    def undo_migrate(self, input: UndoMigrateInput) -> UndoMigrateResult:
+        """Empties the target of what this Migration's migrate restored, and removes its marker.
+
+        A target whose marker ferry.restored_by names nobody or another Migration is left
+        untouched. Idempotent, and safe after a migrate that never ran or half ran: the
+        removal is one transaction, and its last act removes the marker it looks for.
+        """
+        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        with self._connect(db) as conn, privileged(db, "drop schemas and change the database's settings"):
+            removed = restoring.remove(conn, db, owner(input.ref))
+        if removed:
+            activity.logger.info("emptied %s of what Migration %s restored", db.describe(), input.ref)
+        return UndoMigrateResult(removed=removed)
 
     # --- verify ------------------------------------------------------------------------------
 

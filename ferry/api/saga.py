@@ -336,6 +336,10 @@ class UndoMigrateInput(ApiModel):
     driver: DriverSpec
 
 
+class UndoMigrateResult(ApiModel):
+    removed: bool = Field(description="Whether the target held this Migration's restore, now removed.")
+
+
 class VerifyInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec

@@ -33,6 +33,8 @@ from ferry.api.saga import (
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
+    UndoMigrateInput,
+    UndoMigrateResult,
     VerifyInput,
     VerifyResult,
     snapshot_key,
@@ -129,6 +131,9 @@ class Steps:
     def migrate(self, artifact: SnapshotResult) -> MigrateResult:
         call = MigrateInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, artifact=artifact)
         return self.env.run(self.postgres.migrate, call)
+
+    def undo_migrate(self) -> UndoMigrateResult:
+        return self.env.run(self.postgres.undo_migrate, UndoMigrateInput(ref=self.ref, driver=self.driver))
 
     def verify(self) -> VerifyResult:
         return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver))
