@@ -59,6 +59,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         cluster.scale_down_old,
         cluster.undo_scale_down_old,
         status.mirror_status,
+        postgres.precheck,
         postgres.freeze,
         postgres.undo_freeze,
         postgres.check_frozen,

@@ -1,8 +1,8 @@
-"""The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .check_frozen, .snapshot, ...
+"""The PostgreSQL driver's activities, as the saga calls them: postgresql.precheck, .freeze, .check_frozen, ...
 
-freeze and undo_freeze, check_frozen, snapshot, migrate and undo_migrate, verify: each
-step's work is in the module named for it, and this class wires them to the Secrets,
-the settings and the heartbeats.
+precheck, freeze and undo_freeze, check_frozen, snapshot, migrate and undo_migrate,
+verify: each step's work is in the module named for it, and this class wires them to
+the Secrets, the settings and the heartbeats.
 
 Each reads the Secrets it needs when it starts, so inputs carry only their names, and
 each can run again after a crash at any point (its docstring says how). They are
@@ -30,6 +30,7 @@ from activities.postgres import (
     fencing,
     freezing,
     grants,
+    prechecks,
     restoring,
     verifying,
 )
@@ -48,6 +49,8 @@ from ferry.api.saga import (
     MigrateInput,
     MigrateResult,
     MigrationRef,
+    PrecheckInput,
+    PrecheckResult,
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
@@ -81,6 +84,26 @@ class PostgresActivities:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
         self._secrets = secrets_from(api_client, secrets)
         self._settings = settings
+
+    # --- precheck ----------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.PRECHECK), no_thread_cancel_exception=True)
+    def precheck(self, input: PrecheckInput) -> PrecheckResult:
+        """Checks, before anything changes, everything the later steps need; reports every problem at once.
+
+        Idempotent: it reads only, but for a tiny object it writes under the Migration's
+        prefix and deletes at once (see prechecks). Raises PrecheckFailed listing the problems.
+        """
+        with Heartbeats(self._settings.heartbeat_interval):
+            result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
+        activity.logger.info(
+            "precheck passed: source %s (%d bytes), target %s, pg_dump/pg_restore %s",
+            result.source_version,
+            result.source_size_bytes,
+            result.target_version,
+            result.tools_version,
+        )
+        return result
 
     # --- freeze ------------------------------------------------------------------------------
 

@@ -53,6 +53,25 @@ def find_bindir(configured: Path | None) -> Path:
     )
 
 
+def version(bindir: Path, tool: str) -> str:
+    """The version `tool --version` reports, e.g. 15.18; raises RuntimeError when it cannot tell."""
+    try:
+        said = subprocess.run(
+            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RuntimeError(f"could not run {bindir / tool} --version: {error}") from None
+    found = re.search(r"\(PostgreSQL\)\s+(\d+(?:\.\d+)?)", said)
+    if found is None:
+        raise RuntimeError(f"{bindir / tool} --version said {said.strip()!r}, which names no PostgreSQL version")
+    return found.group(1)
+
+
+def major(version: str) -> int:
+    """The major version of a version string such as 15.18 or 18."""
+    return int(version.split(".")[0])
+
+
 def conninfo(db: DatabaseConnection, settings: DataActivitySettings) -> str:
     """The tools' --dbname: the database and the bounded waits; host, user and password come from the environment."""
     return make_conninfo(dbname=db.database, **parameters(settings))

@@ -30,6 +30,8 @@ from ferry.api.saga import (
     MigrateInput,
     MigrateResult,
     MigrationRef,
+    PrecheckInput,
+    PrecheckResult,
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
@@ -110,6 +112,10 @@ class Steps:
     @property
     def key(self) -> str:
         return snapshot_key(self.ref, self.snapshot_spec)
+
+    def precheck(self) -> PrecheckResult:
+        call = PrecheckInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec)
+        return self.env.run(self.postgres.precheck, call)
 
     def freeze(self) -> FreezeResult:
         return self.env.run(self.postgres.freeze, FreezeInput(ref=self.ref, driver=self.driver))
