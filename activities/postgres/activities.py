@@ -227,8 +227,9 @@ class PostgresActivities:
             who = f" ({', '.join(unfenced)} can connect despite the freeze)" if unfenced else ""
             raise WritesAfterFreeze(
                 f"{db.describe()} changed after the freeze, before {input.before}: {'; '.join(found)}. The target "
-                "may lack these writes, so traffic must not move: roll back (the source keeps its writes), find the "
-                f"client that writes despite the freeze{who}, and migrate again."
+                "may lack these writes, so the Migration must not go on: roll back (traffic stays with or returns to "
+                f"the source, which keeps its writes), find the client that writes despite the freeze{who}, and "
+                "migrate again."
             )
         activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
         return CheckFrozenResult(sessions_ended=ended, fence=present)

@@ -108,7 +108,7 @@ def test_a_superuser_writing_after_the_freeze_is_caught_by_check_frozen(
     message = str(raised.value)
     assert "changed after the freeze, before switch-traffic" in message
     assert "inserted, updated or deleted" in message
-    assert "traffic must not move: roll back" in message
+    assert "the Migration must not go on: roll back" in message
     assert "customer" not in message, "no row values in messages"
 
 
