@@ -34,6 +34,9 @@ APPLICATION_NAME = "ferry"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
+MARKERS = ("ferry.frozen_by", "ferry.read_only_before", "ferry.connect_before", "ferry.restored_by")
+"""The database settings where ferry keeps what it must remember (see database_settings)."""
+
 REFUSED_CREDENTIALS = (
     "authentication failed",
     "no pg_hba.conf entry",
@@ -119,7 +122,13 @@ def privileged(db: DatabaseConnection, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as error:
+        said = db.redact(str(error))
+        remedy = (
+            f"As a superuser, GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {db.username} (since PostgreSQL 15, "
+            "only superusers may keep ferry's markers in a database otherwise), or use a superuser."
+            if "permission denied to set parameter" in said
+            else "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
+        )
         raise BadCredentials(
-            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {db.redact(str(error))}. "
-            "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
+            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {said}. {remedy}"
         ) from None

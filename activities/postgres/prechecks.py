@@ -19,7 +19,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 from activities import s3 as snapshot_store
 from activities.postgres import database_settings, restoring, tools
 from activities.postgres.connection import Connection, connect
-from activities.postgres.database_settings import FROZEN_BY, READ_ONLY, RESTORED_BY
+from activities.postgres.database_settings import (
+    CONNECT_BEFORE,
+    FROZEN_BY,
+    READ_ONLY,
+    READ_ONLY_BEFORE,
+    RESTORED_BY,
+)
 from activities.postgres.freezing import is_on
 from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
@@ -156,11 +162,28 @@ def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: P
             f"({database_owner}) nor a superuser. Use the owner's credentials, or make the user the owner "
             "(ALTER DATABASE ... OWNER TO ...)."
         )
+    markers = [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE] if what == "freeze" else [RESTORED_BY]
+    unsettable = [marker for marker in markers if not superuser and not _may_set(conn, marker)]
+    if unsettable:
+        problems.append(
+            f"the user in Secret {db.secret} may not keep ferry's markers in {db.describe()}: since PostgreSQL 15 "
+            f"only superusers may set custom parameters. As a superuser, GRANT SET ON PARAMETER "
+            f"{', '.join(unsettable)} TO {db.username}, or use a superuser."
+        )
     if what == "freeze" and not may_signal:
         problems.append(
             f"the user in Secret {db.secret} may not end other sessions of {db.describe()}, which the freeze "
             "must do. GRANT pg_signal_backend TO that user."
         )
+
+
+def _may_set(conn: Connection, parameter: str) -> bool:
+    """Whether the current user may set `parameter` for a database; before PostgreSQL 15 anyone could."""
+    version = conn.execute("select current_setting('server_version_num')::int").fetchone()
+    if version is None or version[0] < 150000:
+        return True
+    row = conn.execute("select has_parameter_privilege(current_user, %s, 'SET')", (parameter,)).fetchone()
+    return bool(row and row[0])
 
 
 def _tools(

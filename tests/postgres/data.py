@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from activities.postgres.connection import MARKERS
 from ferry.stack.postgres import PostgresEndpoint
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -173,3 +174,41 @@ def connect_privileges(endpoint: PostgresEndpoint) -> set[tuple[str, str, bool]]
             "where d.datname = current_database() and a.privilege_type = 'CONNECT'"
         ).fetchall()
     return {(grantor, grantee, grantable) for grantor, grantee, grantable in rows}
+
+
+def connection_of(endpoint: PostgresEndpoint) -> dict[str, str]:
+    """The keys of a database Secret for an endpoint."""
+    return {
+        "host": endpoint.host,
+        "port": str(endpoint.port),
+        "username": endpoint.user,
+        "password": endpoint.password,
+        "database": endpoint.database,
+    }
+
+
+@contextlib.contextmanager
+def database_owner(endpoint: PostgresEndpoint, *, may_set_markers: bool = True) -> Iterator[PostgresEndpoint]:
+    """A login role, no superuser, made owner of the database, with pg_signal_backend; yields how it connects.
+
+    `may_set_markers` grants it SET on ferry's markers, as the README asks (PostgreSQL 15
+    lets only superusers set custom parameters otherwise). On the way out the database
+    goes back to postgres and the role is dropped.
+    """
+    owner, password = f"owner_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
+    role = sql.Identifier(owner)
+    database = sql.Identifier(endpoint.database)
+    with connect(endpoint) as conn:
+        conn.execute(sql.SQL("create role {} login password {}").format(role, sql.Literal(password)))
+        conn.execute(sql.SQL("grant pg_signal_backend to {}").format(role))
+        if may_set_markers:
+            markers = sql.SQL(", ").join(sql.SQL(marker) for marker in MARKERS)
+            conn.execute(sql.SQL("grant set on parameter {} to {}").format(markers, role))
+        conn.execute(sql.SQL("alter database {} owner to {}").format(database, role))
+    try:
+        yield dataclasses.replace(endpoint, user=owner, password=password)
+    finally:
+        with connect(endpoint, default_transaction_read_only="off") as conn:
+            conn.execute(sql.SQL("alter database {} owner to postgres").format(database))
+            conn.execute(sql.SQL("drop owned by {}").format(role))
+            conn.execute(sql.SQL("drop role {}").format(role))

@@ -8,17 +8,21 @@ from typing import Any
 
 import psycopg
 import pytest
+from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from ferry.api.errors import InvalidSpec
+from activities.postgres.connection import MARKERS
+from ferry.api.errors import BadCredentials, InvalidSpec
 from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps
+from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import (
     application_role,
     connect,
     connect_privileges,
+    connection_of,
+    database_owner,
     database_settings,
     new_session_is_read_only,
 )
@@ -197,3 +201,39 @@ def test_a_freeze_retried_after_a_crash_still_gives_back_the_connect_privileges_
 
     assert connect_privileges(source.source) == privileges_before
     assert database_settings(source.source) == []
+
+
+def test_a_database_owner_without_the_grant_to_set_ferrys_markers_is_told_how_to_get_it(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(source.source, may_set_markers=False) as as_owner:
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+
+        with pytest.raises(BadCredentials) as raised:
+            by_owner.freeze()
+
+    assert f"GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {as_owner.user}" in str(raised.value)
+    assert database_settings(source.source) == []
+
+
+def test_the_databases_owner_without_superuser_can_freeze_check_and_undo(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(source.source) as as_owner, application_role(source.source) as app:
+        with connect(source.source) as conn:
+            conn.execute(f"alter table public.orders owner to {as_owner.user}")
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+        privileges_before = connect_privileges(source.source)
+
+        frozen = by_owner.freeze()
+
+        with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+            connect(app)
+        assert frozen.can_still_connect == ["postgres"]  # a superuser: the fence cannot keep it out
+        by_owner.check_frozen(frozen.fence)
+        by_owner.undo_freeze()
+        assert connect_privileges(source.source) == privileges_before
+        with connect(app) as conn:
+            conn.execute("insert into public.orders values (1)")

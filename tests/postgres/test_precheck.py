@@ -18,7 +18,7 @@ from ferry.stack.readiness import free_port
 from ferry.stack.stack import StackInfo
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
-from tests.postgres.data import application_role, connect, create_shop, database_settings
+from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings
 
 OTHER = "other-db"
 
@@ -173,10 +173,35 @@ def test_precheck_names_a_source_user_that_may_not_freeze(
 
         problems = _problems(_with(steps, source=OTHER))
 
-    assert len(problems) == 2
+    assert len(problems) == 3, "everything that user lacks, so that one round of fixing is enough"
     assert problems[0].startswith(f"the user in Secret {namespace}/{OTHER} may not freeze database")
     assert "neither the database's owner (postgres) nor a superuser" in problems[0]
-    assert problems[1].endswith("GRANT pg_signal_backend TO that user.")
+    assert "GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before" in problems[1]
+    assert problems[2].endswith("GRANT pg_signal_backend TO that user.")
+
+
+def test_precheck_names_an_owner_that_may_not_keep_ferrys_markers(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.source, may_set_markers=False) as owner:
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+
+        (problem,) = _problems(_with(steps, source=OTHER))
+
+    assert problem.startswith(f"the user in Secret {namespace}/{OTHER} may not keep ferry's markers in database")
+    assert problem.endswith(
+        f"GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before TO {owner.user}, "
+        "or use a superuser."
+    )
+
+
+def test_precheck_passes_an_owner_with_what_the_readme_asks_for(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.source) as owner:
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+
+        _with(steps, source=OTHER).precheck()
 
 
 def test_precheck_names_client_tools_older_than_the_servers(
@@ -238,14 +263,15 @@ def test_precheck_reports_every_problem_at_once(
 
     message = str(raised.value)
     assert message.startswith(
-        f"precheck found 5 problems, and changed nothing: (1) spec.snapshot.credentialsSecret: Secret "
+        f"precheck found 6 problems, and changed nothing: (1) spec.snapshot.credentialsSecret: Secret "
         f"{namespace}/{S3_SECRET} does not exist."
     )
     for number, what in [
         (2, "may not freeze database"),
-        (3, "GRANT pg_signal_backend TO that user."),
-        (4, "Create it, or fix the key 'database' in Secret"),
-        (5, "are version 14.11, older than the servers"),
+        (3, "GRANT SET ON PARAMETER"),
+        (4, "GRANT pg_signal_backend TO that user."),
+        (5, "Create it, or fix the key 'database' in Secret"),
+        (6, "are version 14.11, older than the servers"),
     ]:
         assert what in message.split(f"({number}) ", 1)[1].split(f"({number + 1}) ", 1)[0]
     assert message.endswith("Fix them, then retry the step (failurePolicy Pause) or create the Migration again.")
