@@ -46,6 +46,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
     postgres = PostgresActivities(api, settings.data_activities)
     snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
+        cluster.check_cluster,
         cluster.provision,
         cluster.undo_provision,
         cluster.switch_traffic,

@@ -104,6 +104,7 @@ class ControlRequest(ApiModel):
 class KubeActivity(enum.StrEnum):
     """Names of the Kubernetes-side activities; each step's undo is named after it."""
 
+    CHECK_CLUSTER = "check_cluster"
     PROVISION = "provision"
     UNDO_PROVISION = "undo_provision"
     SWITCH_TRAFFIC = "switch_traffic"
