@@ -59,12 +59,12 @@ async def wait_for_temporal(
                 log.warning(
                     "Temporal at %s is not reachable (%s); trying again with backoff, up to %.0fs apart, until it is",
                     settings.address,
-                    _reason(error),
+                    reason(error),
                     LAST_RETRY,
                 )
                 waiting = True
             else:
-                log.debug("Temporal at %s is still not reachable: %s", settings.address, _reason(error))
+                log.debug("Temporal at %s is still not reachable: %s", settings.address, reason(error))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
             delay = min(delay * 2, LAST_RETRY)
@@ -95,10 +95,19 @@ async def _unless_stopped(connecting: asyncio.Future[Client], stop: asyncio.Even
     return None
 
 
-def _reason(error: RuntimeError) -> str:
+def reason(error: RuntimeError) -> str:
     """The innermost cause the SDK's transport error quotes, e.g. "Connection refused"."""
     quoted = re.findall(r'(?:message|error): "([^"]+)"', str(error))
     return quoted[-1] if quoted else str(error)
+
+
+UNREACHABLE = ("code: Unavailable", "tcp connect error", "Connection refused", "transport error")
+
+
+def unreachable(error: RuntimeError) -> bool:
+    """Whether the SDK's error says the server could not be reached (rather than that it refused something)."""
+    text = str(error)
+    return any(sign in text for sign in UNREACHABLE)
 
 
 def metrics_runtime(address: str | None, component: str) -> Runtime | None:

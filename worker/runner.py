@@ -102,21 +102,29 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
         api = startup.kubernetes_api(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
         try:
             identity = f"ferry-worker@{socket.gethostname()}"
-            client = await startup.wait_for_temporal(
-                settings.temporal, stop, identity=identity, runtime=runtime, interceptors=interceptors
-            )
-            if client is None:
-                return
-            with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as executor:
-                worker = build_worker(client, api, settings, executor)
-                polling.append(worker)
-                log.info(
-                    "worker polling task queue %s on %s (namespace %s)",
-                    settings.task_queue,
-                    settings.temporal.address,
-                    settings.temporal.namespace,
+            while not stop.is_set():
+                client = await startup.wait_for_temporal(
+                    settings.temporal, stop, identity=identity, runtime=runtime, interceptors=interceptors
                 )
-                await _run_until(worker, stop)
+                if client is None:
+                    return
+                with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as pool:
+                    worker = build_worker(client, api, settings, pool)
+                    polling[:] = [worker]
+                    log.info(
+                        "worker polling task queue %s on %s (namespace %s)",
+                        settings.task_queue,
+                        settings.temporal.address,
+                        settings.temporal.namespace,
+                    )
+                    try:
+                        await _run_until(worker, stop)
+                        return
+                    except TemporalGone as gone:
+                        # Temporal went away between the connection and the worker's first call: wait again.
+                        log.warning(
+                            "Temporal at %s went away as the worker started (%s)", settings.temporal.address, gone
+                        )
         finally:
             api.close()
 
@@ -138,4 +146,10 @@ async def _run_until(worker: Worker, stop: asyncio.Event) -> None:
     try:
         running.result()
     except RuntimeError as error:  # e.g. "Worker validation failed: Namespace ... is not found"
+        if startup.unreachable(error):
+            raise TemporalGone(startup.reason(error)) from error
         raise startup.StartupError(f"the worker stopped: {error}") from error
+
+
+class TemporalGone(Exception):
+    """The worker could not reach Temporal as it started: it waits for Temporal again, as at first."""
