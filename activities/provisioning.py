@@ -63,6 +63,17 @@ class Provisioning(ClusterApi):
         )
         return ProvisionResult(stateful_set=target, service=target, ready_replicas=ready.counts["ready"])
 
+    @activity.defn(name=KubeActivity.CHECK_CLUSTER.value)
+    @explain_refusals
+    def check_cluster(self, input: ProvisionInput) -> None:
+        """What provision checks before its first write, run by the precheck: a Migration that cannot work on this
+        cluster (a live or foreign target, a missing source or StorageClass) ends before anything changes.
+
+        Reads only (the API server's dry run stores nothing), so it is idempotent.
+        """
+        self._checked_manifests(input.ref, input.spec)
+        activity.logger.info("the cluster has what Migration %s needs", input.ref)
+
     @activity.defn(name=KubeActivity.UNDO_PROVISION.value)
     @explain_refusals
     def undo_provision(self, input: UndoProvisionInput) -> None:

@@ -6,6 +6,11 @@ default one is not thread-safe). S3 answers that retrying cannot fix (no such bu
 credentials refused, access denied) become BucketMissing or BadCredentials with what
 to do; everything else (the server unreachable, a 5xx, a reset connection) stays a
 plain exception, which Temporal retries.
+
+Every request has bounded waits (DataActivitySettings: connect and read timeouts, a few
+attempts): an endpoint that accepts connections and never answers fails the request
+with S3NotAnswering, naming the endpoint and the timeout, instead of blocking the
+activity while its heartbeats go on and the source stays frozen.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
 
 from activities.secrets import S3Credentials
+from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, BucketMissing
 from ferry.api.migration import SnapshotSpec
 
@@ -43,14 +49,18 @@ BAD_CREDENTIALS = frozenset(
 NOT_ACCESSIBLE = frozenset({"AccessDenied", "AllAccessDisabled"})
 
 
-def client(spec: SnapshotSpec, credentials: S3Credentials) -> S3Client:
+class S3NotAnswering(Exception):
+    """The S3 endpoint took a connection but did not answer in time; Temporal retries the step."""
+
+
+def client(spec: SnapshotSpec, credentials: S3Credentials, settings: DataActivitySettings) -> S3Client:
     """A client for the Migration's S3; path-style addressing for a custom endpoint, as most non-AWS servers want."""
     style: Literal["path", "auto"] = "path" if spec.endpoint else "auto"
     config = Config(
         s3={"addressing_style": style},
-        retries={"mode": "standard", "max_attempts": 3},
-        connect_timeout=10,
-        read_timeout=60,
+        retries={"mode": "standard", "total_max_attempts": settings.s3_attempts},
+        connect_timeout=settings.s3_connect_timeout,
+        read_timeout=settings.s3_read_timeout,
     )
     s3: S3Client = boto3.session.Session().client(
         "s3",
@@ -68,10 +78,24 @@ def error_code(error: ClientError) -> str:
 
 
 @contextlib.contextmanager
-def permanent_failures(bucket: str, credentials: S3Credentials) -> Iterator[None]:
-    """Turns S3's answers that retrying cannot fix into BucketMissing or BadCredentials."""
+def permanent_failures(s3: S3Client, bucket: str, credentials: S3Credentials) -> Iterator[None]:
+    """Turns S3's answers that retrying cannot fix into BucketMissing or BadCredentials; silence into S3NotAnswering."""
     try:
         yield
+    except (ConnectTimeoutError, ReadTimeoutError) as error:
+        connecting = isinstance(error, ConnectTimeoutError)
+        # botocore's Config sets its options as attributes at run time; its type stubs do not declare them.
+        config = s3.meta.config
+        timeout = getattr(config, "connect_timeout" if connecting else "read_timeout", None)
+        waited = f"{timeout:g}s" if isinstance(timeout, int | float) else "its timeout"
+        attempts = (getattr(config, "retries", None) or {}).get("total_max_attempts", 1)
+        what = "accept a connection" if connecting else "answer"
+        raise S3NotAnswering(
+            f"the S3 endpoint {s3.meta.endpoint_url} did not {what} within {waited}, in {attempts} "
+            f"attempt{'s' if attempts != 1 else ''}. "
+            "Check that spec.snapshot.endpoint names a working S3 server and that the worker reaches it; "
+            "the step is retried."
+        ) from None
     except ClientError as error:
         code = error_code(error)
         if code == "NoSuchBucket":

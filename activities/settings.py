@@ -59,7 +59,21 @@ class DataActivitySettings:
     """Seconds between two connection attempts."""
 
     connect_timeout: Annotated[int, Knob(flag="postgres-connect-timeout"), Field(ge=1)] = 10
-    """Seconds one connection attempt may take."""
+    """Seconds one connection attempt to a database may take, answer included (libpq's connect_timeout, also
+    given to pg_dump and pg_restore): a server that accepts the connection and never answers fails the attempt."""
+
+    tcp_keepalives_idle: Annotated[int, Knob(flag="postgres-keepalives-idle"), Field(ge=1)] = 30
+    """Seconds a database connection may be idle before TCP keepalives probe the server."""
+
+    tcp_keepalives_interval: Annotated[int, Knob(flag="postgres-keepalives-interval"), Field(ge=1)] = 10
+    """Seconds between two unanswered keepalive probes."""
+
+    tcp_keepalives_count: Annotated[int, Knob(flag="postgres-keepalives-count"), Field(ge=1)] = 3
+    """Unanswered keepalive probes after which a database connection counts as dead."""
+
+    tcp_user_timeout: Annotated[int, Knob(flag="postgres-tcp-user-timeout"), Field(ge=1)] = 60
+    """Seconds data sent to a database may stay unacknowledged before the connection counts as dead (libpq's
+    tcp_user_timeout). With the keepalives, a server that vanishes mid-query fails the query instead of hanging."""
 
     session_end_timeout: Annotated[float, Knob(flag="freeze-session-end-timeout"), Field(ge=0)] = 10.0
     """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
@@ -76,6 +90,16 @@ class DataActivitySettings:
 
     upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1)] = 4
     """Parts uploaded at once while pg_dump goes on writing the next ones; each is held in memory."""
+
+    s3_connect_timeout: Annotated[float, Knob(flag="s3-connect-timeout"), Field(gt=0)] = 10.0
+    """Seconds to wait for the S3 endpoint to accept a connection."""
+
+    s3_read_timeout: Annotated[float, Knob(flag="s3-read-timeout"), Field(gt=0)] = 60.0
+    """Seconds to wait for S3's answer once a request (or a part) is sent: an endpoint that accepts connections
+    and never answers fails the request after this long, instead of keeping the source frozen."""
+
+    s3_attempts: Annotated[int, Knob(flag="s3-attempts"), Field(ge=1)] = 3
+    """Attempts of one S3 request (botocore's own retries) before the step fails and the saga's next attempt."""
 
     heartbeat_interval: Annotated[float, Field(gt=0)] = 5.0
     """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""

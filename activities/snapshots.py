@@ -13,7 +13,14 @@ from activities import s3 as snapshot_store
 from activities.secrets import Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.migration import SnapshotSpec
-from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, SnapshotStoreActivity, UndoSnapshotInput
+from ferry.api.saga import (
+    DeleteSnapshotInput,
+    MigrationRef,
+    SnapshotStoreActivity,
+    UndoSnapshotInput,
+    UndoSnapshotResult,
+    snapshot_key,
+)
 
 
 class SnapshotStoreActivities:
@@ -27,34 +34,47 @@ class SnapshotStoreActivities:
         self._settings = settings
 
     @activity.defn(name=SnapshotStoreActivity.UNDO_SNAPSHOT.value)
-    def undo_snapshot(self, input: UndoSnapshotInput) -> None:
-        """Deletes the snapshot object, unless retention keeps it after a rollback.
+    def undo_snapshot(self, input: UndoSnapshotInput) -> UndoSnapshotResult:
+        """Aborts the snapshot's unfinished uploads and deletes its object, unless retention keeps it.
 
-        Idempotent: an object (or bucket) that is already gone counts as deleted.
+        Works without the snapshot's result too (it was interrupted, or its outcome is
+        unknown): the key is deterministic (`snapshot_key`), so the undo finds whatever
+        any attempt wrote under it. Unfinished uploads are aborted even when retention
+        keeps the object: they are nobody's snapshot.
+
+        Idempotent: an object, upload or bucket that is already gone counts as deleted.
         """
-        artifact = input.artifact or SnapshotResult(
-            bucket=input.snapshot.bucket, key=input.key, sha256="", size_bytes=0
-        )
-        if input.keep:
-            activity.logger.info("keeping %s after the rollback (retention afterRollback: Keep)", artifact.location)
-            return
-        self._delete(input.ref, input.snapshot, artifact)
+        bucket = input.artifact.bucket if input.artifact else input.snapshot.bucket
+        key = input.artifact.key if input.artifact else (input.key or snapshot_key(input.ref, input.snapshot))
+        deleted = self._delete(input.ref, input.snapshot, bucket, key, keep_object=input.keep)
+        return UndoSnapshotResult(deleted=deleted)
 
     @activity.defn(name=SnapshotStoreActivity.DELETE_SNAPSHOT.value)
     def delete_snapshot(self, input: DeleteSnapshotInput) -> None:
         """Deletes the snapshot object for retention. Idempotent: an object already gone counts as deleted."""
-        self._delete(input.ref, input.snapshot, input.artifact)
+        self._delete(input.ref, input.snapshot, input.artifact.bucket, input.artifact.key, keep_object=False)
 
-    def _delete(self, ref: MigrationRef, spec: SnapshotSpec, artifact: SnapshotResult) -> None:
+    def _delete(self, ref: MigrationRef, spec: SnapshotSpec, bucket: str, key: str, *, keep_object: bool) -> bool:
+        """Aborts the unfinished uploads of s3://bucket/key and deletes the object unless `keep_object`.
+
+        Returns whether nothing is left there.
+        """
+        location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(ref.namespace, spec.credentials_secret)
-        s3 = snapshot_store.client(spec, credentials)
-        with snapshot_store.permanent_failures(artifact.bucket, credentials):
+        s3 = snapshot_store.client(spec, credentials, self._settings)
+        with snapshot_store.permanent_failures(s3, bucket, credentials):
             try:
-                snapshot_store.abort_incomplete_uploads(s3, artifact.bucket, artifact.key)
-                s3.delete_object(Bucket=artifact.bucket, Key=artifact.key)
+                aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
+                if aborted:
+                    activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
+                if keep_object:
+                    activity.logger.info("keeping %s after the rollback (retention afterRollback: Keep)", location)
+                    return False
+                s3.delete_object(Bucket=bucket, Key=key)
             except ClientError as error:
                 if snapshot_store.error_code(error) != "NoSuchBucket":
                     raise
-                activity.logger.warning("bucket %s is gone, and %s with it", artifact.bucket, artifact.location)
-                return
-        activity.logger.info("deleted %s", artifact.location)
+                activity.logger.warning("bucket %s is gone, and %s with it", bucket, location)
+                return True
+        activity.logger.info("deleted %s", location)
+        return True

@@ -46,6 +46,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
     postgres = PostgresActivities(api, settings.data_activities)
     snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
+        cluster.check_cluster,
         cluster.provision,
         cluster.undo_provision,
         cluster.switch_traffic,
@@ -53,10 +54,13 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         cluster.scale_down_old,
         cluster.undo_scale_down_old,
         status.mirror_status,
+        postgres.precheck,
         postgres.freeze,
         postgres.undo_freeze,
+        postgres.check_frozen,
         postgres.snapshot,
         postgres.migrate,
+        postgres.undo_migrate,
         postgres.verify,
         snapshots.undo_snapshot,
         snapshots.delete_snapshot,

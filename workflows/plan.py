@@ -76,11 +76,19 @@ def precheck_seconds(spec: MigrationSpec) -> int:
 
 # --- the steps -----------------------------------------------------------------------------
 
+CLUSTER_READY = Guard(
+    kube(KubeActivity.CHECK_CLUSTER),
+    lambda c, _: ProvisionInput(ref=c.ref, spec=c.spec),
+    timeout=precheck_seconds,
+)
+"""Guards the precheck: what provision would refuse (a live or foreign target, a missing source, StorageClass)."""
+
 PRECHECK = Step(
     StepName.PRECHECK,
     driver(DriverOperation.PRECHECK),
     PrecheckResult,
     build=lambda c: PrecheckInput(ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot),
+    guard=CLUSTER_READY,
     undo=None,
     why_no_undo="it only reads (the object it writes to test the bucket is deleted at once)",
     timeout=precheck_seconds,

@@ -1,4 +1,8 @@
-"""The PostgreSQL driver's activities, as the saga calls them: postgresql.freeze, .snapshot, .migrate, .verify.
+"""The PostgreSQL driver's activities, as the saga calls them: postgresql.precheck, .freeze, .check_frozen, ...
+
+precheck, freeze and undo_freeze, check_frozen, snapshot, migrate and undo_migrate,
+verify: each step's work is in the module named for it, and this class wires them to
+the Secrets, the settings and the heartbeats.
 
 Each reads the Secrets it needs when it starts, so inputs carry only their names, and
 each can run again after a crash at any point (its docstring says how). They are
@@ -19,22 +23,39 @@ from temporalio import activity
 
 from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
-from activities.postgres import checksums, database_settings, dumping, freezing, restoring
+from activities.postgres import (
+    checksums,
+    database_settings,
+    dumping,
+    fencing,
+    freezing,
+    grants,
+    prechecks,
+    restoring,
+    verifying,
+)
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
-from ferry.api.errors import VerificationMismatch
+from ferry.api.errors import VerificationMismatch, WritesAfterFreeze
 from ferry.api.migration import DriverType
 from ferry.api.saga import (
+    CheckFrozenInput,
+    CheckFrozenResult,
     DriverOperation,
+    FenceMark,
     FreezeInput,
     FreezeResult,
     MigrateInput,
     MigrateResult,
     MigrationRef,
+    PrecheckInput,
+    PrecheckResult,
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
+    UndoMigrateInput,
+    UndoMigrateResult,
     VerifyInput,
     VerifyResult,
     driver_activity,
@@ -64,40 +85,81 @@ class PostgresActivities:
         self._secrets = secrets_from(api_client, secrets)
         self._settings = settings
 
+    # --- precheck ----------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.PRECHECK), no_thread_cancel_exception=True)
+    def precheck(self, input: PrecheckInput) -> PrecheckResult:
+        """Checks, before anything changes, everything the later steps need; reports every problem at once.
+
+        Idempotent: it reads only, but for a tiny object it writes under the Migration's
+        prefix and deletes at once (see prechecks). Raises PrecheckFailed listing the problems.
+        """
+        with Heartbeats(self._settings.heartbeat_interval):
+            result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
+        activity.logger.info(
+            "precheck passed: source %s (%d bytes), target %s, pg_dump/pg_restore %s",
+            result.source_version,
+            result.source_size_bytes,
+            result.target_version,
+            result.tools_version,
+        )
+        return result
+
     # --- freeze ------------------------------------------------------------------------------
 
     @activity.defn(name=_name(DriverOperation.FREEZE), no_thread_cancel_exception=True)
     def freeze(self, input: FreezeInput) -> FreezeResult:
-        """Makes the source read-only for new transactions and ends its other sessions.
+        """Makes the source read-only, keeps other roles out, ends its other sessions, and marks where writes stand.
 
-        Idempotent: the setting before the freeze is recorded in the source, in the
-        transaction that freezes it, and a retry reads it from there (see freezing).
-        A freeze that fails or is cancelled after that transaction undoes itself, since
-        the saga undoes only steps that completed.
+        Idempotent: the setting and the ACL before the freeze are recorded in the source,
+        in the transaction that freezes it, and a retry reads them from there (see
+        freezing); ending sessions and taking the mark may be repeated at will. A freeze
+        that fails or is cancelled after that transaction undoes itself, since the saga
+        undoes only steps that completed.
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
-            with privileged(db, "change the database's settings"):
-                previous = freezing.freeze(conn, db, owner(input.ref))
+            with privileged(db, "change the database's settings and its CONNECT grants"):
+                frozen = freezing.freeze(conn, db, owner(input.ref))
             heartbeats.progress(frozen=True)
             try:
-                ended = self._end_sessions(conn, db, heartbeats)
+                fence, ended = self._mark(conn, db, heartbeats)
+                unfenced = grants.can_connect(conn)
                 heartbeats.raise_if_cancelled("freezing the source")
             except BaseException:
-                self._undo_quietly(db, input.ref, previous, heartbeats)
+                self._undo_quietly(db, input.ref, frozen.previous, heartbeats)
                 raise
         activity.logger.info(
-            "froze %s (%s was %s); ended %d sessions", db.describe(), database_settings.READ_ONLY, previous, ended
+            "froze %s (%s was %s; CONNECT revoked from %s); ended %d sessions; %d rows written before the freeze",
+            db.describe(),
+            database_settings.READ_ONLY,
+            frozen.previous,
+            ", ".join(frozen.revoked) or "nobody",
+            ended,
+            fence.writes,
         )
-        return FreezeResult(previous_setting=previous, sessions_ended=ended)
+        if unfenced:
+            activity.logger.warning(
+                "these roles can still connect to the frozen %s and write; check_frozen would notice: %s",
+                db.describe(),
+                ", ".join(unfenced),
+            )
+        return FreezeResult(
+            previous_setting=frozen.previous,
+            sessions_ended=ended,
+            fence=fence,
+            revoked_connect=frozen.revoked,
+            can_still_connect=unfenced,
+        )
 
     @activity.defn(name=_name(DriverOperation.UNDO_FREEZE), no_thread_cancel_exception=True)
     def undo_freeze(self, input: UndoFreezeInput) -> None:
-        """Puts the source's setting back as it was before the freeze and ends the sessions opened meanwhile.
+        """Puts the source's setting and CONNECT grants back as they were, and ends the sessions opened meanwhile.
 
-        Idempotent: the marker the freeze left is removed last, after the setting is back
-        and the read-only sessions ended; a run that finds no marker of this Migration
-        has nothing to do.
+        Works without the freeze's result: what to restore is read from the markers the
+        freeze left in the database. Idempotent: the markers are removed last, after the
+        setting and grants are back and the read-only sessions ended; a run that finds
+        no marker of this Migration has nothing to do.
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
@@ -111,7 +173,7 @@ class PostgresActivities:
         expected: str | None,
         heartbeats: Heartbeats,
     ) -> None:
-        with privileged(db, "change the database's settings"):
+        with privileged(db, "change the database's settings and its CONNECT grants"):
             restored = freezing.restore(conn, db, owner(ref), expected)
         if restored is None:
             activity.logger.info("%s is not frozen by Migration %s: nothing to undo", db.describe(), ref)
@@ -120,7 +182,7 @@ class PostgresActivities:
         with privileged(db, "change the database's settings"):
             freezing.forget(conn, owner(ref))
         activity.logger.info(
-            "unfroze %s (%s back to %s); ended %d read-only sessions",
+            "unfroze %s (%s and CONNECT back to %s); ended %d read-only sessions",
             db.describe(),
             database_settings.READ_ONLY,
             restored,
@@ -136,11 +198,41 @@ class PostgresActivities:
             activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
 
     def _end_sessions(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> int:
-        def between_rounds(ended: int) -> None:
-            heartbeats.progress(sessions_ended=ended)
-
         with privileged(db, "end other sessions"):
-            return freezing.end_sessions(conn, self._settings.session_end_timeout, between_rounds)
+            return freezing.end_sessions(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+
+    def _mark(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> tuple[FenceMark, int]:
+        with privileged(db, "end other sessions and read every sequence"):
+            return fencing.mark(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+
+    # --- check_frozen ------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.CHECK_FROZEN), no_thread_cancel_exception=True)
+    def check_frozen(self, input: CheckFrozenInput) -> CheckFrozenResult:
+        """Fails with WritesAfterFreeze if the source was written after the freeze; ends its sessions first.
+
+        Idempotent: it ends sessions of a frozen database (which only flushes their
+        statistics and makes them reconnect) and reads; see fencing for why the
+        comparison with the freeze's mark is exact enough.
+        """
+        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            holder = freezing.frozen_by(conn)
+            present, ended = self._mark(conn, db, heartbeats)
+            found = fencing.changes(input.fence, present)
+            if holder != owner(input.ref):
+                found.insert(0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})")
+            unfenced = grants.can_connect(conn) if found else []
+        if found:
+            who = f" ({', '.join(unfenced)} can connect despite the freeze)" if unfenced else ""
+            raise WritesAfterFreeze(
+                f"{db.describe()} changed after the freeze, before {input.before}: {'; '.join(found)}. The target "
+                "may lack these writes, so the Migration must not go on: roll back (traffic stays with or returns to "
+                f"the source, which keeps its writes), find the client that writes despite the freeze{who}, and "
+                "migrate again."
+            )
+        activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
+        return CheckFrozenResult(sessions_ended=ended, fence=present)
 
     # --- snapshot ----------------------------------------------------------------------------
 
@@ -157,8 +249,8 @@ class PostgresActivities:
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             self._connect(db).close()  # refused credentials or a missing database fail here, clearly
-            s3 = snapshot_store.client(spec, credentials)
-            with snapshot_store.permanent_failures(bucket, credentials):
+            s3 = snapshot_store.client(spec, credentials, self._settings)
+            with snapshot_store.permanent_failures(s3, bucket, credentials):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
@@ -186,8 +278,8 @@ class PostgresActivities:
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             with privileged(db, "drop and create schemas"):
                 restoring.prepare_target(conn, db, owner(input.ref))
-            s3 = snapshot_store.client(input.snapshot, credentials)
-            with snapshot_store.permanent_failures(artifact.bucket, credentials):
+            s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
+            with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                 body = restoring.open_snapshot(s3, artifact)
                 try:
                     read = restoring.restore(db, self._settings, body, artifact, heartbeats)
@@ -197,31 +289,50 @@ class PostgresActivities:
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)
 
+    @activity.defn(name=_name(DriverOperation.UNDO_MIGRATE), no_thread_cancel_exception=True)
+    def undo_migrate(self, input: UndoMigrateInput) -> UndoMigrateResult:
+        """Empties the target of what this Migration's migrate restored, and removes its marker.
+
+        A target whose marker ferry.restored_by names nobody or another Migration is left
+        untouched. Idempotent, and safe after a migrate that never ran or half ran: the
+        removal is one transaction, and its last act removes the marker it looks for.
+        """
+        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        with self._connect(db) as conn, privileged(db, "drop schemas and change the database's settings"):
+            removed = restoring.remove(conn, db, owner(input.ref))
+        if removed:
+            activity.logger.info("emptied %s of what Migration %s restored", db.describe(), input.ref)
+        return UndoMigrateResult(removed=removed)
+
     # --- verify ------------------------------------------------------------------------------
 
     @activity.defn(name=_name(DriverOperation.VERIFY), no_thread_cancel_exception=True)
     def verify(self, input: VerifyInput) -> VerifyResult:
-        """Compares every user table's row count and order-independent checksum on source and target.
+        """Compares source and target: every table's rows, the schema object by object, sequences, large objects.
 
         Idempotent: it only reads. Both sides are read at once, each on its own connection.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            source_tables, target_tables = self._fingerprints(source, target, heartbeats)
-        checks = checksums.compare(source_tables, target_tables)
-        difference = checksums.differences(checks)
-        if difference:
+            source_side, target_side = self._read_sides(source, target, heartbeats)
+        comparison = verifying.compare(source_side, target_side)
+        if comparison.difference:
             raise VerificationMismatch(
-                f"{difference}. The target does not hold the source's data: roll back, find out why, and migrate again."
+                f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
+                "and migrate again."
             )
-        activity.logger.info("verified %d tables: source and target hold the same rows", len(checks))
-        return VerifyResult(tables=checks)
+        activity.logger.info(
+            "verified %d tables and %d schema objects: source and target are the same",
+            len(comparison.checks),
+            comparison.objects,
+        )
+        return VerifyResult(tables=comparison.checks, objects=comparison.objects)
 
-    def _fingerprints(
+    def _read_sides(
         self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats
-    ) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, str]]]:
-        """Both sides' table fingerprints, read at the same time on a connection each."""
+    ) -> tuple[verifying.Side, verifying.Side]:
+        """Both sides, read at the same time on a connection each."""
         with contextlib.ExitStack() as stack:
             connections = [stack.enter_context(self._connect(db, **checksums.SESSION)) for db in (source, target)]
 
@@ -232,7 +343,7 @@ class PostgresActivities:
             heartbeats.on_cancel(cancel_queries)
             with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
                 futures = [
-                    pool.submit(checksums.fingerprints, conn, _counter(heartbeats, side))
+                    pool.submit(verifying.read, conn, _counter(heartbeats, side))
                     for side, conn in zip(("source", "target"), connections, strict=True)
                 ]
                 try:
@@ -255,3 +366,7 @@ class PostgresActivities:
 
 def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
     return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
+
+
+def _rounds(heartbeats: Heartbeats) -> Callable[[int], None]:
+    return lambda ended: heartbeats.progress(sessions_ended=ended)

@@ -11,8 +11,10 @@ session settings (dates, time zone, floats, bytea, intervals, money), so both si
 read with the same fixed ones.
 
 The tables are the ordinary tables (relkind r, so partitioned tables are checked
-through their partitions) in every schema but pg_* and information_schema, except
-those belonging to an extension.
+through their partitions) and the populated materialized views, in every schema but
+pg_* and information_schema, except those belonging to an extension. Large objects
+are one more entry, `large objects`, when a side has any: their count, and the sum of
+a hash of each one's oid and contents (pg_dump keeps their oids).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from ferry.api.saga import TableCheck
 
 MISSING = "missing"
 """The checksum shown for a table that one side does not have."""
+LARGE_OBJECTS = "large objects"
+"""The entry for the database's large objects, compared like a table."""
 
 SESSION = {
     "DateStyle": "ISO,MDY",
@@ -41,13 +45,19 @@ SESSION = {
 
 TABLES = """
 select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind = 'r' and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
+where (c.relkind = 'r' or (c.relkind = 'm' and c.relispopulated))
+and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
 and not exists (select from pg_depend d where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.deptype = 'e')
 order by 1, 2
 """
 
 CHECKSUM = """
 select count(*), coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) from {table} as t
+"""
+
+LARGE_OBJECT_CHECKSUM = """
+select count(*), coalesce(sum(('x' || left(md5(m.oid::text || ':' || md5(lo_get(m.oid))), 16))::bit(64)::bigint), 0)
+from pg_largeobject_metadata m
 """
 
 
@@ -63,6 +73,10 @@ def fingerprints(conn: Connection, done: Callable[[int], None]) -> dict[str, tup
         checksum = hashlib.sha256(f"{rows}:{total}".encode()).hexdigest()[:32]
         result[f"{schema}.{name}"] = (int(rows), checksum)
         done(len(result))
+    row = conn.execute(LARGE_OBJECT_CHECKSUM).fetchone()
+    assert row is not None
+    if row[0]:
+        result[LARGE_OBJECTS] = (int(row[0]), hashlib.sha256(f"{row[0]}:{row[1]}".encode()).hexdigest()[:32])
     return result
 
 
@@ -92,6 +106,10 @@ def differences(checks: list[TableCheck], shown: int = 10) -> str | None:
 
 
 def _difference(check: TableCheck) -> str:
+    if check.table == LARGE_OBJECTS and check.source_rows != check.target_rows:
+        return f"{check.table} ({check.source_rows} in the source, {check.target_rows} in the target)"
+    if check.table == LARGE_OBJECTS:
+        return f"{check.table} (same {check.source_rows}, different contents)"
     if MISSING in (check.source_checksum, check.target_checksum):
         side = "target" if check.target_checksum == MISSING else "source"
         return f"{check.table} (missing in the {side})"

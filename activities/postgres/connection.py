@@ -3,7 +3,10 @@
 A database that refuses the credentials, or does not exist, will not change its mind
 on retry: those fail at once. One that does not answer gets `connect_attempts` tries
 (it may be restarting); after that the step fails for good with DatabaseUnreachable,
-so a person looks at it instead of Temporal retrying for an hour. Every message is
+so a person looks at it instead of Temporal retrying for an hour. Every wait is
+bounded: an attempt gives up after connect_timeout even when the server accepted the
+connection and never answered, and TCP keepalives with tcp_user_timeout end a
+connection whose server vanished in the middle of a query (see `parameters`). Every message is
 scrubbed of the password: libpq's messages do not contain it today, but they are
 about to become status and Events, and that must hold whatever libpq says.
 
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
@@ -30,6 +34,9 @@ APPLICATION_NAME = "ferry"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
+MARKERS = ("ferry.frozen_by", "ferry.read_only_before", "ferry.connect_before", "ferry.restored_by")
+"""The database settings where ferry keeps what it must remember (see database_settings)."""
+
 REFUSED_CREDENTIALS = (
     "authentication failed",
     "no pg_hba.conf entry",
@@ -37,6 +44,18 @@ REFUSED_CREDENTIALS = (
     "password is missing",
     "no password supplied",
 )
+
+
+def parameters(settings: DataActivitySettings) -> dict[str, str]:
+    """libpq's connection parameters that bound every wait; pg_dump and pg_restore get them too."""
+    return {
+        "connect_timeout": str(settings.connect_timeout),
+        "keepalives": "1",
+        "keepalives_idle": str(settings.tcp_keepalives_idle),
+        "keepalives_interval": str(settings.tcp_keepalives_interval),
+        "keepalives_count": str(settings.tcp_keepalives_count),
+        "tcp_user_timeout": str(settings.tcp_user_timeout * 1000),
+    }
 
 
 def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: str) -> Connection:
@@ -52,12 +71,12 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
     for attempt in range(1, settings.connect_attempts + 1):
         try:
             return psycopg.connect(
+                make_conninfo(**parameters(settings)),
                 host=db.host,
                 port=db.port,
                 user=db.username,
                 password=db.password,
                 dbname=db.database,
-                connect_timeout=settings.connect_timeout,
                 application_name=APPLICATION_NAME,
                 options=options,
                 autocommit=True,
@@ -77,7 +96,8 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
             if activity.is_cancelled():
                 raise CancelledError(f"cancelled while connecting to {db.describe()}")
     raise DatabaseUnreachable(
-        f"could not connect to {db.describe()} in {settings.connect_attempts} attempts: {last_error}. "
+        f"could not connect to {db.describe()} in {settings.connect_attempts} attempts: {last_error} "
+        f"(each attempt waits at most {settings.connect_timeout}s for the server's answer). "
         f"Check that the database is running and that the host and port in Secret {db.secret} are right; "
         "then retry the step (failurePolicy Pause) or create the Migration again."
     )
@@ -102,7 +122,13 @@ def privileged(db: DatabaseConnection, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as error:
+        said = db.redact(str(error))
+        remedy = (
+            f"As a superuser, GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {db.username} (since PostgreSQL 15, "
+            "only superusers may keep ferry's markers in a database otherwise), or use a superuser."
+            if "permission denied to set parameter" in said
+            else "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
+        )
         raise BadCredentials(
-            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {db.redact(str(error))}. "
-            "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
+            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {said}. {remedy}"
         ) from None

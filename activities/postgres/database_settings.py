@@ -4,27 +4,27 @@ What an activity must remember across attempts lives in the database it is about
 settings of that database in the catalog pg_db_role_setting, beside the one the freeze
 changes:
 
-- `ferry.frozen_by` and `ferry.read_only_before` on a frozen source: which Migration
-  froze it, and its own default_transaction_read_only before (UNSET when it had none);
+- `ferry.frozen_by`, `ferry.read_only_before` and `ferry.connect_before` on a frozen
+  source: which Migration froze it, its own default_transaction_read_only before
+  (UNSET when it had none), and its ACL before CONNECT was revoked (see grants);
 - `ferry.restored_by` on a target: which Migration restored into it, so that a retry
   may clean out what an earlier attempt restored.
 
 PostgreSQL accepts such dotted placeholder settings (extensions use them); they cost
 nothing, and no snapshot carries them, because pg_dump writes a database's settings
 only with --create, which ferry does not use. Several changes in one transaction
-commit together.
+commit together. Since PostgreSQL 15 only a superuser may set them, unless granted
+SET ON PARAMETER for each (precheck says so).
 """
 
 from __future__ import annotations
 
 from psycopg import sql
 
-from activities.postgres.connection import Connection
+from activities.postgres.connection import MARKERS, Connection
 
 READ_ONLY = "default_transaction_read_only"
-FROZEN_BY = "ferry.frozen_by"
-READ_ONLY_BEFORE = "ferry.read_only_before"
-RESTORED_BY = "ferry.restored_by"
+FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY = MARKERS
 UNSET = "unset"
 """The recorded previous value of a setting the database did not have: undo resets it."""
 

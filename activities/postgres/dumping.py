@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres.tools import Tool, find_bindir
+from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -35,7 +35,13 @@ def dump_to_s3(
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` to s3://bucket/key; returns the object's SHA-256 (hex) and size."""
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
-    argv = [str(pg_dump), "--format=custom", f"--compress={settings.dump_compression}", "--no-password"]
+    argv = [
+        str(pg_dump),
+        f"--dbname={conninfo(db, settings)}",
+        "--format=custom",
+        f"--compress={settings.dump_compression}",
+        "--no-password",
+    ]
     digest, size = hashlib.sha256(), 0
     with Tool(argv, db, settings, reads=False, writes=True) as dump:
         heartbeats.on_cancel(dump.kill)

@@ -1,40 +1,52 @@
 """Stopping writes on the source database, and letting them resume exactly as before.
 
-The freeze sets the database's default_transaction_read_only to on, so every
-transaction of a new session is read-only, then ends the sessions that were already
+The freeze, in one transaction, sets the database's default_transaction_read_only to
+on, so every transaction of a new session is read-only, and revokes CONNECT from
+everyone but ferry's own role (see grants), so that a client cannot come back and
+open a read-write transaction explicitly. Then it ends the sessions that were already
 there, rolling back whatever they had open: from then on the server acknowledges no
-write, so no acknowledged write can be missing from a snapshot taken afterwards. The
-undo puts the setting back as it was (resets it when the database had none) and ends
-the sessions opened during the freeze, which would otherwise stay read-only until
-they reconnect.
+write of theirs, so no acknowledged write can be missing from a snapshot taken
+afterwards. What the fence cannot keep out (superusers, members of ferry's role) is
+caught by check_frozen (see fencing). The undo puts the setting and the CONNECT grants
+back as they were and ends the sessions opened during the freeze, which would otherwise
+stay read-only until they reconnect.
 
-Idempotency: the previous value is recorded in the database itself, in the same
-transaction that turns the freeze on (see database_settings). A retry after a crash
-finds ferry.frozen_by naming its own Migration and takes the previous value from
-ferry.read_only_before, never the "on" of its own earlier attempt. Another
-Migration's marker means someone else froze this database: the freeze refuses,
-rather than let its undo unfreeze a database it did not freeze.
+Idempotency: the previous setting and ACL are recorded in the database itself, in the
+same transaction that turns the freeze on (see database_settings). A retry after a
+crash finds ferry.frozen_by naming its own Migration and takes the previous values from
+ferry.read_only_before and ferry.connect_before, never the frozen state of its own
+earlier attempt. Another Migration's marker means someone else froze this database: the
+freeze refuses, rather than let its undo unfreeze a database it did not freeze.
 
-Limits: default_transaction_read_only is a default. A client that explicitly asks
-for a read-write transaction (SET TRANSACTION READ WRITE) can still write, and a role
-with its own value of the setting (ALTER ROLE ... SET) would not be frozen at all,
-so the freeze refuses to start while such a role exists.
+Limits: a role with its own value of default_transaction_read_only (ALTER ROLE ... SET)
+would not be frozen at all, so the freeze refuses to start while such a role exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from temporalio import activity
 
-from activities.postgres import database_settings
+from activities.postgres import database_settings, grants
 from activities.postgres.connection import Connection
-from activities.postgres.database_settings import FROZEN_BY, READ_ONLY, READ_ONLY_BEFORE, UNSET
+from activities.postgres.database_settings import CONNECT_BEFORE, FROZEN_BY, READ_ONLY, READ_ONLY_BEFORE, UNSET
 from activities.secrets import DatabaseConnection
 from ferry.api.errors import InvalidSpec
 
 END_SESSION_ROUNDS = 20
 """Rounds of ending sessions before the freeze gives up (and Temporal retries it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    """What a freeze changed."""
+
+    previous: str
+    """default_transaction_read_only before the freeze (UNSET if the database had none)."""
+    revoked: list[str]
+    """Roles (or PUBLIC) whose CONNECT on the database was revoked."""
 
 
 def is_on(value: str) -> bool:
@@ -43,43 +55,50 @@ def is_on(value: str) -> bool:
     return word in {"on", "1"} or (bool(word) and ("true".startswith(word) or "yes".startswith(word)))
 
 
-def freeze(conn: Connection, db: DatabaseConnection, owner: str) -> str:
-    """Makes new transactions read-only; returns the setting before (UNSET if none). Safe to run again."""
+def freeze(conn: Connection, db: DatabaseConnection, owner: str) -> Frozen:
+    """Makes new transactions read-only and keeps other roles out; returns what was there before. Safe to run again."""
     with conn.transaction():
         current = database_settings.read(conn)
         frozen_by = current.get(FROZEN_BY)
         if frozen_by is not None and frozen_by != owner:
             raise InvalidSpec(
                 f"{db.describe()} is frozen by Migration {frozen_by}, not by {owner}. Wait until that Migration "
-                "finished or rolled back. If nothing holds it any more, restore its setting by hand: "
-                f"ALTER DATABASE ... SET default_transaction_read_only to ferry.read_only_before "
-                f"({current.get(READ_ONLY_BEFORE, UNSET)}), then RESET ferry.frozen_by and ferry.read_only_before."
+                "finished or rolled back. If nothing holds it any more, unfreeze it by hand as the README's "
+                "section Recovery says (the settings ferry.read_only_before and ferry.connect_before hold what "
+                "to restore)."
             )
-        overrides = database_settings.role_overrides(conn, READ_ONLY)
-        escaping = {role: value for role, value in overrides.items() if not is_on(value)}
-        if escaping:
-            roles = ", ".join(f"{role} ({READ_ONLY}={value})" for role, value in sorted(escaping.items()))
-            raise InvalidSpec(
-                f"{db.describe()} cannot be frozen: these roles set {READ_ONLY} themselves, which overrides the "
-                f"database's setting, so their writes would go on: {roles}. Remove that with ALTER ROLE ... RESET "
-                f"{READ_ONLY} (or ALTER ROLE ... IN DATABASE ... RESET) and retry."
-            )
+        _refuse_escaping_roles(conn, db)
         if frozen_by == owner:
             previous = current.get(READ_ONLY_BEFORE, UNSET)
         else:
             previous = current.get(READ_ONLY, UNSET)
             database_settings.change(conn, READ_ONLY_BEFORE, previous)
             database_settings.change(conn, FROZEN_BY, owner)
+        if frozen_by != owner or CONNECT_BEFORE not in current:  # a freeze by ferry 0.1 recorded no ACL
+            database_settings.change(conn, CONNECT_BEFORE, grants.current(conn))
         if current.get(READ_ONLY) != "on":
             database_settings.change(conn, READ_ONLY, "on")
-    return previous
+        revoked = grants.revoke(conn)
+    return Frozen(previous=previous, revoked=revoked)
+
+
+def _refuse_escaping_roles(conn: Connection, db: DatabaseConnection) -> None:
+    overrides = database_settings.role_overrides(conn, READ_ONLY)
+    escaping = {role: value for role, value in overrides.items() if not is_on(value)}
+    if escaping:
+        roles = ", ".join(f"{role} ({READ_ONLY}={value})" for role, value in sorted(escaping.items()))
+        raise InvalidSpec(
+            f"{db.describe()} cannot be frozen: these roles set {READ_ONLY} themselves, which overrides the "
+            f"database's setting, so their writes would go on: {roles}. Remove that with ALTER ROLE ... RESET "
+            f"{READ_ONLY} (or ALTER ROLE ... IN DATABASE ... RESET) and retry."
+        )
 
 
 def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str | None) -> str | None:
-    """Puts back the setting `owner`'s freeze recorded and returns it; None when no such freeze is there.
+    """Puts back the setting and CONNECT grants `owner`'s freeze recorded; None when no such freeze is there.
 
-    The markers stay until `forget`, so that a crash before the read-only sessions
-    ended leaves a retry something to find.
+    Returns the setting restored. The markers stay until `forget`, so that a crash
+    before the read-only sessions ended leaves a retry something to find.
     """
     with conn.transaction():
         current = database_settings.read(conn)
@@ -100,6 +119,10 @@ def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str 
                 expected,
             )
         database_settings.change(conn, READ_ONLY, None if previous == UNSET else previous)
+        if CONNECT_BEFORE in current:
+            lost = grants.restore(conn, current[CONNECT_BEFORE])
+            if lost:
+                activity.logger.warning("%s: could not restore CONNECT for %s", db.describe(), ", ".join(lost))
     return previous
 
 
@@ -107,8 +130,13 @@ def forget(conn: Connection, owner: str) -> None:
     """Removes `owner`'s freeze markers: the undo is complete."""
     with conn.transaction():
         if database_settings.read(conn).get(FROZEN_BY) == owner:
-            database_settings.change(conn, READ_ONLY_BEFORE, None)
-            database_settings.change(conn, FROZEN_BY, None)
+            for marker in (READ_ONLY_BEFORE, CONNECT_BEFORE, FROZEN_BY):
+                database_settings.change(conn, marker, None)
+
+
+def frozen_by(conn: Connection) -> str | None:
+    """Which Migration's freeze holds the database, if any."""
+    return database_settings.read(conn).get(FROZEN_BY)
 
 
 def end_sessions(conn: Connection, timeout: float, between_rounds: Callable[[int], None]) -> int:
@@ -116,7 +144,8 @@ def end_sessions(conn: Connection, timeout: float, between_rounds: Callable[[int
 
     A session that began before the setting changed has the old default; one that begins
     after has the new one. A terminated session's open transaction is rolled back, so
-    nothing it did without an acknowledgement survives. Returns how many sessions ended.
+    nothing it did without an acknowledgement survives, and it flushes its statistics
+    as it exits (see fencing). Returns how many sessions ended.
     """
     now = conn.execute("select clock_timestamp()").fetchone()
     assert now is not None

@@ -13,7 +13,9 @@ schema but an empty public), or hold what an earlier attempt of the same Migrati
 restored, recognized by the database setting ferry.restored_by: then every
 non-system schema is dropped and public is created again the way a new database has
 it. A non-empty target without that marker holds someone's data, and the restore
-refuses to touch it.
+refuses to touch it. undo_migrate (`remove`) empties the target the same way, and
+removes the marker, so that another Migration may restore into it; a target whose
+marker names nobody or another Migration is left as it is.
 
 Objects are restored without owners and privileges (--no-owner --no-privileges) and
 belong to the target Secret's user: roles live outside the database, and the
@@ -28,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 from psycopg import sql
+from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres import database_settings
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
-from activities.postgres.tools import Tool, find_bindir
+from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.s3 import error_code
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
@@ -102,8 +105,27 @@ def prepare_target(conn: Connection, db: DatabaseConnection, owner: str) -> None
             database_settings.change(conn, RESTORED_BY, owner)
 
 
+def remove(conn: Connection, db: DatabaseConnection, owner: str) -> bool:
+    """Empties the target of what `owner`'s restore put there and removes the marker; False when it holds none.
+
+    One transaction: the target is either as migrate left it or empty and unmarked.
+    """
+    with conn.transaction():
+        marked_by = database_settings.read(conn).get(RESTORED_BY)
+        if marked_by != owner:
+            whose = f"Migration {marked_by}" if marked_by else "no Migration"
+            activity.logger.info("%s holds a restore of %s, not of %s: left as it is", db.describe(), whose, owner)
+            return False
+        _clean(conn)
+        database_settings.change(conn, RESTORED_BY, None)
+    return True
+
+
 def _clean(conn: Connection) -> None:
     """Drops what an earlier attempt restored, and creates public again as initdb makes it."""
+    extensions = [row[0] for row in conn.execute("select extname from pg_extension where extname <> 'plpgsql'")]
+    for extension in extensions:
+        conn.execute(sql.SQL("drop extension if exists {} cascade").format(sql.Identifier(extension)))
     schemas = [row[0] for row in conn.execute(f"select n.nspname from pg_namespace n where {USER_SCHEMAS}")]
     for schema in schemas:
         conn.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
@@ -132,7 +154,7 @@ def restore(
     """
     argv = [
         str(find_bindir(settings.postgres_bindir) / "pg_restore"),
-        f"--dbname=dbname={_conninfo_quote(db.database)}",
+        f"--dbname={conninfo(db, settings)}",
         "--format=custom",
         "--single-transaction",
         "--no-owner",
@@ -182,8 +204,3 @@ def _feed(restoring: Tool, data: bytes) -> bool:
     except BrokenPipeError:
         return False
     return True
-
-
-def _conninfo_quote(value: str) -> str:
-    """A libpq connection-string value: in single quotes, with quotes and backslashes escaped."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

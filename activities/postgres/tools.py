@@ -1,8 +1,10 @@
 """Running pg_dump and pg_restore as child processes, with the connection in their environment.
 
 The password reaches the child in PGPASSWORD, and the rest of the connection in PGHOST,
-PGPORT, PGUSER and PGDATABASE: nothing about it is on a command line, where `ps` shows
-it, and a database name is never read as a connection string. The child inherits none
+PGPORT, PGUSER and PGDATABASE: nothing secret is on a command line, where `ps` shows
+it. The command line carries only `conninfo`: the database name, quoted so that it is
+never read as a connection string, and the parameters that bound every wait
+(connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables. The child inherits none
 of the worker's own PG* variables. A thread reads its stderr, keeping the tail, so a
 chatty tool never blocks on a full pipe; that tail is scrubbed of the password before
 it becomes part of a message.
@@ -21,7 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from activities.postgres.connection import APPLICATION_NAME
+from psycopg.conninfo import make_conninfo
+
+from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 
@@ -47,6 +51,30 @@ def find_bindir(configured: Path | None) -> Path:
         f"found no pg_dump and pg_restore in {where}: install the PostgreSQL client tools on the worker "
         "or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
     )
+
+
+def version(bindir: Path, tool: str) -> str:
+    """The version `tool --version` reports, e.g. 15.18; raises RuntimeError when it cannot tell."""
+    try:
+        said = subprocess.run(
+            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RuntimeError(f"could not run {bindir / tool} --version: {error}") from None
+    found = re.search(r"\(PostgreSQL\)\s+(\d+(?:\.\d+)?)", said)
+    if found is None:
+        raise RuntimeError(f"{bindir / tool} --version said {said.strip()!r}, which names no PostgreSQL version")
+    return found.group(1)
+
+
+def major(version: str) -> int:
+    """The major version of a version string such as 15.18 or 18."""
+    return int(version.split(".")[0])
+
+
+def conninfo(db: DatabaseConnection, settings: DataActivitySettings) -> str:
+    """The tools' --dbname: the database and the bounded waits; host, user and password come from the environment."""
+    return make_conninfo(dbname=db.database, **parameters(settings))
 
 
 def environment(db: DatabaseConnection, settings: DataActivitySettings) -> dict[str, str]:

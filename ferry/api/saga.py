@@ -104,6 +104,7 @@ class ControlRequest(ApiModel):
 class KubeActivity(enum.StrEnum):
     """Names of the Kubernetes-side activities; each step's undo is named after it."""
 
+    CHECK_CLUSTER = "check_cluster"
     PROVISION = "provision"
     UNDO_PROVISION = "undo_provision"
     SWITCH_TRAFFIC = "switch_traffic"
@@ -225,6 +226,8 @@ class PrecheckInput(ApiModel):
 
 
 class PrecheckResult(ApiModel):
+    """What the checks found when nothing stood in the way."""
+
     source_version: str = Field(description="The source server's version, e.g. 15.18.")
     target_version: str = Field(description="The target server's version.")
     tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
@@ -240,14 +243,26 @@ class FenceMark(ApiModel):
     """Where the source's writes stood once the freeze was complete; check_frozen compares the present with it."""
 
     writes: int = Field(description="Rows inserted, updated or deleted in user tables and large objects so far.")
-    stats_reset: str | None = Field(default=None, description="When the server's statistics were last reset.")
-    catalog: str = Field(description="Fingerprint of the relations' storage and the sequences' state.")
+    stats_reset: str | None = Field(
+        default=None, description="When the database's and the server's statistics were last reset."
+    )
+    catalog: str = Field(description="Fingerprint of the user relations' storage and of the schema.")
+    sequences: str | None = Field(
+        default=None, description="Fingerprint of every sequence's last value (None: not recorded, not compared)."
+    )
 
 
 class FreezeResult(ApiModel):
     previous_setting: str = Field(description="The source's write setting before the freeze, restored by the undo.")
     sessions_ended: int = 0
     fence: FenceMark | None = Field(default=None, description="The write position at the freeze (None before 0.2).")
+    revoked_connect: list[str] = Field(
+        default_factory=list, description="Roles (or PUBLIC) whose CONNECT on the source the freeze revoked."
+    )
+    can_still_connect: list[str] = Field(
+        default_factory=list,
+        description="Roles the fence cannot keep out (superusers, members of ferry's role); check_frozen watches them.",
+    )
 
 
 class UndoFreezeInput(ApiModel):
@@ -269,6 +284,7 @@ class CheckFrozenInput(ApiModel):
 
 class CheckFrozenResult(ApiModel):
     sessions_ended: int = Field(default=0, description="Sessions found in the frozen source and ended.")
+    fence: FenceMark | None = Field(default=None, description="The source as the check found it: equal to the mark.")
 
 
 class SnapshotInput(ApiModel):
@@ -322,6 +338,10 @@ class UndoMigrateInput(ApiModel):
     driver: DriverSpec
 
 
+class UndoMigrateResult(ApiModel):
+    removed: bool = Field(description="Whether the target held this Migration's restore, now removed.")
+
+
 class VerifyInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec
@@ -340,7 +360,10 @@ class TableCheck(ApiModel):
 
 
 class VerifyResult(ApiModel):
-    tables: list[TableCheck]
+    tables: list[TableCheck] = Field(
+        description="Every table, populated materialized view and (as `large objects`) the large objects, compared."
+    )
+    objects: int = Field(default=0, description="Schema objects and sequences compared besides the rows.")
 
 
 class UndoMigrationInput(ApiModel):

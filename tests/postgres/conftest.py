@@ -22,14 +22,21 @@ from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
+    CheckFrozenInput,
+    CheckFrozenResult,
+    FenceMark,
     FreezeInput,
     FreezeResult,
     MigrateInput,
     MigrateResult,
     MigrationRef,
+    PrecheckInput,
+    PrecheckResult,
     SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
+    UndoMigrateInput,
+    UndoMigrateResult,
     VerifyInput,
     VerifyResult,
     snapshot_key,
@@ -106,12 +113,22 @@ class Steps:
     def key(self) -> str:
         return snapshot_key(self.ref, self.snapshot_spec)
 
+    def precheck(self) -> PrecheckResult:
+        call = PrecheckInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec)
+        return self.env.run(self.postgres.precheck, call)
+
     def freeze(self) -> FreezeResult:
         return self.env.run(self.postgres.freeze, FreezeInput(ref=self.ref, driver=self.driver))
 
-    def undo_freeze(self, previous: str) -> None:
+    def undo_freeze(self, previous: str | None = None) -> None:
+        """Undoes the freeze; without `previous`, as the saga does when it has no result of the freeze."""
         undo = UndoFreezeInput(ref=self.ref, driver=self.driver, previous_setting=previous)
         self.env.run(self.postgres.undo_freeze, undo)
+
+    def check_frozen(self, fence: FenceMark | None, before: str = "switch-traffic") -> CheckFrozenResult:
+        assert fence is not None, "the freeze returned its mark"
+        call = CheckFrozenInput(ref=self.ref, driver=self.driver, fence=fence, before=before)
+        return self.env.run(self.postgres.check_frozen, call)
 
     def snapshot(self) -> SnapshotResult:
         call = SnapshotInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, key=self.key)
@@ -120,6 +137,9 @@ class Steps:
     def migrate(self, artifact: SnapshotResult) -> MigrateResult:
         call = MigrateInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, artifact=artifact)
         return self.env.run(self.postgres.migrate, call)
+
+    def undo_migrate(self) -> UndoMigrateResult:
+        return self.env.run(self.postgres.undo_migrate, UndoMigrateInput(ref=self.ref, driver=self.driver))
 
     def verify(self) -> VerifyResult:
         return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver))

@@ -8,11 +8,17 @@ table independently of ferry's own checksums, to show that something did not cha
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import secrets
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from activities.postgres.connection import MARKERS
 from ferry.stack.postgres import PostgresEndpoint
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -125,3 +131,84 @@ def new_session_is_read_only(endpoint: PostgresEndpoint) -> bool:
     with connect(endpoint) as conn:
         row = conn.execute("show transaction_read_only").fetchone()
     return row is not None and row[0] == "on"
+
+
+@contextlib.contextmanager
+def application_role(endpoint: PostgresEndpoint) -> Iterator[PostgresEndpoint]:
+    """A login role that is not a superuser and may read and write every table of the database, as an app's would.
+
+    Yields how that role connects. It may connect through PUBLIC's CONNECT, as with any new
+    database; on the way out its sessions are ended, its privileges dropped, and the role too.
+    """
+    role, password = f"app_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
+    with connect(endpoint) as conn:
+        conn.execute(sql.SQL("create role {} login password {}").format(sql.Identifier(role), sql.Literal(password)))
+        for schema in conn.execute(
+            "select nspname from pg_namespace where nspname !~ '^pg_' and nspname <> 'information_schema'"
+        ).fetchall():
+            name = sql.Identifier(schema[0])
+            conn.execute(sql.SQL("grant usage on schema {} to {}").format(name, sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("grant select, insert, update, delete on all tables in schema {} to {}").format(
+                    name, sql.Identifier(role)
+                )
+            )
+            conn.execute(
+                sql.SQL("grant usage, select on all sequences in schema {} to {}").format(name, sql.Identifier(role))
+            )
+    try:
+        yield dataclasses.replace(endpoint, user=role, password=password)
+    finally:
+        with connect(endpoint, default_transaction_read_only="off") as conn:  # the test may have left it frozen
+            conn.execute("select pg_terminate_backend(pid, 10000) from pg_stat_activity where usename = %s", (role,))
+            conn.execute(sql.SQL("drop owned by {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+
+
+def connect_privileges(endpoint: PostgresEndpoint) -> set[tuple[str, str, bool]]:
+    """Who may connect to the database by its ACL, as (grantor, grantee, grantable); the defaults spelled out."""
+    with connect(endpoint) as conn:
+        rows = conn.execute(
+            "select pg_get_userbyid(a.grantor), case when a.grantee = 0 then 'PUBLIC' else pg_get_userbyid(a.grantee) "
+            "end, a.is_grantable from pg_database d, aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) a "
+            "where d.datname = current_database() and a.privilege_type = 'CONNECT'"
+        ).fetchall()
+    return {(grantor, grantee, grantable) for grantor, grantee, grantable in rows}
+
+
+def connection_of(endpoint: PostgresEndpoint) -> dict[str, str]:
+    """The keys of a database Secret for an endpoint."""
+    return {
+        "host": endpoint.host,
+        "port": str(endpoint.port),
+        "username": endpoint.user,
+        "password": endpoint.password,
+        "database": endpoint.database,
+    }
+
+
+@contextlib.contextmanager
+def database_owner(endpoint: PostgresEndpoint, *, may_set_markers: bool = True) -> Iterator[PostgresEndpoint]:
+    """A login role, no superuser, made owner of the database, with pg_signal_backend; yields how it connects.
+
+    `may_set_markers` grants it SET on ferry's markers, as the README asks (PostgreSQL 15
+    lets only superusers set custom parameters otherwise). On the way out the database
+    goes back to postgres and the role is dropped.
+    """
+    owner, password = f"owner_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
+    role = sql.Identifier(owner)
+    database = sql.Identifier(endpoint.database)
+    with connect(endpoint) as conn:
+        conn.execute(sql.SQL("create role {} login password {}").format(role, sql.Literal(password)))
+        conn.execute(sql.SQL("grant pg_signal_backend to {}").format(role))
+        if may_set_markers:
+            markers = sql.SQL(", ").join(sql.SQL(marker) for marker in MARKERS)
+            conn.execute(sql.SQL("grant set on parameter {} to {}").format(markers, role))
+        conn.execute(sql.SQL("alter database {} owner to {}").format(database, role))
+    try:
+        yield dataclasses.replace(endpoint, user=owner, password=password)
+    finally:
+        with connect(endpoint, default_transaction_read_only="off") as conn:
+            conn.execute(sql.SQL("alter database {} owner to postgres").format(database))
+            conn.execute(sql.SQL("drop owned by {}").format(role))
+            conn.execute(sql.SQL("drop role {}").format(role))

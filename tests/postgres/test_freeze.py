@@ -8,14 +8,24 @@ from typing import Any
 
 import psycopg
 import pytest
+from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from ferry.api.errors import InvalidSpec
+from activities.postgres.connection import MARKERS
+from ferry.api.errors import BadCredentials, InvalidSpec
 from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, database_settings, new_session_is_read_only
+from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.data import (
+    application_role,
+    connect,
+    connect_privileges,
+    connection_of,
+    database_owner,
+    database_settings,
+    new_session_is_read_only,
+)
 
 
 @pytest.fixture
@@ -147,3 +157,83 @@ def test_freeze_refuses_a_database_where_a_role_would_go_on_writing(
     finally:
         with connect(stack.postgres["source"]) as conn:
             conn.execute(f"drop role {role}")
+
+
+@pytest.mark.parametrize("acl", ["default", "explicit grants"])
+def test_undo_freeze_gives_back_exactly_the_connect_privileges_there_were(
+    steps: Steps, source: Databases, acl: str
+) -> None:
+    with application_role(source.source) as app, application_role(source.source) as admin:
+        if acl == "explicit grants":
+            with connect(source.source) as conn:
+                database = source.source.database
+                conn.execute(f"revoke connect on database {database} from public")
+                conn.execute(f"grant connect on database {database} to {app.user}")
+                conn.execute(f"grant connect on database {database} to {admin.user} with grant option")
+        privileges_before = connect_privileges(source.source)
+        settings_before = database_settings(source.source)
+
+        frozen = steps.freeze()
+
+        assert {grantee for _, grantee, _ in connect_privileges(source.source)} == {"postgres"}
+        for role in (app, admin):
+            with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+                connect(role)
+
+        steps.undo_freeze()  # as the saga does when it has no result of the freeze: from the markers
+
+        assert connect_privileges(source.source) == privileges_before
+        assert database_settings(source.source) == settings_before
+        for number, role in enumerate((app, admin)):
+            with connect(role) as conn:
+                conn.execute("insert into public.orders values (%s)", (number,))
+    assert frozen.revoked_connect == (["PUBLIC"] if acl == "default" else sorted([app.user, admin.user]))
+
+
+def test_a_freeze_retried_after_a_crash_still_gives_back_the_connect_privileges_from_before_the_first_attempt(
+    steps: Steps, source: Databases
+) -> None:
+    privileges_before = connect_privileges(source.source)
+
+    steps.freeze()
+    again = steps.freeze()  # the worker died before reporting the first attempt
+    steps.undo_freeze(again.previous_setting)
+
+    assert connect_privileges(source.source) == privileges_before
+    assert database_settings(source.source) == []
+
+
+def test_a_database_owner_without_the_grant_to_set_ferrys_markers_is_told_how_to_get_it(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(source.source, may_set_markers=False) as as_owner:
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+
+        with pytest.raises(BadCredentials) as raised:
+            by_owner.freeze()
+
+    assert f"GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {as_owner.user}" in str(raised.value)
+    assert database_settings(source.source) == []
+
+
+def test_the_databases_owner_without_superuser_can_freeze_check_and_undo(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(source.source) as as_owner, application_role(source.source) as app:
+        with connect(source.source) as conn:
+            conn.execute(f"alter table public.orders owner to {as_owner.user}")
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+        privileges_before = connect_privileges(source.source)
+
+        frozen = by_owner.freeze()
+
+        with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+            connect(app)
+        assert frozen.can_still_connect == ["postgres"]  # a superuser: the fence cannot keep it out
+        by_owner.check_frozen(frozen.fence)
+        by_owner.undo_freeze()
+        assert connect_privileges(source.source) == privileges_before
+        with connect(app) as conn:
+            conn.execute("insert into public.orders values (1)")

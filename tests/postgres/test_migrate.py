@@ -1,6 +1,12 @@
-"""migrate restores the snapshot into the target, whole or not at all, and only the snapshot that was written."""
+"""migrate restores the snapshot into the target, whole or not at all, and only the snapshot that was written.
+
+undo_migrate takes back what this Migration restored, and nothing else.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import uuid
 
 import pytest
 
@@ -9,7 +15,7 @@ from ferry.api.saga import SnapshotResult
 from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_shop, tables
+from tests.postgres.data import connect, contents, create_shop, database_settings, tables
 
 
 @pytest.fixture
@@ -23,6 +29,28 @@ def snapshot(steps: Steps, databases: Databases) -> SnapshotResult:
 def _target_tables(databases: Databases) -> list[str]:
     with connect(databases.target) as conn:
         return tables(conn)
+
+
+def _as_new(databases: Databases) -> bool:
+    """Whether the target is as CREATE DATABASE makes it: public alone, plpgsql alone, no large object, no setting."""
+    with connect(databases.target) as conn:
+        schemas = [
+            row[0] for row in conn.execute("select nspname from pg_namespace where nspname !~ '^pg_' order by 1")
+        ]
+        extensions = [row[0] for row in conn.execute("select extname from pg_extension")]
+        large_objects = conn.execute("select count(*) from pg_largeobject_metadata").fetchone()
+        in_public = conn.execute("select count(*) from pg_class where relnamespace = 'public'::regnamespace").fetchone()
+    return (schemas, extensions, large_objects, in_public, database_settings(databases.target)) == (
+        ["information_schema", "public"],
+        ["plpgsql"],
+        (0,),
+        (0,),
+        [],
+    )
+
+
+def _another_migration(steps: Steps) -> Steps:
+    return dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": str(uuid.uuid4())}))
 
 
 def test_migrate_restores_the_snapshot_into_the_target(
@@ -98,3 +126,57 @@ def test_migrate_of_a_snapshot_that_is_gone_fails_saying_so(
         steps.migrate(snapshot)
 
     assert _target_tables(databases) == []
+
+
+def test_undo_migrate_empties_the_target_so_that_another_migration_can_migrate_into_it(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    steps.migrate(snapshot)
+
+    undone = steps.undo_migrate()
+    again = steps.undo_migrate()  # a second run finds nothing to do
+
+    assert (undone.removed, again.removed) == (True, False)
+    assert _as_new(databases)
+    steps.undo_freeze()
+    other = _another_migration(steps)
+    other.freeze()
+    other.migrate(other.snapshot())
+    other.verify()
+    assert contents(databases.target) == contents(databases.source)
+
+
+def test_undo_migrate_leaves_a_target_holding_someone_elses_data_alone(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    with connect(databases.target) as conn:
+        conn.execute("create table public.precious (id int); insert into public.precious values (42)")
+
+    assert not steps.undo_migrate().removed
+
+    assert _target_tables(databases) == ["public.precious"]
+    with connect(databases.target) as conn:
+        conn.execute("drop table public.precious")
+    other = _another_migration(steps)
+    other.migrate(snapshot)  # another Migration's restore is someone else's data too
+
+    assert not steps.undo_migrate().removed
+
+    assert contents(databases.target) == contents(databases.source)
+    assert database_settings(databases.target) == [
+        f"ferry.restored_by={other.ref.namespace}/orders-db-to-16/{other.ref.uid}"
+    ]
+
+
+def test_undo_migrate_after_a_migrate_that_never_ran_or_failed_half_way(
+    steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult
+) -> None:
+    assert not steps.undo_migrate().removed  # migrate never ran
+    stack.s3_client().put_object(Bucket=snapshot.bucket, Key=snapshot.key, Body=b"not the snapshot")
+    with pytest.raises(SnapshotCorrupt):
+        steps.migrate(snapshot)  # marked the target, then refused the snapshot
+    assert database_settings(databases.target) != []
+
+    assert steps.undo_migrate().removed
+
+    assert _as_new(databases)

@@ -1,7 +1,8 @@
 """The snapshot step survives what goes wrong under it: S3 going away mid-upload, its worker killed mid-upload.
 
-Both run the real snapshot activity on a real worker, as the SnapshotStep workflow
-(tests/postgres/step.py) retries it with the saga's own retry policy.
+They run the real snapshot activity on a real worker, as the SnapshotStep workflow
+(tests/postgres/step.py) retries it with the saga's own retry policy. A snapshot
+interrupted for good is undone without its result, from its deterministic key.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from typing import Any
 from kubernetes import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Interceptor, Worker
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
+from activities.snapshots import SnapshotStoreActivities
 from ferry.api.migration import DriverSpec, SnapshotSpec
-from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult
+from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput
 from ferry.stack.install import Binaries
 from ferry.stack.stack import Stack, StackInfo
 from tests.cluster import eventually
@@ -163,6 +166,32 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+async def _killed_mid_upload(
+    stack: StackInfo, binaries: Binaries, client: Client, task_queue: str, input: SnapshotInput
+) -> WorkflowHandle[Any, SnapshotResult]:
+    """Starts the snapshot step on a worker that kills itself once S3 holds part of the upload; returns the step."""
+    # The doomed worker runs only the activity: a workflow task left on its sticky queue
+    # would wait out the sticky timeout.
+    doomed = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.postgres.worker_process",
+        f"--state-dir={stack.state_dir}",
+        f"--task-queue={task_queue}",
+        f"--bindir={binaries.postgres_bindir}",
+        cwd=REPOSITORY,
+    )
+    try:
+        handle = await _snapshot_step(client, task_queue, input)
+        code = await asyncio.wait_for(doomed.wait(), 60)
+    finally:
+        if doomed.returncode is None:
+            doomed.kill()
+            await doomed.wait()
+    assert code == -9, "the worker killed itself in the middle of the upload"
+    return handle
+
+
 async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_whole_object_is_written(
     stack: StackInfo,
     databases: Databases,
@@ -177,26 +206,8 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
     create_bulky(databases.source, rows=UPLOAD_PARTS[2])  # the worker dies after part 1
     input = SnapshotInput(ref=steps.ref, driver=steps.driver, snapshot=steps.snapshot_spec, key=steps.key)
     async with _worker(temporal_client, task_queue, workflow=True, postgres=None):
-        # The doomed worker runs only the activity: a workflow task left on its sticky queue
-        # would wait out the sticky timeout.
-        doomed = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.postgres.worker_process",
-            f"--state-dir={stack.state_dir}",
-            f"--task-queue={task_queue}",
-            f"--bindir={binaries.postgres_bindir}",
-            cwd=REPOSITORY,
-        )
-        try:
-            handle = await _snapshot_step(temporal_client, task_queue, input)
-            code = await asyncio.wait_for(doomed.wait(), 60)
-        finally:
-            if doomed.returncode is None:
-                doomed.kill()
-                await doomed.wait()
+        handle = await _killed_mid_upload(stack, binaries, temporal_client, task_queue, input)
         s3 = stack.s3_client()
-        assert code == -9, "the worker killed itself in the middle of the upload"
         assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "it died with an unfinished upload"
         eventually("the dead worker's pg_dump to go", lambda: _sessions(databases) == 0, timeout=20)
 
@@ -210,6 +221,33 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
     assert (len(stored), hashlib.sha256(stored).hexdigest()) == (result.size_bytes, result.sha256)
     steps.migrate(result)
     assert [check.equal for check in steps.verify().tables] == [True]
+
+
+async def test_a_snapshot_interrupted_mid_upload_is_undone_without_its_result_and_leaves_nothing_in_s3(
+    stack: StackInfo,
+    databases: Databases,
+    binaries: Binaries,
+    steps: Steps,
+    snapshots: SnapshotStoreActivities,
+    temporal_client: Client,
+    task_queue: str,
+    bucket: str,
+) -> None:
+    create_bulky(databases.source, rows=UPLOAD_PARTS[2])
+    input = SnapshotInput(ref=steps.ref, driver=steps.driver, snapshot=steps.snapshot_spec, key=steps.key)
+    async with _worker(temporal_client, task_queue, workflow=True, postgres=None):
+        handle = await _killed_mid_upload(stack, binaries, temporal_client, task_queue, input)
+        await handle.terminate("the saga rolls back: the snapshot never reported a result")
+    s3 = stack.s3_client()
+    assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "the interrupted snapshot left an unfinished upload"
+
+    undo = UndoSnapshotInput(ref=steps.ref, snapshot=steps.snapshot_spec, artifact=None, key=steps.key, keep=False)
+    result = ActivityEnvironment().run(snapshots.undo_snapshot, undo)
+    again = ActivityEnvironment().run(snapshots.undo_snapshot, undo.model_copy(update={"key": ""}))
+
+    assert result.deleted
+    assert again.deleted, "without a key either, the undo finds the snapshot by the Migration"
+    assert _objects_and_uploads(s3, bucket) == ([], [])
 
 
 def _sessions(databases: Databases) -> int:

@@ -16,6 +16,7 @@ from temporalio.client import Client
 
 from ferry.api.saga import ControlRequest, Signal, workflow_id
 from ferry.stack.stack import StackInfo
+from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest
 from tests.watcher.conftest import WatcherProcess
@@ -86,7 +87,7 @@ async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
     )
     reasons = [event["reason"] for event in json.loads(events.stdout)["items"]]
     assert "WaitingBeforeDeletion" in reasons
-    assert reasons.count("StepCompensated") == 3
+    assert reasons.count("StepCompensated") == 4  # provision, freeze, snapshot, migrate
 
 
 async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(
@@ -167,3 +168,42 @@ async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_be
 def _selector(api: k8s.ApiClient, namespace: str) -> dict[str, str]:
     service = k8s.CoreV1Api(api).read_namespaced_service("orders-db", namespace)
     return dict(service.spec.selector or {})
+
+
+async def test_applying_a_deleted_migration_again_leaves_the_live_target_its_data_and_its_traffic_alone(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """GitOps applies the manifest again after the Migration was deleted: the new one must not touch the live target."""
+    manifest = migration_manifest(stack, bucket)
+    first = apply_migration(kubectl, namespace, manifest)
+
+    async def succeeded() -> bool:
+        return await _phase(kubectl, namespace, first.name) == "Succeeded"
+
+    await eventually("the first migration to succeed", succeeded, within=180)
+    await asyncio.to_thread(kubectl, "delete", "migration", first.name, "-n", namespace, "--timeout=120s")
+    apps = k8s.AppsV1Api(kube_api)
+    live_uid = apps.read_namespaced_stateful_set("orders-db-16", namespace).metadata.uid
+
+    again = apply_migration(kubectl, namespace, manifest)
+
+    async def ended() -> bool:
+        return await _phase(kubectl, namespace, again.name) in ("RolledBack", "Failed", "Succeeded")
+
+    await eventually("the Migration applied again to end", ended, within=180)
+    status = ((await _migration(kubectl, namespace, again.name)) or {})["status"]
+    assert status["phase"] == "RolledBack"
+    assert "already serves traffic" in status["message"]
+    assert "ferry changed nothing" in status["message"]
+    assert apps.read_namespaced_stateful_set("orders-db-16", namespace).metadata.uid == live_uid
+    assert _selector(kube_api, namespace) == {"ferry.dev/statefulset": "orders-db-16"}
+    assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
+    claims = k8s.CoreV1Api(kube_api).list_namespaced_persistent_volume_claim(namespace).items
+    assert sorted(claim.metadata.name for claim in claims if "orders-db-16" in claim.metadata.name) == [
+        "data-orders-db-16-0"
+    ]
+    with psycopg.connect(databases.target.dsn) as conn:
+        assert conn.execute("select count(*) from orders").fetchone() == (300,)
+    steps = {step["name"]: step["state"] for step in status["steps"]}
+    assert steps["provision"] == "Pending", "provision never ran"

@@ -57,6 +57,7 @@ VERIFY = name_of(plan.VERIFY.activity)
 SWITCH_TRAFFIC = name_of(plan.SWITCH_TRAFFIC.activity)
 SCALE_DOWN_OLD = name_of(plan.SCALE_DOWN_OLD.activity)
 CHECK_FROZEN = name_of(plan.NO_WRITES_SINCE_FREEZE.activity)
+CHECK_CLUSTER = name_of(plan.CLUSTER_READY.activity)
 DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
 MIRROR = KubeActivity.MIRROR_STATUS.value
 
@@ -90,6 +91,11 @@ def step_activities(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> list[str]:
     return [name_of(step.activity) for step in steps]
 
 
+def guard_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
+    """The guard activity that runs before each step activity that has one."""
+    return {name_of(step.activity): name_of(step.guard.activity) for step in steps if step.guard is not None}
+
+
 def undo_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
     """The undo activity of each step activity that has one."""
     return {name_of(step.activity): name_of(step.undo.activity) for step in steps if step.undo is not None}
@@ -97,6 +103,7 @@ def undo_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
 
 STEP_ACTIVITIES = step_activities()
 UNDO = undo_of()
+GUARD = guard_of()
 
 
 def default_results(steps: Sequence[Step[Any, Any]]) -> dict[str, ApiModel]:

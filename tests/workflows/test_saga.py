@@ -13,9 +13,11 @@ from ferry.api.migration import Phase, StepName, StepState
 from ferry.api.saga import ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import (
+    CHECK_CLUSTER,
     CHECK_FROZEN,
     DELETE_SNAPSHOT,
     FREEZE,
+    GUARD,
     MIGRATE,
     PRECHECK,
     PROVISION,
@@ -31,16 +33,13 @@ from tests.workflows.fakes import (
 Run = Any
 pytestmark = pytest.mark.timeout(90)
 
-GUARDED = {SWITCH_TRAFFIC, SCALE_DOWN_OLD}
-"""Steps after which the source stops counting: a check that nothing was written since the freeze runs first."""
-
 
 def calls_until(step: str) -> list[str]:
     """The forward path's calls up to and including `step` (and the guard before it)."""
     calls: list[str] = []
     for name in STEP_ACTIVITIES:
-        if name in GUARDED:
-            calls.append(CHECK_FROZEN)
+        if name in GUARD:
+            calls.append(GUARD[name])
         calls.append(name)
         if name == step:
             return calls
@@ -232,9 +231,25 @@ async def test_a_failed_precheck_ends_the_migration_before_anything_changes(run_
     with pytest.raises(WorkflowFailureError):
         await saga.handle.result()
 
-    assert saga.fakes.step_calls == [PRECHECK]
+    assert saga.fakes.step_calls == [CHECK_CLUSTER, PRECHECK]
     assert saga.final_status.message is not None
     assert problem in saga.final_status.message
+
+
+async def test_a_target_that_already_serves_traffic_ends_the_migration_before_anything_changes(run_saga: Run) -> None:
+    live = (
+        "spec.target.statefulSet: orders-db-16 already serves traffic (Service orders-db selects it); "
+        "ferry changed nothing"
+    )
+    saga = await run_saga(FakeSaga(fail={CHECK_CLUSTER: InvalidSpec(live)}))
+
+    with pytest.raises(WorkflowFailureError):
+        await saga.handle.result()
+
+    assert saga.fakes.step_calls == [CHECK_CLUSTER]
+    assert saga.final_status.phase is Phase.ROLLED_BACK
+    assert saga.final_status.message is not None
+    assert live in saga.final_status.message
 
 
 async def test_a_retryable_failure_is_retried_and_every_attempt_shows_in_the_status(run_saga: Run) -> None:

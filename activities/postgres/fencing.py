@@ -1,0 +1,120 @@
+"""The freeze's safety net: has anything been written to the frozen source since the freeze?
+
+The freeze keeps out whom it can (see grants), but superusers and members of ferry's
+role can still connect, and any client can open a read-write transaction explicitly.
+So the freeze takes a FenceMark of the source once it is quiet, and check_frozen,
+run before traffic moves and before the source is scaled down, compares the present
+with it and fails with WritesAfterFreeze when anything changed.
+
+What the mark holds, and why each part:
+- writes: n_tup_ins + n_tup_upd + n_tup_del summed over the database's user tables
+  (temporary ones left out: a read-only transaction may write those, and they are not
+  migrated) and over pg_largeobject and pg_largeobject_metadata. Every insert, update,
+  delete, COPY, and large object write counts, in any table. Nothing else moves these
+  counters: ANALYZE, VACUUM and autovacuum change other columns of the same view, and
+  reads (pg_dump, verify) none; ferry's own ALTER DATABASE and GRANT write shared
+  catalogs, which are not user tables. LSN and xid counters are not used: they are
+  instance-wide, and other databases, checkpoints and standby snapshots move them.
+- stats_reset: when the database's statistics were last reset, and when the server's
+  were (pg_stat_archiver.stats_reset, which also changes when a crash discards every
+  statistic). A reset means the counters cannot vouch for anything: the check fails.
+- catalog: a fingerprint of each user relation's oid and relfilenode, which catches
+  TRUNCATE (it counts no rows), and of the normalized schema (see schema), which
+  catches DDL. A rewrite by VACUUM FULL or CLUSTER changes the relfilenode as TRUNCATE
+  does and cannot be told from it: the check then fails, on the safe side.
+- sequences: a fingerprint of every sequence's last value; nextval and setval count
+  no rows.
+
+Why the counters are exact enough. Since PostgreSQL 15 statistics live in shared
+memory, but a backend keeps its counts in local memory until it flushes them: at most
+once a second while it is idle, later when the shared entries are contended, and
+always when it exits (before it leaves pg_stat_activity). A transaction's counts are
+taken when it ends, committed or aborted (so a write attempted and rolled back counts
+too); a prepared transaction's when it is committed. Hence:
+- The freeze reads its mark once every session that began before the freeze has been
+  ended and is gone: all that was written before the freeze is in the mark, and no late
+  flush of it can raise a false alarm. A write by a session that began after the freeze
+  (a superuser's) is either not yet counted, and then check_frozen sees it, or counted,
+  and then it was over before the mark was read, hence before the snapshot began: the
+  snapshot has it.
+- check_frozen ends every session that began before it, and reads once they are gone:
+  every write of theirs is counted. A session that connects while the check runs may
+  not have flushed yet; only a superuser or a member of ferry's role can connect at
+  all, and the next check (check_frozen runs before switch-traffic and again before
+  scale-down-old) sees what it wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+
+from activities.postgres import freezing, schema
+from activities.postgres.connection import Connection
+from ferry.api.saga import FenceMark
+
+RESET = "to_char(stats_reset at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+WRITES = f"""
+select
+    (select coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del), 0)
+        from pg_stat_user_tables s join pg_class c on c.oid = s.relid where c.relpersistence <> 't')
+    + (select coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del), 0) from pg_stat_all_tables s
+        where s.relid in ('pg_catalog.pg_largeobject'::regclass, 'pg_catalog.pg_largeobject_metadata'::regclass)),
+    (select {RESET} from pg_stat_database where datname = current_database()),
+    (select {RESET} from pg_stat_archiver)
+"""
+
+STORAGE = f"""
+select c.oid::bigint, c.relfilenode::bigint from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relkind in ('r', 'p', 'm', 'S') and c.relpersistence <> 't' and {schema.USER}
+order by 1
+"""
+
+
+def mark(conn: Connection, session_end_timeout: float, between_rounds: Callable[[int], None]) -> tuple[FenceMark, int]:
+    """Ends every other session that began before now, then reads; returns the mark and how many sessions ended."""
+    ended = freezing.end_sessions(conn, session_end_timeout, between_rounds)
+    return read(conn), ended
+
+
+def read(conn: Connection) -> FenceMark:
+    """Where the database's writes, catalog and sequences stand now, as far as the shared statistics know."""
+    conn.execute("select pg_stat_clear_snapshot()")
+    row = conn.execute(WRITES).fetchone()
+    assert row is not None
+    writes, database_reset, server_reset = row
+    storage = conn.execute(STORAGE).fetchall()
+    return FenceMark(
+        writes=int(writes),
+        stats_reset=f"database {database_reset or 'never'}, server {server_reset or 'never'}",
+        catalog=_digest({"storage": storage, "schema": schema.describe(conn)}),
+        sequences=_digest(schema.sequence_values(conn)),
+    )
+
+
+def changes(mark: FenceMark, present: FenceMark) -> list[str]:
+    """What changed since `mark`, in words; empty when nothing did."""
+    found: list[str] = []
+    if present.stats_reset != mark.stats_reset:
+        found.append(
+            f"the statistics were reset since the freeze (was: {mark.stats_reset}; now: {present.stats_reset}), by "
+            "pg_stat_reset or a crash of the server, so ferry cannot tell whether anything was written"
+        )
+    if present.writes > mark.writes:
+        written = present.writes - mark.writes
+        found.append(f"{written} {'row was' if written == 1 else 'rows were'} inserted, updated or deleted")
+    elif present.writes < mark.writes:
+        found.append(
+            f"the count of rows written went back from {mark.writes} to {present.writes} (a table was dropped, "
+            "or statistics were lost)"
+        )
+    if present.catalog != mark.catalog:
+        found.append("tables or the schema changed (TRUNCATE, DDL, or a rewrite such as VACUUM FULL or CLUSTER)")
+    if mark.sequences is not None and present.sequences != mark.sequences:
+        found.append("sequences moved (nextval or setval)")
+    return found
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()

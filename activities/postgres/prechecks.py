@@ -1,0 +1,239 @@
+"""Everything that can be checked before a Migration changes anything, with every problem reported at once.
+
+Without it, a missing target database, a user that may not freeze, or a pg_dump too old
+for the source was noticed only by the step that needed it: after the source had been
+frozen and snapshotted. precheck looks at all of it first and reads only (the one write
+is a tiny object put under the Migration's prefix and deleted at once, to prove that
+the bucket takes writes). It lists every problem it finds in one PrecheckFailed, one
+sentence each saying what to fix, so that one round of fixing is enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from activities import s3 as snapshot_store
+from activities.postgres import database_settings, restoring, tools
+from activities.postgres.connection import Connection, connect
+from activities.postgres.database_settings import (
+    CONNECT_BEFORE,
+    FROZEN_BY,
+    READ_ONLY,
+    READ_ONLY_BEFORE,
+    RESTORED_BY,
+)
+from activities.postgres.freezing import is_on
+from activities.s3 import S3NotAnswering
+from activities.secrets import DatabaseConnection, S3Credentials, Secrets
+from activities.settings import DataActivitySettings
+from ferry.api.errors import PermanentError, PrecheckFailed
+from ferry.api.saga import PrecheckInput, PrecheckResult
+
+PROBE = b"ferry precheck: written and deleted at once\n"
+SESSION = {"default_transaction_read_only": "on"}
+"""precheck only reads: its sessions could not write even by mistake."""
+SERVER = """
+select split_part(current_setting('server_version'), ' ', 1), current_setting('server_version_num')::int / 10000,
+    pg_database_size(current_database())
+"""
+MAY = """
+select r.rolsuper, pg_has_role(current_user, d.datdba, 'USAGE'), pg_get_userbyid(d.datdba),
+    r.rolsuper or pg_has_role(current_user, 'pg_signal_backend', 'USAGE')
+from pg_roles r, pg_database d where r.rolname = current_user and d.datname = current_database()
+"""
+
+
+class Problems(list[str]):
+    """The problems found so far, one sentence (or a few) each."""
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[None]:
+        """Records a permanent failure's message as a problem instead of letting it end the precheck."""
+        try:
+            yield
+        except PermanentError as error:
+            self.append(str(error))
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """What precheck learned of one database."""
+
+    version: str
+    major: int
+    size: int
+    extensions: frozenset[str]
+    """Installed ones on the source; available ones on the target."""
+
+
+def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckInput, owner: str) -> PrecheckResult:
+    """Checks everything; raises PrecheckFailed listing every problem found."""
+    problems = Problems()
+    ref, driver = input.ref, input.driver
+    source_db = target_db = credentials = None
+    with problems.catching():
+        source_db = secrets.database(ref.namespace, driver.source_secret, "spec.driver.sourceSecret")
+    with problems.catching():
+        target_db = secrets.database(ref.namespace, driver.target_secret, "spec.driver.targetSecret")
+    with problems.catching():
+        credentials = secrets.s3_credentials(ref.namespace, input.snapshot.credentials_secret)
+    source = _source(source_db, settings, owner, problems) if source_db else None
+    target = _target(target_db, settings, owner, problems) if target_db else None
+    tools_version = _tools(settings, source, target, problems)
+    if source and target:
+        missing = sorted(source.extensions - target.extensions)
+        if missing:
+            assert target_db is not None
+            problems.append(
+                f"the source uses extensions that the target's server does not have: {', '.join(missing)}. "
+                f"Install them on the server of {target_db.describe()} (pg_available_extensions lists what it has)."
+            )
+    if credentials:
+        _bucket(input, owner, credentials, settings, problems)
+    if problems:
+        raise PrecheckFailed(_report(problems))
+    assert source is not None
+    assert target is not None
+    assert tools_version is not None
+    return PrecheckResult(
+        source_version=source.version,
+        target_version=target.version,
+        tools_version=tools_version,
+        source_size_bytes=source.size,
+    )
+
+
+def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
+    with problems.catching(), connect(db, settings, **SESSION) as conn:
+        server = _server(conn, "select extname from pg_extension")
+        _may_change(conn, db, "freeze", problems)
+        settings_now = database_settings.read(conn)
+        frozen_by = settings_now.get(FROZEN_BY)
+        if frozen_by is not None and frozen_by != owner:
+            problems.append(
+                f"{db.describe()} is frozen by Migration {frozen_by}. Wait until that Migration finished or rolled "
+                "back, or unfreeze it by hand as the README's section Recovery says."
+            )
+        escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
+        if escaping:
+            problems.append(
+                f"these roles set {READ_ONLY} themselves, so the freeze could not stop their writes to "
+                f"{db.describe()}: {', '.join(sorted(escaping))}. Remove that with ALTER ROLE ... RESET {READ_ONLY}."
+            )
+        return server
+    return None
+
+
+def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
+    with problems.catching(), connect(db, settings, **SESSION) as conn:
+        server = _server(conn, "select name from pg_available_extensions")
+        _may_change(conn, db, "restore into", problems)
+        contents = [row[0] for row in conn.execute(restoring.CONTENTS)]
+        marked_by = database_settings.read(conn).get(RESTORED_BY)
+        if contents and marked_by != owner:
+            problems.append(
+                f"the target {db.describe()} is not empty (it has {', '.join(contents[:5])}) and ferry did not "
+                f"restore into it for this Migration. Point Secret {db.secret} at an empty database, or empty this one."
+            )
+        return server
+    return None
+
+
+def _server(conn: Connection, extensions: str) -> Server:
+    row = conn.execute(SERVER).fetchone()
+    assert row is not None
+    version, major, size = row
+    names = frozenset(name for (name,) in conn.execute(extensions))
+    return Server(version=str(version), major=int(major), size=int(size), extensions=names)
+
+
+def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: Problems) -> None:
+    """The Secret's user must own the database or be a superuser, and may end others' sessions."""
+    row = conn.execute(MAY).fetchone()
+    assert row is not None
+    superuser, owns, database_owner, may_signal = row
+    if not (superuser or owns):
+        problems.append(
+            f"the user in Secret {db.secret} may not {what} {db.describe()}: it is neither the database's owner "
+            f"({database_owner}) nor a superuser. Use the owner's credentials, or make the user the owner "
+            "(ALTER DATABASE ... OWNER TO ...)."
+        )
+    markers = [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE] if what == "freeze" else [RESTORED_BY]
+    unsettable = [marker for marker in markers if not superuser and not _may_set(conn, marker)]
+    if unsettable:
+        problems.append(
+            f"the user in Secret {db.secret} may not keep ferry's markers in {db.describe()}: since PostgreSQL 15 "
+            f"only superusers may set custom parameters. As a superuser, GRANT SET ON PARAMETER "
+            f"{', '.join(unsettable)} TO {db.username}, or use a superuser."
+        )
+    if what == "freeze" and not may_signal:
+        problems.append(
+            f"the user in Secret {db.secret} may not end other sessions of {db.describe()}, which the freeze "
+            "must do. GRANT pg_signal_backend TO that user."
+        )
+
+
+def _may_set(conn: Connection, parameter: str) -> bool:
+    """Whether the current user may set `parameter` for a database; before PostgreSQL 15 anyone could."""
+    version = conn.execute("select current_setting('server_version_num')::int").fetchone()
+    if version is None or version[0] < 150000:
+        return True
+    row = conn.execute("select has_parameter_privilege(current_user, %s, 'SET')", (parameter,)).fetchone()
+    return bool(row and row[0])
+
+
+def _tools(
+    settings: DataActivitySettings, source: Server | None, target: Server | None, problems: Problems
+) -> str | None:
+    """The version of the worker's pg_dump and pg_restore, when they can dump the source and restore into the target."""
+    try:
+        bindir = tools.find_bindir(settings.postgres_bindir)
+        versions = {tool: tools.version(bindir, tool) for tool in tools.TOOLS}
+    except RuntimeError as error:
+        problems.append(f"{error}.")
+        return None
+    oldest = min(versions.values(), key=tools.major)
+    needed = max((server.major for server in (source, target) if server), default=0)
+    if tools.major(oldest) < needed:
+        servers = ", ".join(
+            f"{side} {server.version}" for side, server in (("source", source), ("target", target)) if server
+        )
+        problems.append(
+            f"the worker's pg_dump and pg_restore in {bindir} are version {oldest}, older than the servers "
+            f"({servers}); pg_dump refuses a newer server. Give the worker the PostgreSQL {needed} client tools "
+            "or newer (--postgres-bindir)."
+        )
+    return oldest
+
+
+def _bucket(
+    input: PrecheckInput, owner: str, credentials: S3Credentials, settings: DataActivitySettings, problems: Problems
+) -> None:
+    """Writes a tiny object under the Migration's prefix and deletes it."""
+    spec = input.snapshot
+    key = f"{spec.prefix}{input.ref.namespace}/{input.ref.name}/{input.ref.uid}/precheck"
+    s3 = snapshot_store.client(spec, credentials, settings)
+    try:
+        with snapshot_store.permanent_failures(s3, spec.bucket, credentials):
+            s3.put_object(Bucket=spec.bucket, Key=key, Body=PROBE)
+            s3.delete_object(Bucket=spec.bucket, Key=key)
+    except PermanentError as error:
+        problems.append(str(error))
+    except (S3NotAnswering, BotoCoreError, ClientError) as error:
+        problems.append(
+            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {error}. Check spec.snapshot "
+            "(endpoint, region, bucket) and that the worker reaches the endpoint."
+        )
+
+
+def _report(problems: list[str]) -> str:
+    listed = " ".join(f"({number}) {problem}" for number, problem in enumerate(problems, 1))
+    many = len(problems) > 1
+    return (
+        f"precheck found {len(problems)} problem{'s' if many else ''}, and changed nothing: {listed} "
+        f"Fix {'them' if many else 'it'}, then retry the step (failurePolicy Pause) or create the Migration again."
+    )

@@ -1,0 +1,277 @@
+"""precheck finds, before anything changes, every problem the later steps would run into, and names them all at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import stat
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from activities.postgres.activities import PostgresActivities
+from activities.settings import DataActivitySettings
+from ferry.api.errors import PrecheckFailed
+from ferry.api.migration import DriverSpec
+from ferry.stack.postgres import PostgresEndpoint
+from ferry.stack.readiness import free_port
+from ferry.stack.stack import StackInfo
+from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
+from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings
+
+OTHER = "other-db"
+
+
+def _connection(endpoint: PostgresEndpoint, **changes: str) -> dict[str, str]:
+    data = {
+        "host": endpoint.host,
+        "port": str(endpoint.port),
+        "username": endpoint.user,
+        "password": endpoint.password,
+        "database": endpoint.database,
+    }
+    return {key: value for key, value in {**data, **changes}.items() if value}
+
+
+def _problems(steps: Steps) -> list[str]:
+    """The numbered problems of the PrecheckFailed that precheck raises."""
+    with pytest.raises(PrecheckFailed) as raised:
+        steps.precheck()
+    message = str(raised.value)
+    assert "changed nothing" in message
+    listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
+    problems = []
+    for number in range(2, 20):
+        head, _, rest = listed.partition(f" ({number}) ")
+        problems.append(head)
+        if not rest:
+            break
+        listed = rest
+    return problems
+
+
+def _with(steps: Steps, *, source: str = SOURCE_SECRET, target: str = TARGET_SECRET, **snapshot: str) -> Steps:
+    return dataclasses.replace(
+        steps,
+        driver=DriverSpec(source_secret=source, target_secret=target),
+        snapshot_spec=steps.snapshot_spec.model_copy(update=snapshot),
+    )
+
+
+@pytest.fixture
+def old_tools(tmp_path: Path) -> Path:
+    """A fake, injecting what the machine cannot provide: client tools older than its servers.
+
+    Only PostgreSQL 15 is installed here, so these scripts stand in for pg_dump and
+    pg_restore 14 and do nothing but report that version.
+    """
+    for tool in ("pg_dump", "pg_restore"):
+        script = tmp_path / tool
+        script.write_text(f"#!/bin/sh\necho '{tool} (PostgreSQL) 14.11'\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return tmp_path
+
+
+def _with_tools(steps: Steps, kube_api: k8s.ApiClient, settings: DataActivitySettings, bindir: Path) -> Steps:
+    return dataclasses.replace(
+        steps, postgres=PostgresActivities(kube_api, dataclasses.replace(settings, postgres_bindir=bindir))
+    )
+
+
+def test_precheck_of_a_sound_migration_reports_versions_and_size_and_changes_nothing(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+
+    result = steps.precheck()
+
+    assert result.source_version.startswith("15.")
+    assert result.target_version.startswith("15.")
+    assert result.tools_version.startswith("15.")
+    assert result.source_size_bytes > 1_000_000
+    assert database_settings(databases.source) == []
+    assert database_settings(databases.target) == []
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the probe object is gone"
+
+
+def test_precheck_accepts_a_target_holding_only_what_this_same_migration_restored(
+    steps: Steps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    steps.undo_freeze()
+
+    steps.precheck()
+
+
+def test_precheck_names_a_missing_secret_and_a_missing_key(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    create_secret(kube_api, namespace, OTHER, _connection(databases.target, password=""))
+
+    problems = _problems(_with(steps, source="nowhere", target=OTHER))
+
+    assert problems == [
+        f"spec.driver.sourceSecret: Secret {namespace}/nowhere does not exist. Create it with the keys host, port, "
+        "username, password, database.",
+        f"spec.driver.targetSecret: Secret {namespace}/{OTHER} has no key 'password'. Add it; the Secret needs host, "
+        "port, username, password, database.",
+    ]
+
+
+def test_precheck_names_an_unreachable_source(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    create_secret(kube_api, namespace, OTHER, _connection(databases.source, port=str(free_port())))
+
+    (problem,) = _problems(_with(steps, source=OTHER))
+
+    assert problem.startswith(f"could not connect to database '{databases.source.database}'")
+    assert "Check that the database is running" in problem
+
+
+def test_precheck_names_credentials_the_source_refuses(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    create_secret(kube_api, namespace, OTHER, _connection(databases.source, password="wrong-password-7a1c"))
+
+    (problem,) = _problems(_with(steps, source=OTHER))
+
+    assert "refused the credentials" in problem
+    assert "wrong-password-7a1c" not in problem
+
+
+def test_precheck_names_a_target_database_that_does_not_exist(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    create_secret(kube_api, namespace, OTHER, _connection(databases.target, database="no_such_db"))
+
+    (problem,) = _problems(_with(steps, target=OTHER))
+
+    assert "does not exist" in problem
+    assert f"Create it, or fix the key 'database' in Secret {namespace}/{OTHER}." in problem
+
+
+def test_precheck_names_a_target_that_is_not_empty(steps: Steps, databases: Databases, namespace: str) -> None:
+    with connect(databases.target) as conn:
+        conn.execute("create table public.precious (id int)")
+
+    (problem,) = _problems(steps)
+
+    assert problem.startswith(f"the target database '{databases.target.database}'")
+    assert "is not empty (it has public)" in problem
+    assert f"Point Secret {namespace}/{TARGET_SECRET} at an empty database, or empty this one." in problem
+
+
+def test_precheck_names_a_source_user_that_may_not_freeze(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with application_role(databases.source) as app:
+        create_secret(kube_api, namespace, OTHER, _connection(app))
+
+        problems = _problems(_with(steps, source=OTHER))
+
+    assert len(problems) == 3, "everything that user lacks, so that one round of fixing is enough"
+    assert problems[0].startswith(f"the user in Secret {namespace}/{OTHER} may not freeze database")
+    assert "neither the database's owner (postgres) nor a superuser" in problems[0]
+    assert "GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before" in problems[1]
+    assert problems[2].endswith("GRANT pg_signal_backend TO that user.")
+
+
+def test_precheck_names_an_owner_that_may_not_keep_ferrys_markers(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.source, may_set_markers=False) as owner:
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+
+        (problem,) = _problems(_with(steps, source=OTHER))
+
+    assert problem.startswith(f"the user in Secret {namespace}/{OTHER} may not keep ferry's markers in database")
+    assert problem.endswith(
+        f"GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before TO {owner.user}, "
+        "or use a superuser."
+    )
+
+
+def test_precheck_passes_an_owner_with_what_the_readme_asks_for(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.source) as owner:
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+
+        _with(steps, source=OTHER).precheck()
+
+
+def test_precheck_names_client_tools_older_than_the_servers(
+    steps: Steps, kube_api: k8s.ApiClient, data_settings: DataActivitySettings, old_tools: Path
+) -> None:
+    (problem,) = _problems(_with_tools(steps, kube_api, data_settings, old_tools))
+
+    assert problem.startswith(f"the worker's pg_dump and pg_restore in {old_tools} are version 14.11, older than")
+    assert "Give the worker the PostgreSQL 15 client tools or newer (--postgres-bindir)." in problem
+
+
+def test_precheck_names_extensions_the_target_cannot_install(steps: Steps, databases: Databases) -> None:
+    # Both servers of the stack share one installation, so every extension the source can have is
+    # available on the target; register, as a superuser could, one whose files no server has.
+    with connect(databases.source) as conn:
+        conn.execute(
+            "insert into pg_extension (oid, extname, extowner, extnamespace, extrelocatable, extversion) "
+            "values (4000000001, 'gone_elsewhere', 10, 'public'::regnamespace, true, '1.0')"
+        )
+
+    (problem,) = _problems(steps)
+
+    assert problem.startswith("the source uses extensions that the target's server does not have: gone_elsewhere.")
+
+
+def test_precheck_names_a_missing_bucket(steps: Steps) -> None:
+    (problem,) = _problems(_with(steps, bucket="no-such-bucket"))
+
+    assert problem.startswith("spec.snapshot.bucket: bucket 'no-such-bucket' does not exist.")
+
+
+def test_precheck_names_s3_credentials_that_may_not_write(
+    steps: Steps, stack: StackInfo, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    assert stack.s3_access_key is not None
+    create_secret(kube_api, namespace, "wrong-s3", {"accessKeyId": stack.s3_access_key, "secretAccessKey": "nope"})
+
+    (problem,) = _problems(_with(steps, credentials_secret="wrong-s3"))
+
+    assert problem.startswith(f"S3 refused the credentials in Secret {namespace}/wrong-s3")
+
+
+def test_precheck_reports_every_problem_at_once(
+    steps: Steps,
+    databases: Databases,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+    data_settings: DataActivitySettings,
+    old_tools: Path,
+) -> None:
+    k8s.CoreV1Api(kube_api).delete_namespaced_secret(S3_SECRET, namespace)
+    create_secret(kube_api, namespace, "missing-db", _connection(databases.target, database="no_such_db"))
+    with application_role(databases.source) as app:
+        create_secret(kube_api, namespace, "not-owner", _connection(app))
+        broken = _with(_with_tools(steps, kube_api, data_settings, old_tools), source="not-owner", target="missing-db")
+
+        with pytest.raises(PrecheckFailed) as raised:
+            broken.precheck()
+
+    message = str(raised.value)
+    assert message.startswith(
+        f"precheck found 6 problems, and changed nothing: (1) spec.snapshot.credentialsSecret: Secret "
+        f"{namespace}/{S3_SECRET} does not exist."
+    )
+    for number, what in [
+        (2, "may not freeze database"),
+        (3, "GRANT SET ON PARAMETER"),
+        (4, "GRANT pg_signal_backend TO that user."),
+        (5, "Create it, or fix the key 'database' in Secret"),
+        (6, "are version 14.11, older than the servers"),
+    ]:
+        assert what in message.split(f"({number}) ", 1)[1].split(f"({number + 1}) ", 1)[0]
+    assert message.endswith("Fix them, then retry the step (failurePolicy Pause) or create the Migration again.")
