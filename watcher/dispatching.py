@@ -2,6 +2,7 @@
 
 Events are coalesced per Migration: while one is being handled, newer states of it wait,
 and only the latest is handled next, so a burst of status updates costs one pass.
+A state the pass's own later write superseded is dropped: the watch brings the newer one.
 Different Migrations are handled concurrently, up to the configured limit, in the order
 they were submitted. A pass that fails is retried with backoff; it never stops the watcher.
 """
@@ -23,7 +24,8 @@ RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class Handle(Protocol):
-    async def __call__(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> None: ...
+    async def __call__(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        """One pass; returns the resourceVersions the pass's own writes produced, in order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +68,29 @@ class Dispatcher:
                 pending = self._pending.pop(key)
                 async with self._limit:
                     try:
-                        await self._handle(
+                        written = await self._handle(
                             pending.migration, gone=pending.gone, run_closed=pending.run_closed,
                             received=pending.received,
                         )  # fmt: skip
+                        self._drop_superseded(key, written)
                     except Exception:
                         delay = RETRY_DELAYS[min(pending.failures, len(RETRY_DELAYS) - 1)]
                         log.exception("handling Migration %s/%s failed; retrying in %.0fs", *key, delay)
                         asyncio.get_running_loop().call_later(delay, self._retry, key, pending)
         finally:
             del self._running[key]
+
+    def _drop_superseded(self, key: tuple[str, str], written: list[str]) -> None:
+        """Forgets a waiting state that the pass's own later write superseded (e.g. the finalizer it added
+        before it recorded the workflow): the watch brings that write's state too, and handling the older one
+        would only repeat the pass."""
+        waiting = self._pending.get(key)
+        if (
+            waiting is not None
+            and not waiting.run_closed
+            and waiting.migration.metadata.resource_version in written[:-1]
+        ):
+            del self._pending[key]
 
     def _retry(self, key: tuple[str, str], failed: Pending) -> None:
         if not self._closed and key not in self._pending:  # a newer state supersedes the failed one

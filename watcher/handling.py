@@ -54,18 +54,25 @@ class MigrationHandler:
         self._deletion = deletion
         self._metrics = metrics
 
-    async def handle(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> None:
-        """One pass: `received` is when the watcher first got this pending state (for the start latency)."""
+    async def handle(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        """One pass; returns the resourceVersions its own writes produced, in order.
+
+        `received` is when the watcher first got this pending state (for the start latency).
+        """
         action = decide(migration, gone=gone, run_closed=run_closed)
         self._metrics.passes.add(1, {"action": action.summary})
         if action.nothing:
-            return
+            return []
         ref = ref_of(migration)
-        with migration_context(
-            namespace=ref.namespace, name=ref.name, generation=migration.metadata.generation,
-            workflow_id=workflow_id(ref),
-        ):  # fmt: skip
-            await self._carry_out(migration, ref, action, received)
+        try:
+            with migration_context(
+                namespace=ref.namespace, name=ref.name, generation=migration.metadata.generation,
+                workflow_id=workflow_id(ref),
+            ):  # fmt: skip
+                await self._carry_out(migration, ref, action, received)
+        finally:
+            written = self._writer.take_written(ref)
+        return written
 
     async def _carry_out(self, migration: Migration, ref: MigrationRef, action: Action, received: float) -> None:
         if migration.status_problem:

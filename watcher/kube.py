@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -105,7 +105,7 @@ class Kube:
         items = [migration for raw in listed.get("items", []) if (migration := _parse(raw)) is not None]
         return Listing(items, listed["metadata"]["resourceVersion"])
 
-    async def watch_migrations(self, namespace: str | None, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def watch_migrations(self, namespace: str | None, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
         """The events after `resource_version` until the server ends the watch; raises Gone when it is too old.
 
         The blocking stream runs in a thread of its own; closing this iterator (or cancelling
@@ -185,19 +185,21 @@ class Kube:
             raise
         return _parse(raw)
 
-    async def patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> None:
-        """Merge-patches the given status fields; a missing Migration is left alone."""
-        await asyncio.to_thread(self._patch_status, ref, status)
+    async def patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
+        """Merge-patches the given status fields; a missing Migration is left alone (None)."""
+        return await asyncio.to_thread(self._patch_status, ref, status)
 
-    def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> None:
+    def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
         try:
-            self._custom.patch_namespaced_custom_object_status(
+            raw = self._custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
                 field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
             )  # fmt: skip
         except ApiException as error:
             if error.status != 404:
                 raise
+            return None
+        return _parse(raw)
 
     async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
         """Records a watcher Event once per key (a second pass finds it there and records nothing)."""

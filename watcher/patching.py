@@ -5,6 +5,10 @@ from, retried from a fresh read on a conflict, so no other finalizer is ever los
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
 saga's fields as they are; only an Abandoned Migration gets its phase from the watcher,
 because then no workflow is left to write it.
+
+The writer remembers, until the pass asks (`take_written`), the resourceVersions its
+writes produced: a state of the Migration that the pass's own later write superseded
+need not be handled again (see watcher/dispatching.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ class MigrationWriter:
 
     def __init__(self, kube: Kube) -> None:
         self._kube = kube
+        self._written: dict[str, list[str]] = {}
+
+    def take_written(self, ref: MigrationRef) -> list[str]:
+        """The resourceVersions the writes to this Migration produced since the last call, in order."""
+        return self._written.pop(ref.uid, [])
+
+    def _wrote(self, ref: MigrationRef, migration: Migration | None) -> None:
+        if migration is not None:
+            self._written.setdefault(ref.uid, []).append(migration.metadata.resource_version)
 
     async def add_finalizer(self, migration: Migration) -> None:
         await self._change_finalizers(migration, add=True)
@@ -50,7 +63,7 @@ class MigrationWriter:
             wanted = [*finalizers, FINALIZER] if add else [f for f in finalizers if f != FINALIZER]
             patch = {"metadata": {"finalizers": wanted, "resourceVersion": migration.metadata.resource_version}}
             try:
-                await self._kube.patch_migration(ref, patch)
+                self._wrote(ref, await self._kube.patch_migration(ref, patch))
             except Conflict:
                 migration = await self._kube.read_migration(ref)
                 continue
@@ -66,13 +79,15 @@ class MigrationWriter:
         """
         if migration.metadata.annotations.get(WORKFLOW_ANNOTATION) == workflow_id:
             return
-        await self._kube.patch_migration(
-            ref_of(migration), {"metadata": {"annotations": {WORKFLOW_ANNOTATION: workflow_id}}}
+        ref = ref_of(migration)
+        self._wrote(
+            ref,
+            await self._kube.patch_migration(ref, {"metadata": {"annotations": {WORKFLOW_ANNOTATION: workflow_id}}}),
         )
 
     async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
         """Merge-patches the given status fields (the watcher's own); a missing Migration is left alone."""
-        await self._kube.patch_status(ref, fields)
+        self._wrote(ref, await self._kube.patch_status(ref, fields))
 
     async def acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
         """Records in status.controls that the control `key=value` was acted on (or refused), and how."""

@@ -79,7 +79,8 @@ class MigrationWatch:
     async def _watch(self) -> None:
         """Watches from the last resourceVersion seen until the server ends the watch."""
         assert self._version is not None
-        async for event in self._kube.watch_migrations(self._namespace, self._version):
-            self._version = event.resource_version
-            if event.migration is not None and event.type in ("ADDED", "MODIFIED", "DELETED"):
-                self._on_event(event)
+        async with contextlib.aclosing(self._kube.watch_migrations(self._namespace, self._version)) as events:
+            async for event in events:
+                self._version = event.resource_version
+                if event.migration is not None and event.type in ("ADDED", "MODIFIED", "DELETED"):
+                    self._on_event(event)
