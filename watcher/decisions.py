@@ -14,6 +14,7 @@ A finished Migration that is not being deleted and has no new control decides
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
 from ferry.api.saga import MigrationRef, workflow_id
@@ -100,3 +101,13 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         controls=given,
         check_run=run_closed,
     )
+
+
+def handling_order(listed: Iterable[Migration], ended: frozenset[str]) -> list[tuple[Migration, bool]]:
+    """A list's Migrations in the order to hand them over, each with whether its run `ended` from outside.
+
+    Migrations no workflow has taken yet come first (in the list's order), so a restarted
+    watcher acts on a new Migration before it looks at thousands of others again.
+    """
+    hinted = [(migration, workflow_id(ref_of(migration)) in ended) for migration in listed]
+    return sorted(hinted, key=lambda pair: not decide(pair[0], run_closed=pair[1]).urgent)

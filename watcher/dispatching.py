@@ -96,6 +96,11 @@ class Dispatcher:
         if not self._closed and key not in self._pending:  # a newer state supersedes the failed one
             self.submit(failed.migration, gone=failed.gone, run_closed=failed.run_closed, failures=failed.failures + 1)
 
+    async def idle(self) -> None:
+        """Waits until no pass is under way and none waits."""
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
     async def close(self) -> None:
         self._closed = True
         for task in list(self._running.values()):

@@ -21,10 +21,10 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from ferry import startup
 from ferry.api.migration import Migration
-from ferry.api.saga import MigrationRef, workflow_id
+from ferry.api.saga import MigrationRef
 from ferry.observability import health, tracing
 from watcher.abandoned import ClosedRuns
-from watcher.decisions import decide, ref_of
+from watcher.decisions import handling_order
 from watcher.deletion import DeletionHandler
 from watcher.dispatching import Dispatcher
 from watcher.handling import MigrationHandler
@@ -77,10 +77,7 @@ class Watcher:
         self._listings[scope] = items  # each namespace lists on its own; the gauges cover them all
         self._metrics.observe_listing([item for found in self._listings.values() for item in found])
         received = time.monotonic()
-        hinted = [(item, workflow_id(ref_of(item)) in ended) for item in items]
-        # Migrations no workflow has taken yet go first; sorted() keeps the list's order otherwise.
-        hinted.sort(key=lambda pair: not decide(pair[0], run_closed=pair[1]).urgent)
-        for item, run_closed in hinted:
+        for item, run_closed in handling_order(items, ended):
             self._dispatcher.submit(item, run_closed=run_closed, received=received)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -8,7 +8,7 @@ from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
 from ferry.api.saga import Signal
 from tests import samples
 from watcher.controls import Control
-from watcher.decisions import NOTHING, Action, decide, started
+from watcher.decisions import NOTHING, Action, decide, handling_order, started
 
 UID = "0b7c"
 WORKFLOW = f"migration/shop/orders-db-to-16/{UID}"
@@ -106,3 +106,23 @@ def test_an_invalid_spec_fails_the_migration_once() -> None:
 def test_a_run_ended_from_outside_is_checked_only_while_the_status_is_not_finished() -> None:
     assert decide(migration(**RUNNING), run_closed=True) == Action(check_run=True)
     assert decide(migration(phase="Abandoned"), run_closed=True).nothing
+
+
+def test_a_list_hands_over_the_migrations_no_workflow_has_taken_first_and_keeps_its_order_otherwise() -> None:
+    def named(name: str, **status: Any) -> Migration:
+        raw = migration(**status).model_dump(mode="json", by_alias=True)
+        raw["metadata"].update(name=name, uid=name)
+        return Migration.parse({**raw, "spec": samples.migration()["spec"]})
+
+    listed = [
+        named("a", phase="Succeeded"),
+        named("b", phase="Running", workflow={"namespace": "default", "id": "migration/shop/b/b"}),
+        named("new"),
+        named("c", phase="Failed"),
+    ]
+
+    order = handling_order(listed, ended=frozenset({"migration/shop/b/b"}))
+
+    assert [(item.metadata.name, ended) for item, ended in order] == [
+        ("new", False), ("a", False), ("b", True), ("c", False),
+    ]  # fmt: skip
