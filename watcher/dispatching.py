@@ -48,6 +48,8 @@ class Dispatcher:
         self._limit = asyncio.Semaphore(concurrency)
         self._pending: dict[tuple[str, str], Pending] = {}
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._superseded: dict[tuple[str, str], frozenset[str]] = {}
+        """Per Migration, the resourceVersions its last pass wrote and then wrote over."""
         self._closed = False
 
     def submit(
@@ -55,6 +57,10 @@ class Dispatcher:
         failures: int = 0,
     ) -> None:  # fmt: skip
         key = (migration.metadata.namespace, migration.metadata.name)
+        superseded = self._superseded.pop(key, frozenset())
+        if migration.metadata.resource_version in superseded and not (gone or run_closed):
+            self._superseded[key] = superseded  # the pass's last write is still to come
+            return
         earlier = self._pending.get(key)
         first_seen = earlier.received if earlier else received if received is not None else time.monotonic()
         run_closed = run_closed or bool(earlier and earlier.run_closed)
@@ -81,15 +87,15 @@ class Dispatcher:
             del self._running[key]
 
     def _drop_superseded(self, key: tuple[str, str], written: list[str]) -> None:
-        """Forgets a waiting state that the pass's own later write superseded (e.g. the finalizer it added
-        before it recorded the workflow): the watch brings that write's state too, and handling the older one
-        would only repeat the pass."""
+        """Forgets the states that the pass's own later write superseded (e.g. the finalizer it added before it
+        recorded the workflow), waiting or still to come: the watch brings that write's state too, and handling
+        an older one would only repeat the pass. Watch events come in order, so the first other state ends this."""
+        superseded = frozenset(written[:-1])
+        if not superseded:
+            return
+        self._superseded[key] = superseded
         waiting = self._pending.get(key)
-        if (
-            waiting is not None
-            and not waiting.run_closed
-            and waiting.migration.metadata.resource_version in written[:-1]
-        ):
+        if waiting is not None and not waiting.run_closed and waiting.migration.metadata.resource_version in superseded:
             del self._pending[key]
 
     def _retry(self, key: tuple[str, str], failed: Pending) -> None:

@@ -59,3 +59,20 @@ async def test_a_state_the_pass_itself_superseded_is_not_handled_again() -> None
     await dispatcher.idle()
 
     assert handler.handled == ["1", "3"]
+
+
+async def test_a_superseded_state_that_arrives_after_the_pass_is_not_handled_either() -> None:
+    handler = Recorder(writes=["2", "3"])
+    dispatcher = Dispatcher(handler, concurrency=4)
+    handler.release.set()
+
+    dispatcher.submit(state("1"))
+    await dispatcher.idle()
+    dispatcher.submit(state("2"))  # the watch was slower than the pass
+    await dispatcher.idle()
+    dispatcher.submit(state("3"))
+    await dispatcher.idle()
+    dispatcher.submit(state("2"))  # the first other state ended the exception: nothing is dropped any more
+    await dispatcher.idle()
+
+    assert handler.handled == ["1", "3", "2"]

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import re
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -76,8 +77,20 @@ def counted_watcher(stack: StackInfo, task_queue: str, namespace: str) -> Watch:
         )
         stop = asyncio.Event()
         running = asyncio.create_task(runner.run(settings, stop=stop))
+
+        def read() -> Counters:
+            return _scrape(f"http://{address}/metrics")
+
+        async def answers() -> bool:
+            try:
+                await asyncio.to_thread(read)
+            except urllib.error.URLError:
+                return False
+            return True
+
         try:
-            yield lambda: _scrape(f"http://{address}/metrics")
+            await eventually("the watcher's metrics endpoint", answers)
+            yield read
         finally:
             stop.set()
             await asyncio.wait_for(running, timeout=30)
