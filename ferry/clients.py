@@ -1,7 +1,9 @@
-"""Connections to Temporal and Kubernetes, made the same way by the worker, the watcher and the CLI.
+"""Connections to Temporal and Kubernetes, made the same way by the worker, the watcher, the CLI and the tests.
 
 Every Temporal client uses the pydantic data converter, because every workflow and
-activity payload is a pydantic model from ferry.api.
+activity payload is a pydantic model from ferry.api: `connect_temporal` is how ferry
+makes a client, and `data_converter` is what a test environment that makes its own
+(WorkflowEnvironment) is given.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import FilePath, SecretStr, model_validator
 from pydantic.dataclasses import dataclass
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
 
 from ferry.configuration.knobs import SETTINGS, Knob
@@ -55,6 +58,11 @@ class TemporalSettings:
         )
 
 
+def data_converter() -> DataConverter:
+    """The converter of every payload ferry sends through Temporal: pydantic models as JSON."""
+    return pydantic_data_converter
+
+
 async def connect_temporal(
     settings: TemporalSettings,
     *,
@@ -68,7 +76,7 @@ async def connect_temporal(
         namespace=settings.namespace,
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         tls=settings.tls(),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
         identity=identity,
         runtime=runtime,
         interceptors=interceptors,

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from temporalio.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ferry.api.saga import MigrationRef, workflow_id  # noqa: E402
+from ferry.clients import TemporalSettings, connect_temporal  # noqa: E402
 from ferry.stack.install import ensure_binaries  # noqa: E402
 from ferry.stack.stack import Stack, StackInfo  # noqa: E402
 from tests import samples  # noqa: E402
@@ -60,7 +60,7 @@ async def measure(info: StackInfo, count: int, logs: Path) -> list[float]:
         ],
         stdout=(logs / "watcher.log").open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-    client = await Client.connect(info.temporal_address)
+    client = await connect_temporal(TemporalSettings(address=info.temporal_address))
     custom = k8s.CustomObjectsApi(api)
     created: dict[str, tuple[MigrationRef, float]] = {}
     try:

@@ -21,8 +21,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from ferry.clients import TemporalSettings, connect_temporal
 from ferry.stack.install import Binaries, ensure_binaries
 from ferry.stack.stack import Stack, StackInfo
 
@@ -104,9 +104,7 @@ def task_queue() -> str:
 async def temporal_client(stack: StackInfo) -> Client:
     assert stack.temporal_address
     assert stack.temporal_namespace
-    return await Client.connect(
-        stack.temporal_address, namespace=stack.temporal_namespace, data_converter=pydantic_data_converter
-    )
+    return await connect_temporal(TemporalSettings(address=stack.temporal_address, namespace=stack.temporal_namespace))
 
 
 @pytest.fixture(scope="session")

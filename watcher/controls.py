@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
 
-from ferry.api.migration import CONTROL_PREFIX, CONTROLS
+from ferry.api.migration import CONTROL_PREFIX, Migration
 from ferry.api.saga import ControlRequest, Signal
 
 SPEC_PAUSED = "spec.paused"
 """Key under which the acted-on value of spec.paused is acknowledged."""
 
 _WHO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._+-]{0,62}$")
+_CONTROLS = tuple(signal.value for signal in Signal)
+"""Each control is the signal (and update) of that name."""
 FORMAT = "'<who>' or '<who>: <reason>', where <who> is a name of up to 63 letters, digits or @._+-"
 
 
@@ -43,23 +44,23 @@ class Rejection:
     why: str
 
 
-def pending(obj: dict[str, Any]) -> list[Control | Rejection]:
-    """The controls of a Migration object not yet acknowledged in its status, in a stable order."""
-    metadata = obj["metadata"]
-    generation = int(metadata.get("generation", 1))
-    acknowledged: dict[str, str] = ((obj.get("status") or {}).get("controls") or {}).get("acknowledged") or {}
+def pending(migration: Migration) -> list[Control | Rejection]:
+    """The controls of a Migration not yet acknowledged in its status, in a stable order."""
+    metadata, status = migration.metadata, migration.status
+    generation = metadata.generation
+    acknowledged = status.controls.acknowledged if status.controls else {}
     found: list[Control | Rejection] = []
-    for key, value in sorted((metadata.get("annotations") or {}).items()):
+    for key, value in sorted(metadata.annotations.items()):
         if not key.startswith(CONTROL_PREFIX) or acknowledged.get(key) == value:
             continue
         found.append(_parse(key, value, generation))
-    paused = bool((obj.get("spec") or {}).get("paused", False))
+    paused = migration.spec is not None and migration.spec.paused
     value = f"{str(paused).lower()}@{generation}"
-    observed = (obj.get("status") or {}).get("observedGeneration")
+    observed = status.observed_generation
     # spec.paused is a control only when it changed after the workflow last saw the spec:
     # the workflow reads it from its input at start, and reports what it saw as
     # status.observedGeneration.
-    if observed is not None and generation > int(observed) and acknowledged.get(SPEC_PAUSED) != value:
+    if observed is not None and generation > observed and acknowledged.get(SPEC_PAUSED) != value:
         request = ControlRequest(
             by="spec.paused", reason=f"spec.paused set to {str(paused).lower()}", generation=generation,
             request_id=f"{SPEC_PAUSED}={value}",
@@ -70,8 +71,8 @@ def pending(obj: dict[str, Any]) -> list[Control | Rejection]:
 
 def _parse(key: str, value: str, generation: int) -> Control | Rejection:
     name = key[len(CONTROL_PREFIX) :]
-    if name not in CONTROLS:
-        return Rejection(key, value, f"{key} is not a control ferry knows; use one of {', '.join(CONTROLS)}")
+    if name not in _CONTROLS:
+        return Rejection(key, value, f"{key} is not a control ferry knows; use one of {', '.join(_CONTROLS)}")
     who, _, reason = value.partition(":")
     who, reason = who.strip(), reason.strip()
     if not _WHO.match(who) or len(reason) > 256:

@@ -23,6 +23,7 @@ the finalizer is released anyway, with a Warning Event saying what may be left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -33,15 +34,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import (
-    FINALIZER,
-    AfterSuccess,
-    EventType,
-    MigrationSpec,
-    MigrationStatus,
-    Phase,
-    SnapshotStatus,
-)
+from ferry.api.migration import FINALIZER, AfterSuccess, DeletionStatus, EventType, Migration, Phase
 from ferry.api.saga import (
     CLEANUP_WORKFLOW_NAME,
     UNDO_WORKFLOW_NAME,
@@ -55,7 +48,8 @@ from ferry.api.saga import (
     undo_workflow_id,
     workflow_id,
 )
-from watcher.patching import MigrationWriter, ref_of
+from watcher.decisions import ref_of
+from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
 log = logging.getLogger("ferry.watcher.deletion")
@@ -71,46 +65,52 @@ class DeletionHandler:
         self._resubmit = resubmit
         self._waiting: dict[str, asyncio.Task[None]] = {}
 
-    async def handle(self, obj: dict[str, Any]) -> None:
-        if FINALIZER not in (obj["metadata"].get("finalizers") or []):
+    async def handle(self, migration: Migration) -> None:
+        """One pass over a Migration whose deletion was asked for and that still holds ferry's finalizer."""
+        requested = migration.metadata.deletion_timestamp
+        if requested is None or FINALIZER not in migration.metadata.finalizers:
             return
-        ref = ref_of(obj)
-        status = obj.get("status") or {}
-        deadline = _deadline(status) or datetime.now(UTC) + timedelta(seconds=self._settings.deletion_timeout)
+        ref = ref_of(migration)
+        waiting = migration.status.deletion
+        deadline = (
+            waiting.deadline if waiting else datetime.now(UTC) + timedelta(seconds=self._settings.deletion_timeout)
+        )
         handle = self._client.get_workflow_handle(workflow_id(ref), result_type=MigrationResult)
         described = await _describe(handle)
         if described is None:
-            await self._release(obj, "no workflow ever ran for it")
+            await self._release(migration, "no workflow ever ran for it")
             return
         if datetime.now(UTC) >= deadline:
             message = (
                 f"gave up waiting at the deadline ({deadline:%Y-%m-%dT%H:%M:%SZ}); workflow {handle.id} is "
                 f"{_state(described)}: check the source, the target and the snapshot by hand"
             )
-            await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
-            await self._release(obj, message)
+            await self._writer.event(ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
+            await self._release(migration, message)
             return
         if described.status is WorkflowExecutionStatus.RUNNING:
-            await handle.cancel()
-            await self._wait_for(ref, handle, deadline, "rolling back before deletion: the workflow was cancelled")
+            why = "rolling back before deletion: the workflow was cancelled"
+            if not _recorded(migration, why):  # recorded only after the cancel was sent
+                await handle.cancel()
+            await self._wait_for(migration, handle, deadline, why)
             return
-        requested = _timestamp(obj["metadata"]["deletionTimestamp"])
         if await _succeeded_after(handle, described, requested):
-            await self._undo(obj, ref, described, requested, deadline)
+            await self._undo(migration, described, requested, deadline)
             return
-        cleanup = _retention_cleanup(obj, ref)
+        cleanup = _retention_cleanup(migration)
         if cleanup is not None:
             cleanup_handle = await self._start_cleanup(cleanup)
             if cleanup_handle is not None:
-                await self._wait_for(ref, cleanup_handle, deadline, "deleting the snapshot (retention) before deletion")
+                why = "deleting the snapshot (retention) before deletion"
+                await self._wait_for(migration, cleanup_handle, deadline, why)
                 return
-        await self._release(obj, f"its workflow has finished ({_state(described)})")
+        await self._release(migration, f"its workflow has finished ({_state(described)})")
 
     async def _undo(
-        self, obj: dict[str, Any], ref: MigrationRef, run: WorkflowExecutionDescription, requested: datetime,
-        deadline: datetime,
-    ) -> None:  # fmt: skip
+        self, migration: Migration, run: WorkflowExecutionDescription, requested: datetime, deadline: datetime
+    ) -> None:
         """Undoes a run that succeeded after the deletion was asked for; releases the Migration once that is done."""
+        ref = ref_of(migration)
         closed = run.close_time
         why = (
             f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
@@ -118,12 +118,11 @@ class DeletionHandler:
         )
         handle = self._client.get_workflow_handle(undo_workflow_id(ref), result_type=MigrationResult)
         undone = await _describe(handle)
-        if undone is None:
-            spec = MigrationSpec.model_validate(obj["spec"])
-            raw_status = obj.get("status")
-            status = MigrationStatus.model_validate(raw_status) if raw_status else None
-            generation = int(obj["metadata"].get("generation", 1))
-            input = UndoMigrationInput(ref=ref, generation=generation, spec=spec, reason=why, status=status)
+        if undone is None and migration.spec is not None:
+            input = UndoMigrationInput(
+                ref=ref, generation=migration.metadata.generation, spec=migration.spec, reason=why,
+                status=migration.status,
+            )  # fmt: skip
             try:
                 handle = await self._client.start_workflow(
                     UNDO_WORKFLOW_NAME,
@@ -138,40 +137,38 @@ class DeletionHandler:
             except WorkflowAlreadyStartedError:
                 undone = await _describe(handle)
             else:
-                await asyncio.to_thread(
-                    self._writer.event, ref, EventType.WARNING, "UndoingBeforeDeletion", why, "undo"
-                )
-                await self._wait_for(ref, handle, deadline, why)
+                await self._writer.event(ref, EventType.WARNING, "UndoingBeforeDeletion", why, "undo")
+                await self._wait_for(migration, handle, deadline, why)
                 return
         if undone is not None and undone.status is WorkflowExecutionStatus.RUNNING:
-            await self._wait_for(ref, handle, deadline, why)
+            await self._wait_for(migration, handle, deadline, why)
             return
         if undone is not None and undone.status is WorkflowExecutionStatus.COMPLETED:
             message = f"undone before deletion: {why.split(' (')[0]} after the deletion was asked for"
-            await asyncio.to_thread(
-                self._writer.event, ref, EventType.NORMAL, "UndoneBeforeDeletion", message, "undone"
-            )
-            await self._release(obj, message)
+            await self._writer.event(ref, EventType.NORMAL, "UndoneBeforeDeletion", message, "undone")
+            await self._release(migration, message)
             return
         message = (
             f"the undo of the run that succeeded after the deletion was asked for ended {_state(undone)}: "
             f"check the source, the target and the Service by hand (workflow {handle.id} says what was undone)"
         )
-        await self._event(ref, EventType.WARNING, "UndoIncomplete", message)
-        await self._release(obj, message)
+        await self._writer.event(ref, EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
+        await self._release(migration, message)
 
     async def _wait_for(
-        self, ref: MigrationRef, handle: WorkflowHandle[Any, Any], deadline: datetime, why: str
+        self, migration: Migration, handle: WorkflowHandle[Any, Any], deadline: datetime, why: str
     ) -> None:
-        """Records why the Migration waits, then looks at it again when `handle` finishes or at the deadline."""
-        now = datetime.now(UTC)
-        message = f"{why}; the finalizer {FINALIZER} is released when it finishes, or at {deadline:%H:%M:%SZ}"
-        await asyncio.to_thread(
-            self._writer.patch_status,
-            ref,
-            {"deletion": {"message": message, "waitingSince": now.isoformat(), "deadline": deadline.isoformat()}},
-        )
-        await asyncio.to_thread(self._writer.event, ref, EventType.NORMAL, "WaitingBeforeDeletion", message, why)
+        """Records why the Migration waits (once), then looks at it again when `handle` finishes or at the deadline."""
+        ref = ref_of(migration)
+        if not _recorded(migration, why):
+            waiting = migration.status.deletion
+            deletion = DeletionStatus(
+                message=_message(why, deadline),
+                waiting_since=waiting.waiting_since if waiting else datetime.now(UTC),
+                deadline=deadline,
+            )
+            await self._writer.waiting_for_deletion(ref, deletion)
+            await self._writer.event(ref, EventType.NORMAL, "WaitingBeforeDeletion", deletion.message, why)
         key = f"{ref.uid}/{handle.id}"
         if key in self._waiting and not self._waiting[key].done():
             return
@@ -202,12 +199,27 @@ class DeletionHandler:
         except WorkflowAlreadyStartedError:
             return None
 
-    async def _event(self, ref: MigrationRef, kind: EventType, reason: str, message: str) -> None:
-        await asyncio.to_thread(self._writer.event, ref, kind, reason, message, reason)
+    async def close(self) -> None:
+        """Stops waiting for runs (the next leader looks at these Migrations again)."""
+        for task in self._waiting.values():
+            task.cancel()
+        for task in self._waiting.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
-    async def _release(self, obj: dict[str, Any], why: str) -> None:
-        await asyncio.to_thread(self._writer.remove_finalizer, obj)
-        log.info("Migration %s released for deletion: %s", ref_of(obj), why)
+    async def _release(self, migration: Migration, why: str) -> None:
+        await self._writer.remove_finalizer(migration)
+        log.info("Migration %s released for deletion: %s", ref_of(migration), why)
+
+
+def _message(why: str, deadline: datetime) -> str:
+    return f"{why}; the finalizer {FINALIZER} is released when it finishes, or at {deadline:%H:%M:%SZ}"
+
+
+def _recorded(migration: Migration, why: str) -> bool:
+    """Whether status.deletion already says the Migration waits for this reason (with its deadline)."""
+    waiting = migration.status.deletion
+    return waiting is not None and waiting.message == _message(why, waiting.deadline)
 
 
 async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:
@@ -235,24 +247,15 @@ async def _succeeded_after(
     return result.phase is Phase.SUCCEEDED
 
 
-def _timestamp(raw: str) -> datetime:
-    return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-
-
-def _deadline(status: dict[str, Any]) -> datetime | None:
-    raw = (status.get("deletion") or {}).get("deadline")
-    return _timestamp(raw) if raw else None
-
-
-def _retention_cleanup(obj: dict[str, Any], ref: MigrationRef) -> DeleteSnapshotInput | None:
+def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:
     """The cleanup a finished Migration's retention asks for on deletion, if any."""
-    status = obj.get("status") or {}
-    if status.get("phase") != Phase.SUCCEEDED.value or not status.get("snapshot"):
+    status, spec = migration.status, migration.spec
+    snapshot = status.snapshot
+    if status.phase is not Phase.SUCCEEDED or snapshot is None or spec is None:
         return None
-    spec = MigrationSpec.model_validate(obj["spec"])
-    snapshot = SnapshotStatus.model_validate(status["snapshot"])
     if spec.snapshot.retention.after_success is not AfterSuccess.DELETE_WITH_MIGRATION or snapshot.deleted:
         return None
+    ref = ref_of(migration)
     artifact = SnapshotResult(
         bucket=snapshot.bucket or spec.snapshot.bucket,
         key=snapshot.key or snapshot_key(ref, spec.snapshot),

@@ -1,9 +1,11 @@
 """What the watcher does with the latest state of one Migration. Level-triggered and idempotent.
 
-For a live Migration: hold the finalizer, make sure its workflow exists, turn new
-kubectl controls into signals, and (on a full list) notice a workflow terminated from
-outside. A deleted Migration goes to the deletion handler. Nothing is remembered between
-calls: everything needed is in the object, its status, and Temporal.
+watcher/decisions.py decides, from the object alone, what a pass does; this module does
+it: the deletion handler for a deleted Migration; for a live one, the Failed status of
+an invalid spec, the finalizer, the workflow's start (and the annotation that records
+it), kubectl controls as updates, and the Abandoned phase of a run ended from outside.
+Nothing is remembered between passes: everything needed is in the object, its status,
+and Temporal.
 """
 
 from __future__ import annotations
@@ -11,29 +13,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from opentelemetry import trace
-from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import FINALIZER, FINISHED_PHASES, EventType, MigrationSpec, Phase
+from ferry.api.migration import EventType, Migration, Phase
 from ferry.api.saga import ControlOutcome, MigrationRef, workflow_id
 from ferry.observability.logs import migration_context
 from watcher import controls
+from watcher.abandoned import why_abandoned
+from watcher.decisions import Action, decide, ref_of
 from watcher.deletion import DeletionHandler
 from watcher.metrics import WatcherMetrics
-from watcher.patching import MigrationWriter, ref_of
+from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 from watcher.starting import ensure_started
 
 log = logging.getLogger("ferry.watcher.handling")
 _tracer = trace.get_tracer("ferry.watcher")
 
-_FINISHED = {phase.value for phase in FINISHED_PHASES}
-STARTED_CACHE = 10_000
 CONTROL_TIMEOUT = 30.0
 """Seconds a control waits for the saga to take it; past that it stays unacknowledged and is sent again later
 (with the same update id, so the saga acts on it once)."""
@@ -53,80 +53,79 @@ class MigrationHandler:
         self._settings = settings
         self._deletion = deletion
         self._metrics = metrics
-        self._started: dict[str, None] = {}
-        """Workflow IDs known to exist, until their status says so: saves a start call per event.
-        Only a cache: losing it (a restart) costs one idempotent start call per Migration."""
 
-    def _remember_started(self, workflow: str) -> None:
-        self._started[workflow] = None
-        if len(self._started) > STARTED_CACHE:
-            del self._started[next(iter(self._started))]
+    async def handle(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        """One pass; returns the resourceVersions its own writes produced, in order.
 
-    async def handle(self, obj: dict[str, Any], listed: bool, received: float) -> None:
-        ref = ref_of(obj)
-        generation = int(obj["metadata"].get("generation", 1))
-        with migration_context(
-            namespace=ref.namespace, name=ref.name, generation=generation, workflow_id=workflow_id(ref)
-        ):
-            await self._handle(obj, ref, listed, received)
+        `received` is when the watcher first got this pending state (for the start latency).
+        """
+        action = decide(migration, gone=gone, run_closed=run_closed)
+        self._metrics.passes.add(1, {"action": action.summary})
+        if action.nothing:
+            return []
+        ref = ref_of(migration)
+        try:
+            with migration_context(
+                namespace=ref.namespace, name=ref.name, generation=migration.metadata.generation,
+                workflow_id=workflow_id(ref),
+            ):  # fmt: skip
+                await self._carry_out(migration, ref, action, received)
+        finally:
+            written = self._writer.take_written(ref)
+        return written
 
-    async def _handle(self, obj: dict[str, Any], ref: MigrationRef, listed: bool, received: float) -> None:
-        if obj["metadata"].get("deletionTimestamp"):
-            await self._deletion.handle(obj)
+    async def _carry_out(self, migration: Migration, ref: MigrationRef, action: Action, received: float) -> None:
+        if migration.status_problem:
+            log.warning("Migration %s: its status does not parse, read as empty: %s", ref, migration.status_problem)
+        if action.deletion:
+            await self._deletion.handle(migration)
             return
-        status = obj.get("status") or {}
-        finished = status.get("phase") in _FINISHED
-        if not finished:
-            spec = await self._spec(obj, ref)
-            if spec is None:
-                return
-            if FINALIZER not in (obj["metadata"].get("finalizers") or []):
-                await asyncio.to_thread(self._writer.add_finalizer, obj)
-            expected = workflow_id(ref)
-            if (status.get("workflow") or {}).get("id") != expected and expected not in self._started:
-                await self._start(ref, int(obj["metadata"].get("generation", 1)), spec, received)
-        await self._apply_controls(obj, ref)
-        if listed and not finished and status.get("workflow"):
-            await self._notice_abandoned(obj, ref)
+        if action.invalid_spec is not None:
+            await self._reject(migration, ref, action.invalid_spec)
+            return
+        if action.add_finalizer:
+            await self._writer.add_finalizer(migration)
+        if action.start:
+            await self._start(migration, ref, received)
+        for item in action.controls:
+            await self._apply_control(ref, item)
+        if action.check_run:
+            await self._notice_abandoned(migration, ref)
 
-    async def _start(self, ref: MigrationRef, generation: int, spec: MigrationSpec, received: float) -> None:
-        """Starts the workflow inside the span that roots the migration's trace."""
+    async def _start(self, migration: Migration, ref: MigrationRef, received: float) -> None:
+        """Starts the workflow inside the span that roots the migration's trace, then records that it exists."""
+        if migration.spec is None:  # decide() starts only Migrations whose spec validates
+            return
+        generation = migration.metadata.generation
         attributes: dict[str, str | int] = {
             "ferry.namespace": ref.namespace,
             "ferry.migration": ref.name,
             "ferry.generation": generation,
         }
         with _tracer.start_as_current_span("ferry.watcher.start_migration", attributes=attributes):
-            await ensure_started(self._client, ref, generation, spec, self._settings.task_queue)
-        self._metrics.event_to_start.record(time.monotonic() - received)
-        self._remember_started(workflow_id(ref))
+            created = await ensure_started(self._client, ref, generation, migration.spec, self._settings.task_queue)
+        if created:
+            self._metrics.event_to_start.record(time.monotonic() - received)
+        await self._writer.record_workflow(migration, workflow_id(ref))
 
-    async def _spec(self, obj: dict[str, Any], ref: MigrationRef) -> MigrationSpec | None:
-        try:
-            return MigrationSpec.model_validate(obj.get("spec") or {})
-        except ValidationError as error:
-            # The CRD's schema should have refused it; an older CRD may not have.
-            problems = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-            message = f"ferry cannot run this Migration: {problems}. Fix the spec (or re-create the Migration)."
-            generation = obj["metadata"].get("generation")
-            await asyncio.to_thread(
-                self._writer.event, ref, EventType.WARNING, "InvalidSpec", message, key=f"invalid-spec.{generation}"
-            )
-            await asyncio.to_thread(self._writer.patch_status, ref, {"phase": Phase.FAILED.value, "message": message})
-            return None
+    async def _reject(self, migration: Migration, ref: MigrationRef, problems: str) -> None:
+        """A spec the CRD's schema should have refused (an older CRD may not have): Failed, saying why."""
+        message = f"ferry cannot run this Migration: {problems}. Fix the spec (or re-create the Migration)."
+        key = f"invalid-spec.{migration.metadata.generation}"
+        await self._writer.event(ref, EventType.WARNING, "InvalidSpec", message, key=key)
+        await self._writer.patch_status(ref, {"phase": Phase.FAILED.value, "message": message})
 
-    async def _apply_controls(self, obj: dict[str, Any], ref: MigrationRef) -> None:
-        for item in controls.pending(obj):
-            key = f"{item.key}={item.value}"
-            if isinstance(item, controls.Rejection):
-                await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "InvalidControl", item.why, key=key)
-                await self._acknowledge(ref, item.key, item.value, item.why)
-                continue
-            accepted, message = await self._send(ref, item)
-            kind, reason = (EventType.NORMAL, "ControlAccepted") if accepted else (EventType.WARNING, "ControlRefused")
-            await asyncio.to_thread(self._writer.event, ref, kind, reason, f"{item.key}: {message}", key=key)
-            await self._acknowledge(ref, item.key, item.value, message)
-            log.info("Migration %s: %s: %s", ref, item.key, message)
+    async def _apply_control(self, ref: MigrationRef, item: controls.Control | controls.Rejection) -> None:
+        key = f"{item.key}={item.value}"
+        if isinstance(item, controls.Rejection):
+            await self._writer.event(ref, EventType.WARNING, "InvalidControl", item.why, key=key)
+            await self._writer.acknowledge(ref, item.key, item.value, item.why)
+            return
+        accepted, message = await self._send(ref, item)
+        kind, reason = (EventType.NORMAL, "ControlAccepted") if accepted else (EventType.WARNING, "ControlRefused")
+        await self._writer.event(ref, kind, reason, f"{item.key}: {message}", key=key)
+        await self._writer.acknowledge(ref, item.key, item.value, message)
+        log.info("Migration %s: %s: %s", ref, item.key, message)
 
     async def _send(self, ref: MigrationRef, item: controls.Control) -> tuple[bool, str]:
         """Sends a control as an update and returns whether the saga took it and what it did (or why not).
@@ -157,29 +156,13 @@ class MigrationHandler:
         by = f" from {item.request.by}" if item.request.by else ""
         return True, f"sent {item.signal.value}{by} to the saga"
 
-    async def _acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
-        await asyncio.to_thread(
-            self._writer.patch_status, ref, {"controls": {"acknowledged": {key: value}, "message": message}}
-        )
-
-    async def _notice_abandoned(self, obj: dict[str, Any], ref: MigrationRef) -> None:
+    async def _notice_abandoned(self, migration: Migration, ref: MigrationRef) -> None:
         """A workflow terminated from outside cannot mirror that; the watcher records it as Abandoned."""
-        handle = self._client.get_workflow_handle(workflow_id(ref))
-        try:
-            description = await handle.describe()
-        except RPCError as error:
-            if error.status == RPCStatusCode.NOT_FOUND:
-                return
-            raise
-        if description.status not in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT):
+        message = await why_abandoned(self._client.get_workflow_handle(workflow_id(ref)))
+        if message is None:
             return
-        how = await _termination(handle) if description.status is WorkflowExecutionStatus.TERMINATED else "timed out"
-        message = (
-            f"abandoned: the workflow was {how}; ferry undid nothing, so the source and the target are as that "
-            "run left them. Inspect them, clean up by hand, then delete this Migration."
-        )
-        await asyncio.to_thread(self._writer.mark_abandoned, obj, message)
-        await asyncio.to_thread(self._writer.event, ref, EventType.WARNING, "Abandoned", message, key="abandoned")
+        await self._writer.mark_abandoned(migration, message)
+        await self._writer.event(ref, EventType.WARNING, "Abandoned", message, key="abandoned")
         log.warning("Migration %s: %s", ref, message)
 
 
@@ -187,16 +170,3 @@ def _no_such_update(failed: WorkflowUpdateFailedError) -> bool:
     """A run without update handlers (the previous saga version) rejects updates by name."""
     cause = failed.cause
     return isinstance(cause, ApplicationError) and "not found" in cause.message and "handler" in cause.message.lower()
-
-
-async def _termination(handle: WorkflowHandle[Any, Any]) -> str:
-    """'terminated by <identity>: <reason>' from the run's last history event."""
-    last = None
-    async for event in handle.fetch_history_events():
-        last = event
-    if last is None or not last.HasField("workflow_execution_terminated_event_attributes"):
-        return "terminated"
-    attributes = last.workflow_execution_terminated_event_attributes
-    who = f" by {attributes.identity}" if attributes.identity else ""
-    why = f" ({attributes.reason})" if attributes.reason else ""
-    return f"terminated from outside{who}{why}"

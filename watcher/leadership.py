@@ -15,11 +15,10 @@ import dataclasses
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
 
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from watcher.kube import Kube, LeaseRecord
 from watcher.settings import LeaseSettings
 
 log = logging.getLogger("ferry.watcher.leadership")
@@ -31,13 +30,13 @@ class LeadershipLost(Exception):
 
 @dataclasses.dataclass
 class _Observed:
-    record: tuple[Any, ...] | None = None
+    record: tuple[object, ...] | None = None
     at: float = 0.0
 
 
 class LeaderElector:
-    def __init__(self, api: k8s.ApiClient, settings: LeaseSettings) -> None:
-        self._coordination = k8s.CoordinationV1Api(api)
+    def __init__(self, kube: Kube, settings: LeaseSettings) -> None:
+        self._kube = kube
         self._settings = settings
         self._observed = _Observed()
 
@@ -50,7 +49,7 @@ class LeaderElector:
         announced = False
         while not stop.is_set():
             try:
-                if await asyncio.to_thread(self._try_acquire_or_renew):
+                if await self._try_acquire_or_renew():
                     log.info("%s leads (Lease %s/%s)", self.identity, self._settings.namespace, self._settings.name)
                     return True
             except ApiException as error:
@@ -72,7 +71,7 @@ class LeaderElector:
             except TimeoutError:
                 pass
             try:
-                renewed = await asyncio.to_thread(self._try_acquire_or_renew)
+                renewed = await self._try_acquire_or_renew()
             except ApiException as error:
                 log.warning("could not renew Lease %s: %s", self._settings.name, error.reason)
                 renewed = False
@@ -84,71 +83,44 @@ class LeaderElector:
                     f"for {self._settings.renew_deadline:.0f}s"
                 )
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Gives the Lease up at once (on a clean shutdown), so a standby takes over without waiting."""
-        try:
-            lease = self._coordination.read_namespaced_lease(self._settings.name, self._settings.namespace)
-        except ApiException:
-            return
-        if lease.spec.holder_identity != self.identity:
-            return
-        lease.spec.holder_identity = None
-        lease.spec.lease_duration_seconds = 1
-        try:
-            self._coordination.replace_namespaced_lease(self._settings.name, self._settings.namespace, lease)
-            log.info("%s released Lease %s", self.identity, self._settings.name)
-        except ApiException as error:
-            log.warning("could not release Lease %s: %s", self._settings.name, error.reason)
-
-    def _try_acquire_or_renew(self) -> bool:
-        now = datetime.now(UTC)
         settings = self._settings
         try:
-            lease = self._coordination.read_namespaced_lease(settings.name, settings.namespace)
+            lease = await self._kube.read_lease(settings.name, settings.namespace)
+            if lease is None or lease.holder != self.identity:
+                return
+            if await self._kube.write_lease(
+                settings.name, settings.namespace, dataclasses.replace(lease, holder=None, duration_seconds=1)
+            ):
+                log.info("%s released Lease %s", self.identity, settings.name)
         except ApiException as error:
-            if error.status != 404:
-                raise
-            return self._create(now)
-        spec = lease.spec
-        record = (spec.holder_identity, spec.renew_time, spec.lease_transitions)
+            log.warning("could not release Lease %s: %s", settings.name, error.reason)
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = datetime.now(UTC)
+        settings = self._settings
+        lease = await self._kube.read_lease(settings.name, settings.namespace)
+        if lease is None:
+            return await self._kube.write_lease(
+                settings.name,
+                settings.namespace,
+                LeaseRecord(self.identity, int(settings.duration), now, now, transitions=0),
+            )
+        record = (lease.holder, lease.renew_time, lease.transitions)
         if record != self._observed.record:
             self._observed = _Observed(record, time.monotonic())
-        holder = spec.holder_identity
-        duration = spec.lease_duration_seconds or settings.duration
+        duration = lease.duration_seconds or settings.duration
         expired = time.monotonic() - self._observed.at > duration
-        if holder and holder != self.identity and not expired:
+        if lease.holder and lease.holder != self.identity and not expired:
             return False
-        if holder != self.identity:
-            spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + 1
-            spec.holder_identity = self.identity
-        spec.renew_time = now
-        spec.lease_duration_seconds = int(settings.duration)
-        try:
-            # The read's resourceVersion rides along: a concurrent write makes this a 409.
-            self._coordination.replace_namespaced_lease(settings.name, settings.namespace, lease)
-        except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
-        self._observed = _Observed((spec.holder_identity, spec.renew_time, spec.lease_transitions), time.monotonic())
-        return True
-
-    def _create(self, now: datetime) -> bool:
-        lease = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(name=self._settings.name, namespace=self._settings.namespace),
-            spec=k8s.V1LeaseSpec(
-                holder_identity=self.identity,
-                lease_duration_seconds=int(self._settings.duration),
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=0,
-            ),
-        )
-        try:
-            self._coordination.create_namespaced_lease(self._settings.namespace, lease)
-        except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
+        if lease.holder != self.identity:
+            lease = dataclasses.replace(
+                lease, holder=self.identity, acquire_time=now, transitions=lease.transitions + 1
+            )
+        lease = dataclasses.replace(lease, renew_time=now, duration_seconds=int(settings.duration))
+        # The read's resourceVersion rides along: a concurrent write makes this a conflict (False).
+        if not await self._kube.write_lease(settings.name, settings.namespace, lease):
+            return False
+        self._observed = _Observed((lease.holder, lease.renew_time, lease.transitions), time.monotonic())
         return True

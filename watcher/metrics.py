@@ -1,23 +1,43 @@
-"""The watcher's metrics, from what it sees of Migrations (names in ferry.observability.metrics)."""
+"""The watcher's metrics, from what it sees of Migrations and what it asks of Temporal (names in
+ferry.observability.metrics).
+
+Temporal calls are counted by a client interceptor, so every call is counted, whichever
+part of the watcher makes it: what a resync costs is a number to read, not to guess.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from temporalio.common import MetricMeter
+from temporalio.client import (
+    CancelWorkflowInput,
+    DescribeWorkflowInput,
+    FetchWorkflowHistoryEventsInput,
+    Interceptor,
+    ListWorkflowsInput,
+    OutboundInterceptor,
+    SignalWorkflowInput,
+    StartWorkflowInput,
+    StartWorkflowUpdateInput,
+    TerminateWorkflowInput,
+    WorkflowExecutionAsyncIterator,
+    WorkflowExecutionDescription,
+    WorkflowHandle,
+    WorkflowHistoryEventAsyncIterator,
+    WorkflowUpdateHandle,
+)
+from temporalio.common import MetricCounter, MetricMeter
 
-from ferry.api.migration import Phase
+from ferry.api.migration import Migration, Phase
 from ferry.observability import metrics as names
-
-
-def _timestamp(raw: str | None) -> float:
-    return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp() if raw else 0.0
 
 
 class WatcherMetrics:
     def __init__(self, meter: MetricMeter) -> None:
         self.events = meter.create_counter(names.WATCHER_EVENTS, "Migration events the watcher received")
+        self.passes = meter.create_counter(names.WATCHER_PASSES, "Passes over a Migration, by what each did")
+        self.temporal_calls = meter.create_counter(names.WATCHER_TEMPORAL_CALLS, "Calls the watcher made to Temporal")
         self.event_to_start = meter.create_histogram_float(
             names.EVENT_TO_START, "From receiving a Migration without a workflow to that workflow existing", "s"
         )
@@ -31,24 +51,23 @@ class WatcherMetrics:
         self._running: set[tuple[str, str, str]] = set()
         self._deleting: set[tuple[str, str]] = set()
 
-    def observe_listing(self, items: list[dict[str, Any]]) -> None:
+    def observe_listing(self, items: list[Migration]) -> None:
         """Updates the gauges from a full list of Migrations (gauges cannot forget a series: they go to 0)."""
-        by_phase = dict.fromkeys((phase.value for phase in Phase), 0)
+        by_phase = dict.fromkeys(Phase, 0)
         running: dict[tuple[str, str, str], float] = {}
         deleting: dict[tuple[str, str], float] = {}
         for item in items:
-            status = item.get("status") or {}
-            phase = status.get("phase") or Phase.PENDING.value
-            by_phase[phase] = by_phase.get(phase, 0) + 1
-            key = (item["metadata"]["namespace"], item["metadata"]["name"])
-            step = status.get("currentStep")
-            if step and status.get("phase") in (Phase.RUNNING.value, Phase.ROLLING_BACK.value):
-                entry: dict[str, Any] = next((s for s in status.get("steps") or [] if s.get("name") == step), {})
-                running[(*key, step)] = _timestamp(entry.get("startedAt"))
-            if (status.get("deletion") or {}).get("waitingSince"):
-                deleting[key] = _timestamp(status["deletion"]["waitingSince"])
+            status = item.status
+            by_phase[status.phase or Phase.PENDING] += 1
+            key = (item.metadata.namespace, item.metadata.name)
+            step = status.current_step
+            if step and status.phase in (Phase.RUNNING, Phase.ROLLING_BACK):
+                entry = next((s for s in status.steps if s.name == step), None)
+                running[(*key, step)] = _timestamp(entry.started_at if entry else None)
+            if status.deletion is not None:
+                deleting[key] = _timestamp(status.deletion.waiting_since)
         for phase, count in by_phase.items():
-            self._migrations.set(count, {"phase": phase})
+            self._migrations.set(count, {"phase": phase.value})
         for namespace, name, step in self._running - running.keys():
             self._step_started.set(0.0, {"namespace": namespace, "name": name, "step": step})
         for (namespace, name, step), started in running.items():
@@ -58,3 +77,60 @@ class WatcherMetrics:
         for (namespace, name), since in deleting.items():
             self._deletion_pending.set(since, {"namespace": namespace, "name": name})
         self._running, self._deleting = set(running), set(deleting)
+
+
+def _timestamp(moment: datetime | None) -> float:
+    return moment.timestamp() if moment else 0.0
+
+
+class CountingInterceptor(Interceptor):
+    """Counts each call the watcher's Temporal client makes, by its name."""
+
+    def __init__(self, counter: MetricCounter) -> None:
+        self._counter = counter
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _Counting(next, self._counter)
+
+
+class _Counting(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, counter: MetricCounter) -> None:
+        super().__init__(next)
+        self._counter = counter
+
+    def _count(self, call: str) -> None:
+        self._counter.add(1, {"call": call})
+
+    async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle[Any, Any]:
+        self._count("start_workflow")
+        return await super().start_workflow(input)
+
+    async def describe_workflow(self, input: DescribeWorkflowInput) -> WorkflowExecutionDescription:
+        self._count("describe_workflow")
+        return await super().describe_workflow(input)
+
+    async def cancel_workflow(self, input: CancelWorkflowInput) -> None:
+        self._count("cancel_workflow")
+        await super().cancel_workflow(input)
+
+    async def terminate_workflow(self, input: TerminateWorkflowInput) -> None:
+        self._count("terminate_workflow")
+        await super().terminate_workflow(input)
+
+    async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+        self._count("signal_workflow")
+        await super().signal_workflow(input)
+
+    async def start_workflow_update(self, input: StartWorkflowUpdateInput) -> WorkflowUpdateHandle[Any]:
+        self._count("start_workflow_update")
+        return await super().start_workflow_update(input)
+
+    def fetch_workflow_history_events(
+        self, input: FetchWorkflowHistoryEventsInput
+    ) -> WorkflowHistoryEventAsyncIterator:
+        self._count("fetch_workflow_history_events")
+        return super().fetch_workflow_history_events(input)
+
+    def list_workflows(self, input: ListWorkflowsInput) -> WorkflowExecutionAsyncIterator:
+        self._count("list_workflows")
+        return super().list_workflows(input)

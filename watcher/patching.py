@@ -1,124 +1,108 @@
-"""The watcher's writes to Migrations: its finalizer, and the status fields it owns.
+"""The watcher's writes to Migrations: its finalizer, its annotation, the status fields it owns, its Events.
 
 Finalizer changes are merge patches carrying the resourceVersion they were computed
-from, retried from a fresh read on 409, so no other finalizer is ever lost. The
+from, retried from a fresh read on a conflict, so no other finalizer is ever lost. The
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
 saga's fields as they are; only an Abandoned Migration gets its phase from the watcher,
 because then no workflow is left to write it.
+
+The writer remembers, until the pass asks (`take_written`), the resourceVersions its
+writes produced: a state of the Migration that the pass's own later write superseded
+need not be handled again (see watcher/dispatching.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
-
-from activities.events import record_event
-from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, Condition, EventType, Phase
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, DeletionStatus, EventType, Migration, Phase
 from ferry.api.saga import MigrationRef
+from watcher.decisions import ref_of
+from watcher.kube import Conflict, Kube
 from workflows.status import conditions_for
 
 log = logging.getLogger("ferry.watcher.patching")
 
-MERGE_PATCH = "application/merge-patch+json"
-FIELD_MANAGER = "ferry-watcher"
-"""The watcher's field manager: it owns status.controls and status.deletion (the saga owns the rest)."""
-COMPONENT = "ferry.dev/watcher"
 CONFLICT_ATTEMPTS = 10
-
-
-def ref_of(obj: dict[str, Any]) -> MigrationRef:
-    metadata = obj["metadata"]
-    return MigrationRef(namespace=metadata["namespace"], name=metadata["name"], uid=metadata["uid"])
 
 
 class MigrationWriter:
     """Writes to Migration objects on behalf of the watcher."""
 
-    def __init__(self, api: k8s.ApiClient, identity: str) -> None:
-        self._custom = k8s.CustomObjectsApi(api)
-        self._core = k8s.CoreV1Api(api)
-        self._identity = identity
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self._written: dict[str, list[str]] = {}
 
-    def read(self, ref: MigrationRef) -> dict[str, Any] | None:
-        """The Migration as it is now; None when it is gone or was re-created (another UID)."""
-        try:
-            obj: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return obj if obj["metadata"]["uid"] == ref.uid else None
+    def take_written(self, ref: MigrationRef) -> list[str]:
+        """The resourceVersions the writes to this Migration produced since the last call, in order."""
+        return self._written.pop(ref.uid, [])
 
-    def add_finalizer(self, obj: dict[str, Any]) -> None:
-        self._change_finalizers(obj, add=True)
+    def _wrote(self, ref: MigrationRef, migration: Migration | None) -> None:
+        if migration is not None:
+            self._written.setdefault(ref.uid, []).append(migration.metadata.resource_version)
 
-    def remove_finalizer(self, obj: dict[str, Any]) -> None:
-        self._change_finalizers(obj, add=False)
+    async def add_finalizer(self, migration: Migration) -> None:
+        await self._change_finalizers(migration, add=True)
 
-    def _change_finalizers(self, seen: dict[str, Any], *, add: bool) -> None:
+    async def remove_finalizer(self, migration: Migration) -> None:
+        await self._change_finalizers(migration, add=False)
+
+    async def _change_finalizers(self, seen: Migration, *, add: bool) -> None:
         """Starts from the object as the watch delivered it; re-reads only after a conflict."""
         ref = ref_of(seen)
-        obj: dict[str, Any] | None = seen
+        migration: Migration | None = seen
         for _ in range(CONFLICT_ATTEMPTS):
-            if obj is None:
+            if migration is None:
                 return
-            finalizers: list[str] = obj["metadata"].get("finalizers") or []
+            finalizers = migration.metadata.finalizers
             if (FINALIZER in finalizers) == add:
                 return
             wanted = [*finalizers, FINALIZER] if add else [f for f in finalizers if f != FINALIZER]
-            patch = {"metadata": {"finalizers": wanted, "resourceVersion": obj["metadata"]["resourceVersion"]}}
+            patch = {"metadata": {"finalizers": wanted, "resourceVersion": migration.metadata.resource_version}}
             try:
-                self._custom.patch_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    ref.namespace,
-                    PLURAL,
-                    ref.name,
-                    patch,
-                    field_manager=FIELD_MANAGER,
-                    _content_type=MERGE_PATCH,
-                )
-                log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
-                return
-            except ApiException as error:
-                if error.status == 404:
-                    return
-                if error.status != 409:
-                    raise
-            obj = self.read(ref)
+                self._wrote(ref, await self._kube.patch_migration(ref, patch))
+            except Conflict:
+                migration = await self._kube.read_migration(ref)
+                continue
+            log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
+            return
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
 
-    def patch_status(self, ref: MigrationRef, status: dict[str, Any]) -> None:
-        """Merge-patches the given status fields; a missing Migration is left alone."""
-        try:
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                ref.namespace,
-                PLURAL,
-                ref.name,
-                {"status": status},
-                field_manager=FIELD_MANAGER,
-                _content_type=MERGE_PATCH,
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+    async def record_workflow(self, migration: Migration, workflow_id: str) -> None:
+        """Annotates the Migration with the ID of its workflow, which exists now (see WORKFLOW_ANNOTATION).
 
-    def mark_abandoned(self, obj: dict[str, Any], message: str) -> None:
+        A Migration created again under the same name meanwhile may get it too: harmless, since
+        its own workflow has another ID (another uid), which is what the annotation is compared with.
+        """
+        if migration.metadata.annotations.get(WORKFLOW_ANNOTATION) == workflow_id:
+            return
+        ref = ref_of(migration)
+        self._wrote(
+            ref,
+            await self._kube.patch_migration(ref, {"metadata": {"annotations": {WORKFLOW_ANNOTATION: workflow_id}}}),
+        )
+
+    async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
+        """Merge-patches the given status fields (the watcher's own); a missing Migration is left alone."""
+        self._wrote(ref, await self._kube.patch_status(ref, fields))
+
+    async def acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
+        """Records in status.controls that the control `key=value` was acted on (or refused), and how."""
+        await self.patch_status(ref, {"controls": {"acknowledged": {key: value}, "message": message}})
+
+    async def waiting_for_deletion(self, ref: MigrationRef, deletion: DeletionStatus) -> None:
+        await self.patch_status(ref, {"deletion": deletion.model_dump(mode="json", by_alias=True)})
+
+    async def mark_abandoned(self, migration: Migration, message: str) -> None:
         """Sets phase Abandoned: the workflow ended without finishing the Migration (it was terminated)."""
-        status = obj.get("status") or {}
-        previous = {raw["type"]: Condition.model_validate(raw) for raw in status.get("conditions") or []}
-        generation = obj["metadata"].get("generation")
+        previous = {condition.type: condition for condition in migration.status.conditions}
+        generation = migration.metadata.generation
         conditions = conditions_for(Phase.ABANDONED, message, generation, previous, datetime.now(UTC))
-        self.patch_status(
-            ref_of(obj),
+        await self.patch_status(
+            ref_of(migration),
             {
                 "phase": Phase.ABANDONED.value,
                 "currentStep": None,
@@ -129,15 +113,6 @@ class MigrationWriter:
             },
         )
 
-    def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
+    async def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
         """Records a watcher Event once per key (a relist does not record it again)."""
-        record_event(
-            self._core,
-            ref,
-            type=kind,
-            reason=reason,
-            message=message,
-            key=f"watcher.{key}",
-            component=COMPONENT,
-            instance=self._identity,
-        )
+        await self._kube.record_event(ref, kind, reason, message, key)

@@ -1,10 +1,11 @@
 """Starts the one workflow of a Migration, however often it is asked to.
 
 The workflow ID is derived from the Migration's namespace, name and UID. Starting uses
-ID conflict policy USE_EXISTING (a running workflow with that ID is simply returned)
-and ID reuse policy REJECT_DUPLICATE (a closed one is never started again), so a
-duplicate event, a relist, a restarted or a second watcher cannot make a second run.
-A Migration deleted and created again has a new UID, hence a new workflow.
+ID conflict policy FAIL and ID reuse policy REJECT_DUPLICATE: whether a run with that ID
+is running or closed, no second one starts, and Temporal says so, which tells the
+watcher whether this call created the run. A duplicate event, a relist, a restarted or
+a second watcher cannot make a second run. A Migration deleted and created again has a
+new UID, hence a new workflow.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ log = logging.getLogger("ferry.watcher.starting")
 
 async def ensure_started(
     client: Client, ref: MigrationRef, generation: int, spec: MigrationSpec, task_queue: str
-) -> None:
-    """Makes sure the Migration's workflow exists (started now, running, or finished)."""
+) -> bool:
+    """Makes sure the Migration's workflow exists; True when this call started it, False when it existed."""
     source, target = spec.source.stateful_set, spec.target.stateful_set
     try:
         await client.start_workflow(
@@ -39,7 +40,7 @@ async def ensure_started(
             MigrationInput(ref=ref, generation=generation, spec=spec),
             id=workflow_id(ref),
             task_queue=task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=TypedSearchAttributes(
                 [
@@ -57,7 +58,7 @@ async def ensure_started(
             ),
         )
     except WorkflowAlreadyStartedError:
-        # REJECT_DUPLICATE: the Migration's workflow ran and closed already.
-        log.debug("workflow of Migration %s has finished already", ref)
-        return
-    log.debug("workflow %s of Migration %s is running", workflow_id(ref), ref)
+        log.debug("workflow %s of Migration %s exists already", workflow_id(ref), ref)
+        return False
+    log.debug("workflow %s of Migration %s started", workflow_id(ref), ref)
+    return True

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 GROUP = "ferry.dev"
@@ -26,6 +27,11 @@ SHORT_NAMES = ("mig",)
 
 FINALIZER = f"{GROUP}/migration"
 """Held on every Migration while ferry still has work to do for it (undo, retention cleanup)."""
+
+WORKFLOW_ANNOTATION = f"watcher.{GROUP}/workflow"
+"""The ID of the Migration's workflow, written by the watcher once that workflow exists. With status.workflow
+(which the saga writes at its first status mirror) it tells any watcher, without asking Temporal, that the
+workflow need not be started again, even while no worker runs it yet."""
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MIGRATION_LABEL = f"{GROUP}/migration"
@@ -373,10 +379,8 @@ class SnapshotStatus(ApiModel):
 
 
 CONTROL_PREFIX = f"{GROUP}/"
-"""Annotations `ferry.dev/<control>` are kubectl controls, e.g. `ferry.dev/approve=alice`."""
-
-CONTROLS = ("approve", "pause", "resume", "retry", "rollback")
-"""The controls a person can give with an annotation (or as a signal from tctl or the temporal CLI)."""
+"""Annotations `ferry.dev/<control>` are kubectl controls, e.g. `ferry.dev/approve=alice`; the controls are
+ferry.api.saga.Signal's values."""
 
 
 class ControlsStatus(ApiModel):
@@ -422,11 +426,64 @@ class MigrationStatus(ApiModel):
     deletion: DeletionStatus | None = None
 
 
+# --- the object ----------------------------------------------------------------------------
+
+
+_Part = TypeVar("_Part", bound=ApiModel)
+
+
+class ObjectMeta(ApiModel):
+    """The metadata of an object, as far as ferry reads it."""
+
+    name: str
+    namespace: str = ""
+    uid: str
+    generation: int = 1
+    resource_version: str = ""
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+    """Set once a deletion was asked for; the object stays while it has finalizers."""
+    finalizers: list[str] = Field(default_factory=list)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
 class Migration(ApiModel):
-    """A whole Migration object as read from the API server."""
+    """A whole Migration object as read from the API server; `parse` reads one whatever its spec says."""
 
     api_version: Literal["ferry.dev/v1alpha1"] = "ferry.dev/v1alpha1"
     kind: Literal["Migration"] = "Migration"
-    metadata: dict[str, Any]
-    spec: MigrationSpec
-    status: MigrationStatus | None = None
+    metadata: ObjectMeta
+    spec: MigrationSpec | None = None
+    """None when the spec does not validate (an older CRD may have let it through): `spec_problem` says why."""
+    status: MigrationStatus = Field(default_factory=MigrationStatus)
+    spec_problem: str | None = Field(default=None, exclude=True)
+    """What is wrong with the spec, one `spec.<field>: <message>` per problem, joined by '; '."""
+    status_problem: str | None = Field(default=None, exclude=True)
+    """What is wrong with the status, if it does not validate; `status` is then empty."""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Migration:
+        """Reads an object from the API server. Metadata must validate (a ValidationError says it does not);
+        the spec and the status are read on their own, so a bad one is recorded, not raised."""
+        metadata = ObjectMeta.model_validate(raw["metadata"])
+        spec, spec_problem = _part(MigrationSpec, raw.get("spec") or {}, "spec")
+        status, status_problem = _part(MigrationStatus, raw.get("status") or {}, "status")
+        return cls(
+            metadata=metadata,
+            spec=spec,
+            status=status or MigrationStatus(),
+            spec_problem=spec_problem,
+            status_problem=status_problem,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status.phase is not None and self.status.phase.finished
+
+
+def _part(model: type[_Part], raw: object, where: str) -> tuple[_Part | None, str | None]:
+    try:
+        return model.model_validate(raw), None
+    except ValidationError as error:
+        return None, "; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())

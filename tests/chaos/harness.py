@@ -35,10 +35,10 @@ import psycopg
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from ferry.api.saga import MigrationRef, MigrationResult, snapshot_key, undo_workflow_id, workflow_id
+from ferry.clients import TemporalSettings, connect_temporal
 from ferry.stack.postgres import PostgresEndpoint
 from ferry.stack.stack import Stack, StackInfo
 from tests import samples
@@ -535,7 +535,7 @@ class ChaosRun:
             deadline = time.monotonic() + 120
             while True:
                 try:
-                    client = await Client.connect(self.temporal_address, data_converter=pydantic_data_converter)
+                    client = await connect_temporal(TemporalSettings(address=self.temporal_address))
                     break
                 except RuntimeError:
                     if time.monotonic() > deadline:

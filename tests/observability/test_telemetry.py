@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ferry.api.saga import WORKFLOW_NAME
 from ferry.observability.logs import JsonFormatter
 from ferry.observability.settings import ObservabilitySettings
 from ferry.observability.tracing import TracingSettings
@@ -124,8 +125,8 @@ async def test_one_trace_runs_from_the_watchers_event_to_the_last_activity(
     parentless = [span["name"] for span in tree if span.get("parent_id") not in ids]
     assert parentless == ["ferry.watcher.start_migration"]
     names = {span["name"] for span in tree}
-    assert "StartWorkflow:Migration" in names
-    assert "RunWorkflow:Migration" in names
+    assert f"StartWorkflow:{WORKFLOW_NAME}" in names
+    assert f"RunWorkflow:{WORKFLOW_NAME}" in names
     for activity in ("provision", "postgresql.snapshot", "postgresql.verify", "switch_traffic", "scale_down_old"):
         assert f"RunActivity:{activity}" in names
     assert uid in json.dumps(tree)

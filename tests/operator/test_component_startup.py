@@ -22,10 +22,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import MigrationInput, MigrationRef
+from ferry.clients import TemporalSettings, connect_temporal
 from ferry.stack.install import Binaries
 from ferry.stack.readiness import LOOPBACK, PortBook, free_port
 from ferry.stack.stack import StackInfo
@@ -141,7 +141,7 @@ async def test_the_worker_and_the_watcher_started_before_temporal_wait_for_it_th
             assert len(_lines(process, f"connected to Temporal at {late_temporal.address}")) == 1, process.log()
 
         # The worker polls: a run started on its task queue gets its first workflow task done by it.
-        client = await Client.connect(late_temporal.address, data_converter=pydantic_data_converter)
+        client = await connect_temporal(TemporalSettings(address=late_temporal.address))
         ref = MigrationRef(namespace=namespace, name="late", uid=str(uuid.uuid4()))
         spec = MigrationSpec.model_validate(samples.migration("late")["spec"])
         run = MigrationInput(ref=ref, generation=1, spec=spec)

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import config as k8s_config
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import MIB, DataActivitySettings
+from ferry.clients import TemporalSettings, connect_temporal
 from ferry.stack.stack import StackInfo
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 
@@ -39,8 +38,8 @@ def _die_once_uploading(details: dict[str, Any]) -> None:
 
 async def _run(info: StackInfo, task_queue: str, bindir: Path) -> None:
     assert info.temporal_address is not None
-    client = await Client.connect(
-        info.temporal_address, namespace=info.temporal_namespace or "default", data_converter=pydantic_data_converter
+    client = await connect_temporal(
+        TemporalSettings(address=info.temporal_address, namespace=info.temporal_namespace or "default")
     )
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
     settings = DataActivitySettings(postgres_bindir=bindir, part_size=5 * MIB, upload_concurrency=2)

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from temporalio.client import Client
 
+from ferry.clients import TemporalSettings, connect_temporal
 from ferry.stack.install import Binaries
 from ferry.stack.processes import group_members, processes_under
 from ferry.stack.stack import Stack
@@ -62,7 +62,7 @@ async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown
             "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="survivor"), data={"marker": marker})
         )
         api.close()
-        temporal = await Client.connect(str(info.temporal_address))
+        temporal = await connect_temporal(TemporalSettings(address=str(info.temporal_address)))
         await temporal.start_workflow("NeverRuns", id=f"survivor-{marker}", task_queue="nobody-polls")
     finally:
         stack.stop()
@@ -75,7 +75,7 @@ async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown
         api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
         config_map = k8s.CoreV1Api(api).read_namespaced_config_map("survivor", "default")
         api.close()
-        temporal = await Client.connect(str(info.temporal_address))
+        temporal = await connect_temporal(TemporalSettings(address=str(info.temporal_address)))
         described = await temporal.get_workflow_handle(f"survivor-{marker}").describe()
         pids = {int(entry) for entry in _recorded_pids(own_state_dir)}
     finally:

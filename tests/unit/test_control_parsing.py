@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.api.migration import Migration
 from ferry.api.saga import Signal
+from tests import samples
 from watcher import controls
 
 
-def migration(annotations: dict[str, str], *, generation: int = 1, **status: Any) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "m",
-            "namespace": "shop",
-            "uid": "u",
-            "generation": generation,
-            "annotations": annotations,
-        },
-        "spec": {"paused": status.pop("paused", False)},
-        "status": status,
+def migration(annotations: dict[str, str], *, generation: int = 1, **status: Any) -> Migration:
+    raw = samples.migration("m", paused=status.pop("paused", False))
+    raw["metadata"] = {
+        "name": "m",
+        "namespace": "shop",
+        "uid": "u",
+        "generation": generation,
+        "annotations": annotations,
     }
+    return Migration.parse({**raw, "status": status})
 
 
 def test_a_control_names_who_asked_and_why() -> None:

@@ -20,13 +20,13 @@ import pytest
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from ferry.api import search_attributes
 from ferry.api.migration import MigrationSpec, MigrationStatus
 from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from ferry.clients import data_converter
 from tests import samples
 from tests.workflows.fakes import FakeSaga
 from workflows.migration import MigrationWorkflow
@@ -38,7 +38,7 @@ HISTORIES = Path(__file__).parent / "histories"
 async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     server = Path(sys.executable).parent / "temporal-test-server"
     env = await WorkflowEnvironment.start_time_skipping(
-        data_converter=pydantic_data_converter, test_server_existing_path=str(server)
+        data_converter=data_converter(), test_server_existing_path=str(server)
     )
     await env.client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from ferry.api.migration import Phase
 from ferry.api.saga import WORKFLOW_NAME, ControlRequest, Signal
+from ferry.clients import data_converter
 from tests.workflows.conftest import HISTORIES, migration_input
 from tests.workflows.fakes import FREEZE, PROVISION, FakeSaga
 from workflows.legacy import WORKFLOW_NAME_V1, MigrationWorkflowV1
@@ -36,7 +36,7 @@ def test_there_are_recorded_histories_of_both_versions_to_replay() -> None:
 async def test_recorded_history_replays_without_nondeterminism(history: Path) -> None:
     replayer = Replayer(
         workflows=[MigrationWorkflowV1, MigrationWorkflow, MigrationUndoWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(),
     )
     recorded = WorkflowHistory.from_json(f"migration/{history.stem}", history.read_text())  # noqa: ASYNC240
 

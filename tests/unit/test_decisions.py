@@ -1,0 +1,128 @@
+"""What one pass of the watcher does with a Migration, decided from the object alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
+from ferry.api.saga import Signal
+from tests import samples
+from watcher.controls import Control
+from watcher.decisions import NOTHING, Action, decide, handling_order, started
+
+UID = "0b7c"
+WORKFLOW = f"migration/shop/orders-db-to-16/{UID}"
+
+
+def migration(
+    *, finalizers: tuple[str, ...] = (FINALIZER,), annotations: dict[str, str] | None = None,
+    deleted: bool = False, spec: dict[str, Any] | None = None, **status: Any,
+) -> Migration:  # fmt: skip
+    raw = samples.migration("orders-db-to-16")
+    raw["metadata"] = {
+        "name": "orders-db-to-16", "namespace": "shop", "uid": UID, "generation": 1, "resourceVersion": "1",
+        "finalizers": list(finalizers), "annotations": annotations or {},
+    }  # fmt: skip
+    if deleted:
+        raw["metadata"]["deletionTimestamp"] = "2026-11-22T12:30:00Z"
+    if spec is not None:
+        raw["spec"] = spec
+    return Migration.parse({**raw, "status": status})
+
+
+RUNNING = {"phase": "Running", "workflow": {"namespace": "default", "id": WORKFLOW}}
+
+
+def test_a_new_migration_gets_the_finalizer_and_its_workflow_before_anything_else() -> None:
+    action = decide(migration(finalizers=()))
+
+    assert action == Action(add_finalizer=True, start=True)
+    assert action.urgent
+    assert action.summary == "finalizer+start"
+
+
+def test_a_migration_whose_status_names_its_workflow_costs_nothing() -> None:
+    assert decide(migration(**RUNNING)) == NOTHING
+
+
+def test_the_watchers_annotation_says_the_workflow_exists_before_the_saga_wrote_any_status() -> None:
+    annotated = migration(annotations={WORKFLOW_ANNOTATION: WORKFLOW})
+
+    assert started(annotated)
+    assert decide(annotated).nothing
+
+
+def test_a_workflow_of_an_earlier_migration_with_the_same_name_does_not_count() -> None:
+    earlier = "migration/shop/orders-db-to-16/another-uid"
+    created_again = migration(
+        annotations={WORKFLOW_ANNOTATION: earlier}, phase="Running", workflow={"namespace": "default", "id": earlier}
+    )
+
+    assert decide(created_again).start
+
+
+def test_a_finished_migration_costs_nothing_even_without_the_finalizer() -> None:
+    for phase in ("Succeeded", "RolledBack", "Failed", "Abandoned"):
+        assert decide(migration(finalizers=(), phase=phase)).nothing, phase
+
+
+def test_a_finished_migration_with_a_new_control_only_acknowledges_it() -> None:
+    action = decide(migration(annotations={"ferry.dev/retry": "bob"}, phase="Succeeded"))
+
+    [control] = action.controls
+    assert isinstance(control, Control)
+    assert control.signal is Signal.RETRY
+    assert action.summary == "controls"
+
+
+def test_an_acknowledged_control_is_not_given_again() -> None:
+    acknowledged = {"acknowledged": {"ferry.dev/retry": "bob"}}
+    given = migration(annotations={"ferry.dev/retry": "bob"}, controls=acknowledged, **RUNNING)
+
+    assert decide(given).nothing
+
+
+def test_a_deleted_migration_goes_to_the_deletion_handler_while_it_holds_the_finalizer() -> None:
+    assert decide(migration(deleted=True, **RUNNING)) == Action(deletion=True)
+    assert decide(migration(deleted=True, finalizers=("example.com/other",), **RUNNING)).nothing
+
+
+def test_a_migration_the_watch_saw_go_needs_nothing() -> None:
+    assert decide(migration(finalizers=()), gone=True).nothing
+
+
+def test_an_invalid_spec_fails_the_migration_once() -> None:
+    spec = samples.migration()["spec"]
+    del spec["target"]["image"]
+
+    action = decide(migration(spec=spec, finalizers=()))
+
+    assert action.invalid_spec is not None
+    assert "spec.target.image: Field required" in action.invalid_spec
+    assert not action.start
+    assert decide(migration(spec=spec, phase="Failed")).nothing
+
+
+def test_a_run_ended_from_outside_is_checked_only_while_the_status_is_not_finished() -> None:
+    assert decide(migration(**RUNNING), run_closed=True) == Action(check_run=True)
+    assert decide(migration(phase="Abandoned"), run_closed=True).nothing
+
+
+def test_a_list_hands_over_the_migrations_no_workflow_has_taken_first_and_keeps_its_order_otherwise() -> None:
+    def named(name: str, **status: Any) -> Migration:
+        raw = migration(**status).model_dump(mode="json", by_alias=True)
+        raw["metadata"].update(name=name, uid=name)
+        return Migration.parse({**raw, "spec": samples.migration()["spec"]})
+
+    listed = [
+        named("a", phase="Succeeded"),
+        named("b", phase="Running", workflow={"namespace": "default", "id": "migration/shop/b/b"}),
+        named("new"),
+        named("c", phase="Failed"),
+    ]
+
+    order = handling_order(listed, ended=frozenset({"migration/shop/b/b"}))
+
+    assert [(item.metadata.name, ended) for item, ended in order] == [
+        ("new", False), ("a", False), ("b", True), ("c", False),
+    ]  # fmt: skip

@@ -1,0 +1,189 @@
+"""What a resync costs: nothing per Migration that needs nothing, whatever their number (issue #17).
+
+Counted, not timed: the watcher's own counters (passes over a Migration by what each did,
+calls to Temporal by name, from its /metrics) and the Migrations' resourceVersions, which
+any write would change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import re
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.client import Client
+
+from ferry.api.migration import WORKFLOW_ANNOTATION
+from ferry.api.saga import MigrationRef, workflow_id
+from ferry.observability.settings import ObservabilitySettings
+from ferry.stack.readiness import free_port
+from ferry.stack.stack import StackInfo
+from tests.end_to_end import eventually, migration_manifest, watcher_settings
+from tests.watcher.conftest import has_workflow
+from watcher import runner
+
+COUNT = 30
+GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
+
+
+@dataclasses.dataclass
+class Counters:
+    """What the watcher's /metrics says it did."""
+
+    passes: dict[str, float]
+    """Passes over a Migration, by action (`nothing`, `finalizer+start`, ...)."""
+    calls: dict[str, float]
+    """Calls to Temporal, by name."""
+
+    def calls_but(self, call: str) -> float:
+        return sum(count for name, count in self.calls.items() if name != call)
+
+
+def _scrape(url: str) -> Counters:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+
+    def by(name: str, label: str) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+            value = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))[label]
+            found[value] = found.get(value, 0.0) + float(match.group(2))
+        return found
+
+    return Counters(by("ferry_watcher_passes_total", "action"), by("ferry_watcher_temporal_calls_total", "call"))
+
+
+Watch = Callable[[], contextlib.AbstractAsyncContextManager[Callable[[], Counters]]]
+"""Runs a watcher while the block runs; the block gets a reader of its counters."""
+
+
+@pytest.fixture
+def counted_watcher(stack: StackInfo, task_queue: str, namespace: str) -> Watch:
+    """Runs ferry's watcher in this process with a metrics endpoint; yields a reader of its counters."""
+
+    @contextlib.asynccontextmanager
+    async def watching() -> AsyncIterator[Callable[[], Counters]]:
+        address = f"127.0.0.1:{free_port()}"
+        settings = dataclasses.replace(
+            watcher_settings(stack, task_queue, namespace),
+            observability=ObservabilitySettings(metrics_address=address),
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(runner.run(settings, stop=stop))
+
+        def read() -> Counters:
+            return _scrape(f"http://{address}/metrics")
+
+        async def answers() -> bool:
+            try:
+                await asyncio.to_thread(read)
+            except urllib.error.URLError:
+                return False
+            return True
+
+        try:
+            await eventually("the watcher's metrics endpoint", answers)
+            yield read
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, timeout=30)
+
+    return watching
+
+
+def _create(custom: k8s.CustomObjectsApi, stack: StackInfo, namespace: str, name: str) -> MigrationRef:
+    created = custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, migration_manifest(stack, "snapshots", name=name)
+    )
+    return MigrationRef(namespace=namespace, name=name, uid=created["metadata"]["uid"])
+
+
+def _objects(custom: k8s.CustomObjectsApi, namespace: str) -> dict[str, dict[str, Any]]:
+    listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    return {item["metadata"]["name"]: item for item in listed["items"]}
+
+
+def _versions(custom: k8s.CustomObjectsApi, namespace: str) -> dict[str, str]:
+    return {name: item["metadata"]["resourceVersion"] for name, item in _objects(custom, namespace).items()}
+
+
+async def _passes(read: Callable[[], Counters], action: str, at_least: float) -> bool:
+    return (await asyncio.to_thread(read)).passes.get(action, 0.0) >= at_least
+
+
+async def test_a_resync_of_finished_migrations_calls_temporal_only_for_its_one_query_and_writes_nothing(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    counted_watcher: Watch,
+) -> None:  # fmt: skip
+    custom = k8s.CustomObjectsApi(kube_api)
+    for index in range(COUNT):
+        ref = _create(custom, stack, namespace, f"done-{index:02d}")
+        # Finished, as the saga's last status mirror leaves a Migration.
+        status = {
+            "phase": "Succeeded",
+            "observedGeneration": 1,
+            "workflow": {"namespace": "default", "id": workflow_id(ref)},
+        }
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": status},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+    before = _versions(custom, namespace)
+
+    async with counted_watcher() as read:
+        # The first list, then two resyncs (every 2s), each a pass over every Migration that does nothing.
+        await eventually(
+            "three passes over every finished Migration", lambda: _passes(read, "nothing", 3 * COUNT),
+            seen=lambda: str(read()),
+        )  # fmt: skip
+        counted = await asyncio.to_thread(read)
+        assert counted.calls_but("list_workflows") == 0, counted.calls
+        assert counted.calls.get("list_workflows", 0) >= 2  # one query per resync, whatever the count
+        assert set(counted.passes) == {"nothing"}
+        assert _versions(custom, namespace) == before  # no finalizer, no status, no annotation: no write
+
+        # The watcher still acts on a new Migration: one start, for it alone.
+        new = _create(custom, stack, namespace, "new")
+        await eventually("the new Migration's workflow", lambda: has_workflow(temporal_client, new))
+        await eventually("the new Migration's annotation", lambda: _annotated(custom, namespace, new))
+        assert (await asyncio.to_thread(read)).calls.get("start_workflow") == 1
+    await temporal_client.get_workflow_handle(workflow_id(new)).terminate("test finished")
+
+
+async def _annotated(custom: k8s.CustomObjectsApi, namespace: str, ref: MigrationRef) -> bool:
+    item = (await asyncio.to_thread(_objects, custom, namespace))[ref.name]
+    return bool((item["metadata"].get("annotations") or {}).get(WORKFLOW_ANNOTATION) == workflow_id(ref))
+
+
+async def test_a_restarted_watcher_starts_nothing_again_for_migrations_whose_workflows_exist_with_no_worker_running(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    counted_watcher: Watch,
+) -> None:  # fmt: skip
+    """No worker runs them, so no status says they started: the watcher's annotation does (it was 10,000 start
+    calls per resync once a bounded cache of started IDs overflowed)."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    refs = [_create(custom, stack, namespace, f"waiting-{index:02d}") for index in range(COUNT)]
+    async with counted_watcher():
+        for ref in refs:
+            await eventually(f"the annotation of {ref.name}", lambda ref=ref: _annotated(custom, namespace, ref))
+    before = _versions(custom, namespace)
+
+    async with counted_watcher() as read:
+        await eventually(
+            "three passes over every started Migration", lambda: _passes(read, "nothing", 3 * COUNT),
+            seen=lambda: str(read()),
+        )  # fmt: skip
+        counted = await asyncio.to_thread(read)
+        assert counted.calls_but("list_workflows") == 0, counted.calls
+        assert set(counted.passes) == {"nothing"}
+        assert _versions(custom, namespace) == before
+    for ref in refs:
+        assert await has_workflow(temporal_client, ref)
+        await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")

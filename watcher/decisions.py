@@ -1,0 +1,113 @@
+"""What one pass over a Migration does, decided from the object alone: a pure function, tested without a cluster.
+
+Everything a decision needs is durable and in the object: its deletionTimestamp and
+finalizers, its spec, its status (phase, status.workflow, acknowledged controls) and the
+watcher's annotation naming the workflow it started. Nothing is remembered between
+passes, so a restarted or another watcher decides the same. The one outside fact is a
+hint from the resync's single visibility query: "this Migration's run closed
+Terminated or TimedOut" (see watcher/abandoned.py).
+
+A finished Migration that is not being deleted and has no new control decides
+`nothing`: a resync costs it neither a Temporal call nor an API write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
+from ferry.api.saga import MigrationRef, workflow_id
+from watcher.controls import Control, Rejection, pending
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """The work of one pass, in the order the handler does it; all empty means nothing to do."""
+
+    deletion: bool = False
+    """Deleted and still holding ferry's finalizer: the deletion handler decides when to let it go."""
+    invalid_spec: str | None = None
+    """The spec does not validate (an older CRD let it through): a Warning Event and phase Failed, saying why."""
+    add_finalizer: bool = False
+    start: bool = False
+    """Neither status.workflow nor the watcher's annotation names the workflow: start it (once, by its ID)."""
+    controls: tuple[Control | Rejection, ...] = ()
+    check_run: bool = False
+    """The resync's query saw the run closed Terminated or TimedOut while the status is not finished."""
+
+    @property
+    def nothing(self) -> bool:
+        return self == NOTHING
+
+    @property
+    def urgent(self) -> bool:
+        """A Migration no workflow has taken yet: handled before the others a list brings."""
+        return self.start or self.invalid_spec is not None
+
+    @property
+    def summary(self) -> str:
+        """What the pass does, e.g. `finalizer+start`, or `nothing` (a metric label, so a small set)."""
+        parts = [
+            name
+            for name, wanted in (
+                ("deletion", self.deletion),
+                ("invalid-spec", self.invalid_spec is not None),
+                ("finalizer", self.add_finalizer),
+                ("start", self.start),
+                ("controls", bool(self.controls)),
+                ("check-run", self.check_run),
+            )
+            if wanted
+        ]
+        return "+".join(parts) or "nothing"
+
+
+NOTHING = Action()
+
+
+def ref_of(migration: Migration) -> MigrationRef:
+    metadata = migration.metadata
+    return MigrationRef(namespace=metadata.namespace, name=metadata.name, uid=metadata.uid)
+
+
+def started(migration: Migration) -> bool:
+    """Whether the Migration's workflow is known to exist, from the object alone."""
+    expected = workflow_id(ref_of(migration))
+    workflow = migration.status.workflow
+    return (workflow is not None and workflow.id == expected) or (
+        migration.metadata.annotations.get(WORKFLOW_ANNOTATION) == expected
+    )
+
+
+def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False) -> Action:
+    """What to do with this state of a Migration.
+
+    `gone`: the watch said DELETED (the object no longer exists: nothing is left to do).
+    `run_closed`: the resync's query named its run among those terminated or timed out.
+    """
+    if gone:
+        return NOTHING
+    if migration.metadata.deletion_timestamp is not None:
+        return Action(deletion=FINALIZER in migration.metadata.finalizers)
+    given = tuple(pending(migration))
+    if migration.finished:
+        return Action(controls=given)
+    if migration.spec is None:
+        return Action(invalid_spec=migration.spec_problem or "the spec does not validate")
+    return Action(
+        add_finalizer=FINALIZER not in migration.metadata.finalizers,
+        start=not started(migration),
+        controls=given,
+        check_run=run_closed,
+    )
+
+
+def handling_order(listed: Iterable[Migration], ended: frozenset[str]) -> list[tuple[Migration, bool]]:
+    """A list's Migrations in the order to hand them over, each with whether its run `ended` from outside.
+
+    Migrations no workflow has taken yet come first (in the list's order), so a restarted
+    watcher acts on a new Migration before it looks at thousands of others again.
+    """
+    hinted = [(migration, workflow_id(ref_of(migration)) in ended) for migration in listed]
+    return sorted(hinted, key=lambda pair: not decide(pair[0], run_closed=pair[1]).urgent)

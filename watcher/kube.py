@@ -1,0 +1,278 @@
+"""Every call the watcher makes to the Kubernetes API, as async methods on typed models.
+
+The watcher uses the generated, blocking client the worker uses (docs/architecture.md,
+"Threads, not an asyncio client", says why): each call below runs in a thread of the
+loop's default executor, and each watch in a thread of its own that hands its events to
+the loop. This module is the only place where the watcher crosses between asyncio and
+threads, and the only one that sees the client's raw dicts: objects are parsed into
+ferry.api models here, in the thread that received them, so the event loop never
+spends its time validating a list of ten thousand Migrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections.abc import AsyncGenerator, Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from activities.events import record_event
+from ferry.api.migration import GROUP, PLURAL, VERSION, EventType, Migration
+from ferry.api.saga import MigrationRef
+from ferry.kube_requests import DEFAULT_TIMEOUTS
+
+log = logging.getLogger("ferry.watcher.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "ferry-watcher"
+"""The watcher's field manager: it owns status.controls and status.deletion (the saga owns the rest)."""
+COMPONENT = "ferry.dev/watcher"
+WATCH_TIMEOUT = 240
+"""Seconds the API server keeps one watch request open; the watch then resumes from where it was."""
+WATCH_READ_TIMEOUT = WATCH_TIMEOUT + DEFAULT_TIMEOUTS.read
+"""Seconds a watch may stay silent before its connection counts as dead (the server ends it after WATCH_TIMEOUT)."""
+
+
+class Conflict(Exception):
+    """The write carried a resourceVersion that is no longer the object's (409): read again, then retry."""
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """One full list of Migrations."""
+
+    items: list[Migration]
+    resource_version: str
+    """Where a watch that follows this list starts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    type: str
+    """ADDED, MODIFIED, DELETED, or BOOKMARK (which only moves `resource_version` on)."""
+    resource_version: str
+    migration: Migration | None
+    """The object's state after the event; None for a bookmark (or an object without valid metadata)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRecord:
+    """What leader election reads and writes of a coordination.k8s.io Lease."""
+
+    holder: str | None
+    duration_seconds: int | None
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    transitions: int
+    resource_version: str | None = None
+    """The version this record was read at (a write is conditional on it); None: the Lease does not exist."""
+
+
+class Kube:
+    """The watcher's Kubernetes API, on one blocking ApiClient whose connection pool fits the threads."""
+
+    def __init__(self, api: k8s.ApiClient, identity: str) -> None:
+        self._api = api
+        self._custom = k8s.CustomObjectsApi(api)
+        self._core = k8s.CoreV1Api(api)
+        self._coordination = k8s.CoordinationV1Api(api)
+        self._identity = identity
+
+    def close(self) -> None:
+        self._api.close()
+
+    # --- Migrations ------------------------------------------------------------------------
+
+    async def list_migrations(self, namespace: str | None) -> Listing:
+        """Every Migration in `namespace` (None: all namespaces), parsed."""
+        return await asyncio.to_thread(self._list, namespace)
+
+    def _list(self, namespace: str | None) -> Listing:
+        function, arguments = self._list_call(namespace)
+        listed: dict[str, Any] = function(*arguments)
+        items = [migration for raw in listed.get("items", []) if (migration := _parse(raw)) is not None]
+        return Listing(items, listed["metadata"]["resourceVersion"])
+
+    async def watch_migrations(self, namespace: str | None, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
+        """The events after `resource_version` until the server ends the watch; raises Gone when it is too old.
+
+        The blocking stream runs in a thread of its own; closing this iterator (or cancelling
+        the task that reads it) stops the stream at once.
+        """
+        loop = asyncio.get_running_loop()
+        received: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue()
+        stream = watch.Watch()
+        function, arguments = self._list_call(namespace)
+
+        def hand_over(item: WatchEvent | BaseException | None) -> bool:
+            try:
+                loop.call_soon_threadsafe(received.put_nowait, item)
+            except RuntimeError:  # the loop has closed: nobody reads any more
+                return False
+            return True
+
+        def pump() -> None:
+            try:
+                for raw in stream.stream(
+                    function,
+                    *arguments,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=WATCH_TIMEOUT,
+                    _request_timeout=(DEFAULT_TIMEOUTS.connect, WATCH_READ_TIMEOUT),
+                ):
+                    if not hand_over(_event(raw)):
+                        stream.stop()
+                        return
+            except ApiException as error:
+                hand_over(Gone(str(error.reason)) if error.status == 410 else error)
+                return
+            except Exception as error:  # noqa: BLE001 - handed to the loop, which raises it
+                hand_over(error)
+                return
+            hand_over(None)
+
+        threading.Thread(target=pump, name=f"watch-{namespace or 'all'}", daemon=True).start()
+        try:
+            while (item := await received.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stream.stop()
+
+    async def read_migration(self, ref: MigrationRef) -> Migration | None:
+        """The Migration as it is now; None when it is gone or was re-created (another uid)."""
+        return await asyncio.to_thread(self._read, ref)
+
+    def _read(self, ref: MigrationRef) -> Migration | None:
+        try:
+            raw = self._custom.get_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        migration = _parse(raw)
+        return migration if migration is not None and migration.metadata.uid == ref.uid else None
+
+    async def patch_migration(self, ref: MigrationRef, patch: Mapping[str, Any]) -> Migration | None:
+        """Merge-patches the object (not its status); None when it is gone; raises Conflict on 409."""
+        return await asyncio.to_thread(self._patch, ref, patch)
+
+    def _patch(self, ref: MigrationRef, patch: Mapping[str, Any]) -> Migration | None:
+        try:
+            raw = self._custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, patch,
+                field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            if error.status == 409:
+                raise Conflict(f"Migration {ref} changed since it was read") from error
+            raise
+        return _parse(raw)
+
+    async def patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
+        """Merge-patches the given status fields; a missing Migration is left alone (None)."""
+        return await asyncio.to_thread(self._patch_status, ref, status)
+
+    def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
+        try:
+            raw = self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
+                field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
+        return _parse(raw)
+
+    async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
+        """Records a watcher Event once per key (a second pass finds it there and records nothing)."""
+        await asyncio.to_thread(
+            record_event, self._core, ref, type=kind, reason=reason, message=message, key=f"watcher.{key}",
+            component=COMPONENT, instance=self._identity,
+        )  # fmt: skip
+
+    def _list_call(self, namespace: str | None) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        if namespace:
+            return self._custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, PLURAL)
+        return self._custom.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
+
+    # --- the Lease -------------------------------------------------------------------------
+
+    async def read_lease(self, name: str, namespace: str) -> LeaseRecord | None:
+        return await asyncio.to_thread(self._read_lease, name, namespace)
+
+    def _read_lease(self, name: str, namespace: str) -> LeaseRecord | None:
+        try:
+            lease = self._coordination.read_namespaced_lease(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        spec = lease.spec
+        return LeaseRecord(
+            holder=spec.holder_identity,
+            duration_seconds=spec.lease_duration_seconds,
+            acquire_time=spec.acquire_time,
+            renew_time=spec.renew_time,
+            transitions=spec.lease_transitions or 0,
+            resource_version=lease.metadata.resource_version,
+        )
+
+    async def write_lease(self, name: str, namespace: str, record: LeaseRecord) -> bool:
+        """Creates the Lease, or replaces it conditionally on the version `record` was read at; False on a conflict."""
+        return await asyncio.to_thread(self._write_lease, name, namespace, record)
+
+    def _write_lease(self, name: str, namespace: str, record: LeaseRecord) -> bool:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": record.resource_version},
+            "spec": {
+                "holderIdentity": record.holder,
+                "leaseDurationSeconds": record.duration_seconds,
+                "acquireTime": record.acquire_time,
+                "renewTime": record.renew_time,
+                "leaseTransitions": record.transitions,
+            },
+        }
+        try:
+            if record.resource_version is None:
+                self._coordination.create_namespaced_lease(namespace, body)
+            else:
+                self._coordination.replace_namespaced_lease(name, namespace, body)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+
+def _parse(raw: Mapping[str, Any]) -> Migration | None:
+    """The typed Migration; None (logged) for an object without the metadata every object has."""
+    try:
+        return Migration.parse(raw)
+    except (ValidationError, KeyError) as error:
+        log.error("skipping a Migration object whose metadata does not parse: %s", error)
+        return None
+
+
+def _event(raw: Mapping[str, Any]) -> WatchEvent:
+    kind, obj = raw["type"], raw["object"]
+    return WatchEvent(kind, obj["metadata"]["resourceVersion"], None if kind == "BOOKMARK" else _parse(obj))
