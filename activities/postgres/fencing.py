@@ -93,12 +93,12 @@ def read(conn: Connection) -> FenceMark:
     )
 
 
-def changes(mark: FenceMark, present: FenceMark) -> list[str]:
-    """What changed since `mark`, in words; empty when nothing did."""
+def changes(mark: FenceMark, present: FenceMark, since: str = "the freeze") -> list[str]:
+    """What changed since `mark` (taken at `since`), in words; empty when nothing did."""
     found: list[str] = []
     if present.stats_reset != mark.stats_reset:
         found.append(
-            f"the statistics were reset since the freeze (was: {mark.stats_reset}; now: {present.stats_reset}), by "
+            f"the statistics were reset since {since} (was: {mark.stats_reset}; now: {present.stats_reset}), by "
             "pg_stat_reset or a crash of the server, so ferry cannot tell whether anything was written"
         )
     if present.writes > mark.writes:
