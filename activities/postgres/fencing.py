@@ -42,6 +42,10 @@ too); a prepared transaction's when it is committed. Hence:
   not have flushed yet; only a superuser or a member of ferry's role can connect at
   all, and the next check (check_frozen runs before switch-traffic and again before
   scale-down-old) sees what it wrote.
+
+verify takes the same mark of the target before traffic moves to it, and check_unwritten
+compares it before traffic goes back: see unwritten, which says why that mark is exact
+and what a check of a live target, which ends no session, cannot see.
 """
 
 from __future__ import annotations
