@@ -62,6 +62,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         postgres.migrate,
         postgres.undo_migrate,
         postgres.verify,
+        postgres.check_unwritten,
         snapshots.undo_snapshot,
         snapshots.delete_snapshot,
     ]

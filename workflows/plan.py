@@ -14,6 +14,8 @@ from ferry.api.migration import MigrationSpec, SnapshotStatus, StepName
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
+    CheckUnwrittenInput,
+    CheckUnwrittenResult,
     DriverOperation,
     FreezeInput,
     FreezeResult,
@@ -177,6 +179,21 @@ NO_WRITES_SINCE_FREEZE = Guard(
 )
 """Guards the steps after which the source stops counting: switch-traffic and scale-down-old."""
 
+
+def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
+    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
+    verified = c.results.get(VERIFY)
+    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
+
+
+NO_WRITES_ON_TARGET = Guard(
+    driver(DriverOperation.CHECK_UNWRITTEN),
+    mark_of_verify,
+    timeout=lambda spec: spec.timeouts.switch_traffic,
+    result=CheckUnwrittenResult,
+)
+"""Guards the undo of switch-traffic: traffic goes back only if the target took no writes that going back would lose."""
+
 SWITCH_TRAFFIC = Step(
     StepName.SWITCH_TRAFFIC,
     kube(KubeActivity.SWITCH_TRAFFIC),
@@ -194,6 +211,7 @@ SWITCH_TRAFFIC = Step(
             previous_selector=done.previous_selector if done else None,
             source_stateful_set=c.spec.source.stateful_set,
         ),
+        guard=NO_WRITES_ON_TARGET,
     ),
 )
 

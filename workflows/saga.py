@@ -11,7 +11,10 @@ and its result goes to its undo; a step whose outcome is unknown has its undo ru
 without a result. This is safe because every undo is idempotent and finds what its step
 did where the step recorded it (labels with the Migration's uid, annotations, markers
 in the database, a deterministic S3 key), so an undo of a step that did nothing, or
-half of it, does exactly what is needed and nothing else.
+half of it, does exactly what is needed and nothing else. An undo whose guard refuses
+(e.g. switch-traffic's, when the target took writes that going back would lose), or
+that keeps failing, stops the rollback there: the older undos would act on what
+depends on it. The Migration then ends Failed, saying what was not undone.
 
 Attempts are the saga's own: each activity runs once per attempt, and the saga waits
 between attempts, so the status shows every attempt, the last error while it waits,
@@ -114,6 +117,16 @@ class Outcome:
     error: BaseException | None = None
     interruption: BaseException | None = None
     """RollbackRequested or the workflow's cancellation, raised once the call has stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UndoFailure:
+    """Why an undo's attempts ended without undoing its step."""
+
+    error: str
+    """The last error, as a person reads it."""
+    refused: bool
+    """The undo's guard refused (its check failed), so the undo itself did not act."""
 
 
 class Saga:
@@ -421,29 +434,38 @@ class Saga:
         while pending:
             step = pending.pop(0)
             call = step.undo_call(self.context)
-            error = await self._undo(step, call) if call is not None else None
-            if error is not None:
+            failure = await self._undo(step, call) if call is not None else None
+            if failure is not None:
                 # Older steps' undos would pull the ground from under this one (e.g. remove the
                 # target while the Service still sends it traffic): the rollback stops here.
-                await self._stop_rollback(reason, step.name, error, [left.name for left in pending])
+                await self._stop_rollback(reason, step.name, failure, [left.name for left in pending])
         self.status.current_step = None
         self.controls.stage = Stage.FINISHED
         await self.transition(Phase.ROLLED_BACK, f"rolled back: {reason}", "RolledBack")
         return MigrationResult(phase=Phase.ROLLED_BACK, message=self.status.message, snapshot=self.status.snapshot)
 
-    async def _stop_rollback(self, reason: str, step: str, error: str, left: list[str]) -> None:
+    async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
         self.controls.stage = Stage.FINISHED
-        not_undone = f"; not undone, so as not to act on what depends on it: {', '.join(left)}" if left else ""
-        message = (
-            f"rollback stopped after {reason}: the undo of {step} kept failing ({error}){not_undone}. "
-            "Fix the cause and finish the undo by hand, newest step first (see the README's recovery section)"
-        )
+        if failure.refused:
+            message = (
+                f"rollback stopped after {reason}: the check before undoing {step} failed ({failure.error}); "
+                f"not undone, as the check requires: {', '.join([step, *left])}"
+            )
+        else:
+            not_undone = f"; not undone, so as not to act on what depends on it: {', '.join(left)}" if left else ""
+            message = (
+                f"rollback stopped after {reason}: the undo of {step} kept failing ({failure.error}){not_undone}. "
+                "Fix the cause and finish the undo by hand, newest step first (see the README's recovery section)"
+            )
         await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
         raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
 
-    async def _undo(self, step: Step[Any, Any], call: Call) -> str | None:
-        """Runs a step's undo until it succeeds or its attempts are spent; returns the last error if they were."""
+    async def _undo(self, step: Step[Any, Any], call: Call) -> UndoFailure | None:
+        """Runs a step's undo (its guard first, at every attempt) until it succeeds or its attempts are spent.
+
+        Returns why it did not succeed, if its attempts were spent or a failure was permanent.
+        """
         assert step.undo is not None
         retry, name = step.undo.retry, step.name
         for attempt in range(1, retry.attempts + 1):
@@ -458,29 +480,27 @@ class Saga:
             await self.transition(
                 Phase.ROLLING_BACK, f"undoing {name}{tries}", "CompensationStarted", key=f"{name}.{entry.undo_attempts}"
             )
+            guard = step.undo_guard_call(self.context)
+            checking = guard is not None
             try:
-                result = await workflow.execute_activity(
-                    call.activity,
-                    call.argument,
-                    result_type=call.result_type,
-                    start_to_close_timeout=call.timeout,
-                    heartbeat_timeout=call.heartbeat,
-                    retry_policy=ONE_ATTEMPT,
-                    summary=call.summary,
-                )
+                if guard is not None:
+                    await self._call_once(guard)
+                checking = False
+                result = await self._call_once(call)
             except ActivityError as failure:
                 error = error_text(failure)
-                self.status.update_step(name, workflow.now(), last_error=f"undo: {error}")
+                what = f"the check before undoing {name}" if checking else f"undo of {name}"
+                self.status.update_step(
+                    name, workflow.now(), last_error=f"{'check before undo' if checking else 'undo'}: {error}"
+                )
                 if is_permanent(failure, retry) or attempt == retry.attempts:
                     self._compensations.add(1, {"step": name, "outcome": "failed"})
                     self.status.update_step(name, workflow.now(), state=StepState.COMPENSATION_FAILED)
-                    await self.record(
-                        f"undo of {name} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name)
-                    )
-                    return error
+                    await self.record(f"{what} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name))
+                    return UndoFailure(error=error, refused=checking)
                 delay = retry.delay(attempt)
                 await self.record(
-                    f"undo of {name}: attempt {attempt} failed: {error}; "
+                    f"{what}: attempt {attempt} failed: {error}; "
                     f"attempt {attempt + 1} of {retry.attempts} in {delay.total_seconds():g}s",
                     "CompensationRetrying",
                     EventType.WARNING,
@@ -494,6 +514,18 @@ class Saga:
             await self.record(f"undid {name}", "StepCompensated", key=str(name))
             return None
         raise AssertionError("unreachable: the last attempt returns")
+
+    async def _call_once(self, call: Call) -> Any:
+        """Runs one activity of the way back once; the rollback is shielded, so nothing interrupts it."""
+        return await workflow.execute_activity(
+            call.activity,
+            call.argument,
+            result_type=call.result_type,
+            start_to_close_timeout=call.timeout,
+            heartbeat_timeout=call.heartbeat,
+            retry_policy=ONE_ATTEMPT,
+            summary=call.summary,
+        )
 
     # --- mirroring ----------------------------------------------------------------------------
 

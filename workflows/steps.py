@@ -4,9 +4,10 @@ A `Step` names the activity it calls (its input and result models), builds that 
 from the Migration's spec and earlier steps' results, names its undo and builds the
 undo's input (with the step's result, or without one when the step was interrupted or
 its outcome is unknown), and says how long an attempt may take, how often to try, what
-must hold before it runs (a guard), whether a person or a soak time holds it, and what
-it adds to the status. The saga (workflows/saga.py) is one loop over these; the plan
-(workflows/plan.py) lists them in order.
+must hold before it runs (a guard) and before its undo runs (the undo's guard), whether
+a person or a soak time holds it, and what it adds to the status. The saga
+(workflows/saga.py) is one loop over these; the plan (workflows/plan.py) lists them in
+order.
 
 Deterministic: nothing here does I/O, so workflow code imports it.
 """
@@ -141,6 +142,29 @@ class Call:
 
 
 @dataclasses.dataclass(frozen=True)
+class Guard(Generic[G]):
+    """A check run before every attempt of a step (or of an undo): an activity whose failure fails the attempt."""
+
+    activity: ActivityName
+    build: Callable[[Context, str], G | None]
+    """The check's input for the step it guards; None when there is nothing to check."""
+    timeout: Callable[[MigrationSpec], int]
+    result: type[ApiModel] | None = None
+
+    def call(self, context: Context, step: str, summary: str) -> Call | None:
+        argument = self.build(context, step)
+        if argument is None:
+            return None
+        return Call(
+            activity=self.activity.resolve(context.spec),
+            argument=argument,
+            result_type=self.result,
+            timeout=timedelta(seconds=self.timeout(context.spec)),
+            summary=f"{context.ref}: {summary}",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Undo(Generic[R, U, UR]):
     """A step's compensation: its activity, how its input is built, and what its result adds to the status."""
 
@@ -151,17 +175,9 @@ class Undo(Generic[R, U, UR]):
     result: type[UR] | None = None
     report: Callable[[UR, SagaStatus], None] | None = None
     retry: Retry = UNDO_RETRY
-
-
-@dataclasses.dataclass(frozen=True)
-class Guard(Generic[G]):
-    """A check run before every attempt of a step: an activity whose failure fails the attempt."""
-
-    activity: ActivityName
-    build: Callable[[Context, str], G | None]
-    """The check's input for the step it guards; None when there is nothing to check."""
-    timeout: Callable[[MigrationSpec], int]
-    result: type[ApiModel] | None = None
+    guard: Guard[Any] | None = None
+    """A check run before every attempt of the undo: its failure fails the attempt, and a
+    permanent one stops the rollback here, before this undo or any older one acts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,16 +224,12 @@ class Step(Generic[I, R]):
     def guard_call(self, context: Context) -> Call | None:
         if self.guard is None:
             return None
-        argument = self.guard.build(context, self.name)
-        if argument is None:
+        return self.guard.call(context, self.name, f"check before {self.name}")
+
+    def undo_guard_call(self, context: Context) -> Call | None:
+        if self.undo is None or self.undo.guard is None:
             return None
-        return Call(
-            activity=self.guard.activity.resolve(context.spec),
-            argument=argument,
-            result_type=self.guard.result,
-            timeout=timedelta(seconds=self.guard.timeout(context.spec)),
-            summary=f"{context.ref}: check before {self.name}",
-        )
+        return self.undo.guard.call(context, self.name, f"check before undoing {self.name}")
 
     def accept(self, context: Context, result: object, status: SagaStatus) -> str | None:
         """Keeps the step's result and reports it; returns why the step fails anyway, if it does."""

@@ -1,8 +1,8 @@
 """The PostgreSQL driver's activities, as the saga calls them: postgresql.precheck, .freeze, .check_frozen, ...
 
 precheck, freeze and undo_freeze, check_frozen, snapshot, migrate and undo_migrate,
-verify: each step's work is in the module named for it, and this class wires them to
-the Secrets, the settings and the heartbeats.
+verify, check_unwritten: each step's work is in the module named for it, and this class
+wires them to the Secrets, the settings and the heartbeats.
 
 Each reads the Secrets it needs when it starts, so inputs carry only their names, and
 each can run again after a crash at any point (its docstring says how). They are
@@ -32,16 +32,19 @@ from activities.postgres import (
     grants,
     prechecks,
     restoring,
+    unwritten,
     verifying,
 )
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
-from ferry.api.errors import VerificationMismatch, WritesAfterFreeze
+from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import DriverType
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
+    CheckUnwrittenInput,
+    CheckUnwrittenResult,
     DriverOperation,
     FenceMark,
     FreezeInput,
@@ -64,6 +67,8 @@ from ferry.api.saga import (
 DRIVER = DriverType.POSTGRESQL.value
 WRITABLE = {"default_transaction_read_only": "off"}
 """Session settings of ferry's own writing sessions: the source may be frozen, and they must still write."""
+READING = {"default_transaction_read_only": "on"}
+"""Session settings of sessions that only read a live database: they could not write even by mistake."""
 
 
 def _name(operation: DriverOperation) -> str:
@@ -291,7 +296,7 @@ class PostgresActivities:
 
     @activity.defn(name=_name(DriverOperation.UNDO_MIGRATE), no_thread_cancel_exception=True)
     def undo_migrate(self, input: UndoMigrateInput) -> UndoMigrateResult:
-        """Empties the target of what this Migration's migrate restored, and removes its marker.
+        """Empties the target of what this Migration's migrate restored, and removes its markers (and verify's mark).
 
         A target whose marker ferry.restored_by names nobody or another Migration is left
         untouched. Idempotent, and safe after a migrate that never ran or half ran: the
@@ -308,26 +313,82 @@ class PostgresActivities:
 
     @activity.defn(name=_name(DriverOperation.VERIFY), no_thread_cancel_exception=True)
     def verify(self, input: VerifyInput) -> VerifyResult:
-        """Compares source and target: every table's rows, the schema object by object, sequences, large objects.
+        """Compares source and target (every table's rows, the schema object by object, sequences, large objects),
+        then marks where the target's writes stand before traffic moves to it.
 
-        Idempotent: it only reads. Both sides are read at once, each on its own connection.
+        Idempotent: it reads both sides at once, each on its own connection; then it
+        ends the target's other sessions (the target is ferry's own until traffic moves)
+        and records the target's mark in the target (ferry.verified_mark), replacing
+        the mark of an earlier attempt. See unwritten for why the mark is exact.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             source_side, target_side = self._read_sides(source, target, heartbeats)
-        comparison = verifying.compare(source_side, target_side)
-        if comparison.difference:
-            raise VerificationMismatch(
-                f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
-                "and migrate again."
-            )
+            comparison = verifying.compare(source_side, target_side)
+            if comparison.difference:
+                raise VerificationMismatch(
+                    f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
+                    "and migrate again."
+                )
+            fence = self._mark_target(target, input.ref, heartbeats)
         activity.logger.info(
-            "verified %d tables and %d schema objects: source and target are the same",
+            "verified %d tables and %d schema objects: source and target are the same; %d rows written to the target",
             len(comparison.checks),
             comparison.objects,
+            fence.writes,
         )
-        return VerifyResult(tables=comparison.checks, objects=comparison.objects)
+        return VerifyResult(tables=comparison.checks, objects=comparison.objects, target_fence=fence)
+
+    def _mark_target(self, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats) -> FenceMark:
+        """The target's mark, once its other sessions are gone, kept in the target for undos without results."""
+        with self._connect(db) as conn:
+            fence, ended = self._mark(conn, db, heartbeats)
+            with privileged(db, "keep ferry's markers"):
+                unwritten.record(conn, owner(ref), fence)
+        activity.logger.info("marked where %s's writes stand; ended %d sessions first", db.describe(), ended)
+        return fence
+
+    # --- check_unwritten ---------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.CHECK_UNWRITTEN), no_thread_cancel_exception=True)
+    def check_unwritten(self, input: CheckUnwrittenInput) -> CheckUnwrittenResult:
+        """Fails with WritesOnTarget if the target was written since verify marked it; ends no session.
+
+        Runs before traffic goes back to the source. The mark is the input's, or (for an
+        undo without verify's result) the one verify recorded in the target; a target
+        with no mark of this Migration was never verified, so ferry moved no traffic to
+        it: nothing to compare. Idempotent: it only reads, in read-only sessions (see
+        unwritten for what it can and cannot see).
+        """
+        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db, **READING) as conn:
+            mark = input.fence or unwritten.recorded(conn, owner(input.ref))
+            if mark is None:
+                activity.logger.warning(
+                    "%s holds no mark of Migration %s: verify never marked it, so ferry moved no traffic to it; "
+                    "nothing to compare, traffic may go back",
+                    db.describe(),
+                    input.ref,
+                )
+                return CheckUnwrittenResult(compared=False)
+            settled = unwritten.settle(conn, lambda: heartbeats.raise_if_cancelled("checking the target"))
+            with privileged(db, "read every sequence"):
+                present = fencing.read(conn)
+        if not settled:
+            activity.logger.info("%s: some sessions may not have flushed their statistics yet", db.describe())
+        found = fencing.changes(mark, present, since="verify marked it, before traffic moved")
+        if found:
+            raise WritesOnTarget(
+                f"{db.describe()} took writes since traffic moved to it: {'; '.join(found)}. Switching traffic back "
+                "to the source would lose them (the source does not have them, and the rollback would then empty "
+                "the target), so the rollback stops here and traffic stays on the target, which holds everything. "
+                "Either keep the target: the migration is done but for scaling the source down, which you may do "
+                "by hand, then delete the Migration (the target stays). Or copy those writes back to the source by "
+                "hand, then finish the rollback by hand, as the README's recovery section says."
+            )
+        activity.logger.info("%s took no writes since traffic moved to it: traffic may go back", db.describe())
+        return CheckUnwrittenResult(compared=True, fence=present)
 
     def _read_sides(
         self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats

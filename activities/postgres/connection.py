@@ -34,7 +34,13 @@ APPLICATION_NAME = "ferry"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
-MARKERS = ("ferry.frozen_by", "ferry.read_only_before", "ferry.connect_before", "ferry.restored_by")
+MARKERS = (
+    "ferry.frozen_by",
+    "ferry.read_only_before",
+    "ferry.connect_before",
+    "ferry.restored_by",
+    "ferry.verified_mark",
+)
 """The database settings where ferry keeps what it must remember (see database_settings)."""
 
 REFUSED_CREDENTIALS = (

@@ -8,7 +8,10 @@ changes:
   source: which Migration froze it, its own default_transaction_read_only before
   (UNSET when it had none), and its ACL before CONNECT was revoked (see grants);
 - `ferry.restored_by` on a target: which Migration restored into it, so that a retry
-  may clean out what an earlier attempt restored.
+  may clean out what an earlier attempt restored;
+- `ferry.verified_mark` on a target: where its writes stood when verify had compared
+  it with the source, before traffic moved to it (see unwritten), so that an undo with
+  no step results can still tell whether the target took writes since.
 
 PostgreSQL accepts such dotted placeholder settings (extensions use them); they cost
 nothing, and no snapshot carries them, because pg_dump writes a database's settings
@@ -24,7 +27,7 @@ from psycopg import sql
 from activities.postgres.connection import MARKERS, Connection
 
 READ_ONLY = "default_transaction_read_only"
-FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY = MARKERS
+FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK = MARKERS
 UNSET = "unset"
 """The recorded previous value of a setting the database did not have: undo resets it."""
 

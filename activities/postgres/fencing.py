@@ -42,6 +42,10 @@ too); a prepared transaction's when it is committed. Hence:
   not have flushed yet; only a superuser or a member of ferry's role can connect at
   all, and the next check (check_frozen runs before switch-traffic and again before
   scale-down-old) sees what it wrote.
+
+verify takes the same mark of the target before traffic moves to it, and check_unwritten
+compares it before traffic goes back: see unwritten, which says why that mark is exact
+and what a check of a live target, which ends no session, cannot see.
 """
 
 from __future__ import annotations
@@ -93,12 +97,12 @@ def read(conn: Connection) -> FenceMark:
     )
 
 
-def changes(mark: FenceMark, present: FenceMark) -> list[str]:
-    """What changed since `mark`, in words; empty when nothing did."""
+def changes(mark: FenceMark, present: FenceMark, since: str = "the freeze") -> list[str]:
+    """What changed since `mark` (taken at `since`), in words; empty when nothing did."""
     found: list[str] = []
     if present.stats_reset != mark.stats_reset:
         found.append(
-            f"the statistics were reset since the freeze (was: {mark.stats_reset}; now: {present.stats_reset}), by "
+            f"the statistics were reset since {since} (was: {mark.stats_reset}; now: {present.stats_reset}), by "
             "pg_stat_reset or a crash of the server, so ferry cannot tell whether anything was written"
         )
     if present.writes > mark.writes:

@@ -25,6 +25,7 @@ from activities.postgres.database_settings import (
     READ_ONLY,
     READ_ONLY_BEFORE,
     RESTORED_BY,
+    VERIFIED_MARK,
 )
 from activities.postgres.freezing import is_on
 from activities.s3 import S3NotAnswering
@@ -162,7 +163,7 @@ def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: P
             f"({database_owner}) nor a superuser. Use the owner's credentials, or make the user the owner "
             "(ALTER DATABASE ... OWNER TO ...)."
         )
-    markers = [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE] if what == "freeze" else [RESTORED_BY]
+    markers = [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE] if what == "freeze" else [RESTORED_BY, VERIFIED_MARK]
     unsettable = [marker for marker in markers if not superuser and not _may_set(conn, marker)]
     if unsettable:
         problems.append(
@@ -170,10 +171,11 @@ def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: P
             f"only superusers may set custom parameters. As a superuser, GRANT SET ON PARAMETER "
             f"{', '.join(unsettable)} TO {db.username}, or use a superuser."
         )
-    if what == "freeze" and not may_signal:
+    if not may_signal:
+        who = "the freeze must do" if what == "freeze" else "verify does before it marks the target"
         problems.append(
-            f"the user in Secret {db.secret} may not end other sessions of {db.describe()}, which the freeze "
-            "must do. GRANT pg_signal_backend TO that user."
+            f"the user in Secret {db.secret} may not end other sessions of {db.describe()}, which {who}. "
+            "GRANT pg_signal_backend TO that user."
         )
 
 

@@ -14,8 +14,9 @@ restored, recognized by the database setting ferry.restored_by: then every
 non-system schema is dropped and public is created again the way a new database has
 it. A non-empty target without that marker holds someone's data, and the restore
 refuses to touch it. undo_migrate (`remove`) empties the target the same way, and
-removes the marker, so that another Migration may restore into it; a target whose
-marker names nobody or another Migration is left as it is.
+removes the marker and verify's mark (ferry.verified_mark, see unwritten), so that
+another Migration may restore into it; a target whose marker names nobody or another
+Migration is left as it is.
 
 Objects are restored without owners and privileges (--no-owner --no-privileges) and
 belong to the target Secret's user: roles live outside the database, and the
@@ -33,7 +34,7 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings
+from activities.postgres import database_settings, unwritten
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.tools import Tool, conninfo, find_bindir
@@ -101,6 +102,7 @@ def prepare_target(conn: Connection, db: DatabaseConnection, owner: str) -> None
     with conn.transaction():
         if contents:
             _clean(conn)
+        unwritten.forget(conn)  # a new restore is not verified yet
         if marked_by != owner:
             database_settings.change(conn, RESTORED_BY, owner)
 
@@ -117,6 +119,7 @@ def remove(conn: Connection, db: DatabaseConnection, owner: str) -> bool:
             activity.logger.info("%s holds a restore of %s, not of %s: left as it is", db.describe(), whose, owner)
             return False
         _clean(conn)
+        unwritten.forget(conn)
         database_settings.change(conn, RESTORED_BY, None)
     return True
 

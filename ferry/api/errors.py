@@ -53,6 +53,10 @@ class WritesAfterFreeze(PermanentError):
     """The source committed writes after the freeze: the target may lack them, so traffic must not move."""
 
 
+class WritesOnTarget(PermanentError):
+    """The target took writes since traffic moved to it: switching traffic back would lose them, so it stays."""
+
+
 NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     InvalidSpec,
     MissingSecret,
@@ -64,5 +68,6 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     PermissionDenied,
     PrecheckFailed,
     WritesAfterFreeze,
+    WritesOnTarget,
 )
 NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

@@ -203,6 +203,7 @@ class DriverOperation(enum.StrEnum):
     MIGRATE = "migrate"
     UNDO_MIGRATE = "undo_migrate"
     VERIFY = "verify"
+    CHECK_UNWRITTEN = "check_unwritten"
 
 
 def driver_activity(driver: str, operation: DriverOperation) -> str:
@@ -240,7 +241,11 @@ class FreezeInput(ApiModel):
 
 
 class FenceMark(ApiModel):
-    """Where the source's writes stood once the freeze was complete; check_frozen compares the present with it."""
+    """Where a database's writes stood at a moment ferry chose; a later check compares the present with it.
+
+    The freeze takes one of the source (check_frozen compares), verify one of the target
+    before traffic moves to it (check_unwritten compares before traffic goes back).
+    """
 
     writes: int = Field(description="Rows inserted, updated or deleted in user tables and large objects so far.")
     stats_reset: str | None = Field(
@@ -364,6 +369,25 @@ class VerifyResult(ApiModel):
         description="Every table, populated materialized view and (as `large objects`) the large objects, compared."
     )
     objects: int = Field(default=0, description="Schema objects and sequences compared besides the rows.")
+    target_fence: FenceMark | None = Field(
+        default=None,
+        description="Where the target's writes stood after verify, before traffic moves to it (None: not taken).",
+    )
+
+
+class CheckUnwrittenInput(ApiModel):
+    """Before traffic goes back to the source: has the target been written since verify marked it?"""
+
+    ref: MigrationRef
+    driver: DriverSpec
+    fence: FenceMark | None = Field(
+        default=None, description="Verify's mark of the target; None: read the mark verify recorded in the target."
+    )
+
+
+class CheckUnwrittenResult(ApiModel):
+    compared: bool = Field(description="False when the target holds no mark of this Migration: nothing to compare.")
+    fence: FenceMark | None = Field(default=None, description="The target as the check found it: equal to the mark.")
 
 
 class UndoMigrationInput(ApiModel):

@@ -24,6 +24,8 @@ from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
+    CheckUnwrittenInput,
+    CheckUnwrittenResult,
     FenceMark,
     FreezeInput,
     FreezeResult,
@@ -143,6 +145,11 @@ class Steps:
 
     def verify(self) -> VerifyResult:
         return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver))
+
+    def check_unwritten(self, fence: FenceMark | None) -> CheckUnwrittenResult:
+        """The check before traffic goes back; with `fence` None, as an undo without verify's result runs it."""
+        call = CheckUnwrittenInput(ref=self.ref, driver=self.driver, fence=fence)
+        return self.env.run(self.postgres.check_unwritten, call)
 
 
 @pytest.fixture

@@ -180,6 +180,20 @@ def test_precheck_names_a_source_user_that_may_not_freeze(
     assert problems[2].endswith("GRANT pg_signal_backend TO that user.")
 
 
+def test_precheck_names_a_target_user_that_may_not_restore_nor_mark_the_target(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with application_role(databases.target) as app:
+        create_secret(kube_api, namespace, OTHER, _connection(app))
+
+        problems = _problems(_with(steps, target=OTHER))
+
+    assert len(problems) == 3
+    assert problems[0].startswith(f"the user in Secret {namespace}/{OTHER} may not restore into database")
+    assert f"GRANT SET ON PARAMETER ferry.restored_by, ferry.verified_mark TO {app.user}" in problems[1]
+    assert problems[2].endswith("which verify does before it marks the target. GRANT pg_signal_backend TO that user.")
+
+
 def test_precheck_names_an_owner_that_may_not_keep_ferrys_markers(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from ferry.api.migration import STEP_ORDER, MigrationSpec
 from ferry.api.saga import (
+    CheckUnwrittenInput,
     FenceMark,
     FreezeResult,
     MigrateInput,
@@ -17,6 +18,7 @@ from ferry.api.saga import (
     UndoFreezeInput,
     UndoScaleDownOldInput,
     UndoSnapshotInput,
+    VerifyResult,
 )
 from tests import samples
 from workflows import plan
@@ -100,6 +102,26 @@ def test_traffic_moves_only_after_checking_for_writes_since_a_freeze_that_left_a
     assert guard.activity == "postgresql.check_frozen"
     assert plan.SCALE_DOWN_OLD.guard_call(c) is not None
     assert plan.VERIFY.guard_call(c) is None
+
+
+def test_traffic_goes_back_only_after_checking_the_target_with_verifys_mark_or_the_one_kept_in_it() -> None:
+    c = context()
+    from_marker = plan.SWITCH_TRAFFIC.undo_guard_call(c)
+    assert from_marker is not None, "an undo without verify's result still checks: the target keeps the mark"
+    assert from_marker.activity == "postgresql.check_unwritten"
+    assert isinstance(from_marker.argument, CheckUnwrittenInput)
+    assert from_marker.argument.fence is None
+    mark = FenceMark(writes=1_100, catalog="t")
+    c.results.put(plan.VERIFY, VerifyResult(tables=[], target_fence=mark))
+
+    from_result = plan.SWITCH_TRAFFIC.undo_guard_call(c)
+
+    assert from_result is not None
+    assert isinstance(from_result.argument, CheckUnwrittenInput)
+    assert from_result.argument.fence == mark
+    assert from_result.timeout == timedelta(seconds=SPEC.timeouts.switch_traffic)
+    assert [step.name for step in plan.PLAN if step.undo_guard_call(c) is not None] == ["switch-traffic"]
+    assert "WritesOnTarget" in UNDO_RETRY.non_retryable
 
 
 def test_a_step_that_returns_the_wrong_type_is_a_bug_not_a_success() -> None:

@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
 
-from ferry.api.saga import ControlRequest, Signal, workflow_id
+from ferry.api.saga import ControlRequest, Signal, undo_workflow_id, workflow_id
 from ferry.stack.stack import StackInfo
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
@@ -49,6 +50,21 @@ async def _phase(kubectl: Kubectl, namespace: str, name: str) -> str | None:
 
 def _stateful_sets(api: k8s.ApiClient, namespace: str) -> list[str]:
     return sorted(item.metadata.name for item in k8s.AppsV1Api(api).list_namespaced_stateful_set(namespace).items)
+
+
+async def _results(handle: WorkflowHandle[Any, Any], activity_type: str) -> list[dict[str, Any]]:
+    """What each completed run of `activity_type` returned, as the history holds it (JSON)."""
+    scheduled: set[int] = set()
+    results: list[dict[str, Any]] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == activity_type:
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            completed = event.activity_task_completed_event_attributes
+            if completed.scheduled_event_id in scheduled:
+                results.append(json.loads(completed.result.payloads[0].data))
+    return results
 
 
 def _read_only_default(databases: Databases) -> str | None:
@@ -163,6 +179,9 @@ async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_be
     reasons = [event["reason"] for event in json.loads(events.stdout)["items"]]
     assert "UndoingBeforeDeletion" in reasons
     assert "UndoneBeforeDeletion" in reasons
+    undo = temporal_client.get_workflow_handle(undo_workflow_id(ref))
+    (checked,) = await _results(undo, "postgresql.check_unwritten")
+    assert checked["compared"], "without the run's results, the check found verify's mark in the target"
 
 
 def _selector(api: k8s.ApiClient, namespace: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from temporalio import activity
 from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName
 from ferry.api.saga import (
     CheckFrozenResult,
+    CheckUnwrittenResult,
     EventRecord,
     FenceMark,
     FreezeResult,
@@ -57,6 +58,7 @@ VERIFY = name_of(plan.VERIFY.activity)
 SWITCH_TRAFFIC = name_of(plan.SWITCH_TRAFFIC.activity)
 SCALE_DOWN_OLD = name_of(plan.SCALE_DOWN_OLD.activity)
 CHECK_FROZEN = name_of(plan.NO_WRITES_SINCE_FREEZE.activity)
+CHECK_UNWRITTEN = name_of(plan.NO_WRITES_ON_TARGET.activity)
 CHECK_CLUSTER = name_of(plan.CLUSTER_READY.activity)
 DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
 MIRROR = KubeActivity.MIRROR_STATUS.value
@@ -74,7 +76,8 @@ SAMPLE_RESULTS: dict[StepName, ApiModel] = {
     StepName.VERIFY: VerifyResult(
         tables=[
             TableCheck(table="public.orders", source_rows=3, target_rows=3, source_checksum="c", target_checksum="c")
-        ]
+        ],
+        target_fence=FenceMark(writes=3, catalog="7a2c3e", sequences="5eq"),
     ),
     StepName.SWITCH_TRAFFIC: SwitchTrafficResult(previous_selector={"app": "orders-db"}, endpoints=["orders-db-16-0"]),
     StepName.SCALE_DOWN_OLD: ScaleDownOldResult(previous_replicas=2),
@@ -83,6 +86,7 @@ SAMPLE_RESULTS: dict[StepName, ApiModel] = {
 
 OTHER_RESULTS: dict[str, ApiModel] = {
     CHECK_FROZEN: CheckFrozenResult(),
+    CHECK_UNWRITTEN: CheckUnwrittenResult(compared=True),
     SnapshotStoreActivity.UNDO_SNAPSHOT.value: UndoSnapshotResult(deleted=True),
 }
 
@@ -101,9 +105,19 @@ def undo_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
     return {name_of(step.activity): name_of(step.undo.activity) for step in steps if step.undo is not None}
 
 
+def undo_guard_of(steps: Sequence[Step[Any, Any]] = plan.PLAN) -> dict[str, str]:
+    """The guard activity that runs before each undo activity that has one."""
+    return {
+        name_of(step.undo.activity): name_of(step.undo.guard.activity)
+        for step in steps
+        if step.undo is not None and step.undo.guard is not None
+    }
+
+
 STEP_ACTIVITIES = step_activities()
 UNDO = undo_of()
 GUARD = guard_of()
+UNDO_GUARD = undo_guard_of()
 
 
 def default_results(steps: Sequence[Step[Any, Any]]) -> dict[str, ApiModel]:
@@ -159,6 +173,8 @@ class FakeSaga:
             names.append(name_of(step.activity))
             if step.undo is not None:
                 names.append(name_of(step.undo.activity))
+                if step.undo.guard is not None:
+                    names.append(name_of(step.undo.guard.activity))
             if step.guard is not None:
                 names.append(name_of(step.guard.activity))
         names.append(DELETE_SNAPSHOT)

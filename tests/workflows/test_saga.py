@@ -8,13 +8,14 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from ferry.api.errors import InvalidSpec, PrecheckFailed, WritesAfterFreeze
+from ferry.api.errors import InvalidSpec, PrecheckFailed, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import Phase, StepName, StepState
 from ferry.api.saga import ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import (
     CHECK_CLUSTER,
     CHECK_FROZEN,
+    CHECK_UNWRITTEN,
     DELETE_SNAPSHOT,
     FREEZE,
     GUARD,
@@ -26,6 +27,7 @@ from tests.workflows.fakes import (
     STEP_ACTIVITIES,
     SWITCH_TRAFFIC,
     UNDO,
+    UNDO_GUARD,
     VERIFY,
     FakeSaga,
 )
@@ -56,6 +58,16 @@ def started_until(step: str) -> list[str]:
 def undos_of(started: list[str]) -> list[str]:
     """The undo calls expected after `started` steps: those that have one, newest first."""
     return [UNDO[step] for step in reversed(started) if step in UNDO]
+
+
+def way_back(started: list[str]) -> list[str]:
+    """The rollback's calls after `started` steps: each undo, after its guard if it has one, newest first."""
+    calls: list[str] = []
+    for undo in undos_of(started):
+        if undo in UNDO_GUARD:
+            calls.append(UNDO_GUARD[undo])
+        calls.append(undo)
+    return calls
 
 
 def states(status: Any) -> dict[str, StepState]:
@@ -111,7 +123,7 @@ async def test_a_failure_at_a_step_undoes_every_started_step_in_reverse_includin
     assert isinstance(failure.value.cause, ApplicationError)
     assert failure.value.cause.type == "MigrationRolledBack"
     started = started_until(failing)
-    assert saga.fakes.step_calls == [*calls_until(failing), *undos_of(started)]
+    assert saga.fakes.step_calls == [*calls_until(failing), *way_back(started)]
     final = saga.final_status
     assert final.phase is Phase.ROLLED_BACK
     by_activity = dict(zip(STEP_ACTIVITIES, final.steps, strict=True))
@@ -137,7 +149,7 @@ async def test_cancelling_during_a_step_stops_it_and_undoes_every_started_step(r
         await saga.handle.result()
     assert isinstance(failure.value.cause, CancelledError)
     assert saga.fakes.cancelled == [running]
-    assert saga.fakes.step_calls == [*calls_until(running), *undos_of(started_until(running))]
+    assert saga.fakes.step_calls == [*calls_until(running), *way_back(started_until(running))]
     final = saga.final_status
     assert final.phase is Phase.ROLLED_BACK
     assert not [step.name for step in final.steps if step.state in (StepState.RUNNING, StepState.RETRYING)]
@@ -157,7 +169,7 @@ async def test_a_step_that_completes_after_the_cancel_is_registered_as_done_and_
 
     with pytest.raises(WorkflowFailureError):
         await saga.handle.result()
-    assert fakes.step_calls == [*calls_until(finishing), *undos_of(started_until(finishing))]
+    assert fakes.step_calls == [*calls_until(finishing), *way_back(started_until(finishing))]
     undo_input = fakes.inputs[UNDO[finishing]][0]
     if finishing == SWITCH_TRAFFIC:
         assert undo_input["previousSelector"] == {"app": "orders-db"}
@@ -435,6 +447,85 @@ async def test_an_undo_that_keeps_failing_stops_the_rollback_before_older_undos_
     assert fakes.undo_calls == [UNDO[SCALE_DOWN_OLD], *[undo_switch] * 12]
     assert final.steps[STEP_ACTIVITIES.index(MIGRATE)].state is StepState.SUCCEEDED
     assert {c.type: c.status.value for c in final.conditions}["Succeeded"] == "False"
+
+
+async def test_a_rollback_after_switch_traffic_checks_the_target_against_verifys_mark_before_traffic_goes_back(
+    run_saga: Run,
+) -> None:
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD})
+    saga = await run_saga(fakes)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="slow queries"))
+
+    result = await saga.handle.result()
+    assert result.phase is Phase.ROLLED_BACK
+    assert fakes.step_calls == [*FORWARD, *way_back(STEP_ACTIVITIES)]
+    assert fakes.step_calls.index(CHECK_UNWRITTEN) == fakes.step_calls.index(UNDO[SWITCH_TRAFFIC]) - 1
+    (checked,) = fakes.inputs[CHECK_UNWRITTEN]
+    assert checked["fence"] == {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq"}
+
+
+async def test_writes_on_the_target_stop_the_rollback_before_traffic_goes_back_and_nothing_older_is_undone(
+    run_saga: Run,
+) -> None:
+    taken = "database 'orders' took writes since traffic moved to it: 3 rows were inserted, updated or deleted"
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD}, fail={CHECK_UNWRITTEN: WritesOnTarget(taken)})
+    saga = await run_saga(fakes)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="slow queries"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert fakes.step_calls == [*FORWARD, UNDO[SCALE_DOWN_OLD], CHECK_UNWRITTEN], "checked once: it is permanent"
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message == (
+        "rollback stopped after rollback requested by alice: slow queries: the check before undoing switch-traffic "
+        f"failed (WritesOnTarget: {taken}); not undone, as the check requires: switch-traffic, migrate, snapshot, "
+        "freeze, provision"
+    )
+    switch = final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)]
+    assert switch.state is StepState.COMPENSATION_FAILED
+    assert switch.last_error == f"check before undo: WritesOnTarget: {taken}"
+    assert final.steps[STEP_ACTIVITIES.index(SCALE_DOWN_OLD)].state is StepState.COMPENSATED
+    assert final.steps[STEP_ACTIVITIES.index(MIGRATE)].state is StepState.SUCCEEDED
+    assert {c.type: c.status.value for c in final.conditions}["Succeeded"] == "False"
+    failed = [event for event in fakes.events if event.reason == "CompensationFailed"]
+    assert [event.message for event in failed] == [
+        f"the check before undoing switch-traffic failed: WritesOnTarget: {taken}"
+    ]
+
+
+async def test_a_check_before_an_undo_that_fails_for_a_while_runs_before_every_attempt_of_the_undo(
+    run_saga: Run,
+) -> None:
+    fakes = FakeSaga(
+        fail={SCALE_DOWN_OLD: InvalidSpec("no scale subresource"), CHECK_UNWRITTEN: RuntimeError("target restarting")},
+        fail_times={CHECK_UNWRITTEN: 2},
+    )
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError):
+        await saga.handle.result()
+
+    assert fakes.step_calls[len(FORWARD) :] == [
+        UNDO[SCALE_DOWN_OLD],
+        *[CHECK_UNWRITTEN] * 3,
+        *way_back(started_until(SWITCH_TRAFFIC))[1:],
+    ]
+    final = saga.final_status
+    assert final.phase is Phase.ROLLED_BACK
+    switch = final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)]
+    assert switch.state is StepState.COMPENSATED
+    assert switch.undo_attempts == 3
+    retrying = [event.message for event in fakes.events if event.reason == "CompensationRetrying"]
+    assert retrying[0].startswith(
+        "the check before undoing switch-traffic: attempt 1 failed: RuntimeError: target restarting; attempt 2 of 12"
+    )
 
 
 async def test_progress_query_reports_the_running_step(run_saga: Run) -> None:

@@ -6,14 +6,15 @@ import os
 from datetime import timedelta
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from ferry.api.errors import WritesOnTarget
 from ferry.api.migration import MigrationStatus, Phase, StepState
 from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput, undo_workflow_id
 from tests.workflows.conftest import HISTORIES, migration_input
-from tests.workflows.fakes import STEP_ACTIVITIES, UNDO, FakeSaga
+from tests.workflows.fakes import CHECK_UNWRITTEN, STEP_ACTIVITIES, UNDO, UNDO_GUARD, FakeSaga
 from workflows.undo import MigrationUndoWorkflow
 
 pytestmark = pytest.mark.timeout(90)
@@ -54,10 +55,28 @@ async def test_every_step_is_undone_in_reverse_without_the_steps_results(
 
     assert result.phase is Phase.ROLLED_BACK
     assert result.message == "rolled back: deleted while it ran"
-    assert fakes.step_calls == [UNDO[name] for name in reversed(STEP_ACTIVITIES) if name in UNDO]
+    undos = [UNDO[name] for name in reversed(STEP_ACTIVITIES) if name in UNDO]
+    assert fakes.step_calls == [call for undo in undos for call in (UNDO_GUARD.get(undo), undo) if call is not None]
+    assert fakes.step_calls.index(CHECK_UNWRITTEN) == fakes.step_calls.index(UNDO["switch_traffic"]) - 1
+    assert fakes.inputs[CHECK_UNWRITTEN][0].get("fence") is None, "the check reads the mark verify left in the target"
     assert fakes.inputs[UNDO["switch_traffic"]][0].get("previousSelector") is None
     assert fakes.inputs[UNDO["scale_down_old"]][0].get("replicas") is None
     assert fakes.inputs[UNDO["postgresql.snapshot"]][0].get("artifact") is None
+
+
+async def test_writes_on_the_target_since_traffic_moved_stop_the_undo_before_traffic_goes_back(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    fakes = FakeSaga(fail={CHECK_UNWRITTEN: WritesOnTarget("2 rows were inserted, updated or deleted")})
+
+    with pytest.raises(WorkflowFailureError):
+        await undo(time_skipping.client, task_queue, fakes, status=None)
+
+    assert fakes.step_calls == [UNDO["scale_down_old"], CHECK_UNWRITTEN]
+    final = fakes.statuses[-1]
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert "the check before undoing switch-traffic failed (WritesOnTarget: 2 rows were inserted" in final.message
 
 
 async def test_the_status_goes_on_from_the_succeeded_run(time_skipping: WorkflowEnvironment, task_queue: str) -> None:

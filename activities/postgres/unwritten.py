@@ -1,0 +1,104 @@
+"""Has the target been written since traffic moved to it? Verify's mark of the target, kept in it, and the check.
+
+A rollback after switch-traffic points the clients' Service back at the source, and
+undo_migrate then empties the target: whatever the clients wrote to the target
+meanwhile would be lost without a word. So verify, once it found the target equal to
+the source, takes the target's FenceMark (see fencing) and records it in the target as
+the setting ferry.verified_mark (with the Migration that took it); check_unwritten, run
+before every attempt of switch-traffic's undo, compares the target with that mark and
+fails with WritesOnTarget when anything changed, so traffic stays on the target.
+
+Why verify's mark raises no false alarm later. When verify ends, the target is still
+ferry's own: nobody but ferry wrote to it. The mark is read (fencing.mark) once every
+other session of the target that began before it has been ended and is gone: the
+restore's (pg_restore's, and migrate's own that prepared the target), verify's readers,
+and any left behind by an attempt whose worker died. A session flushes its statistics
+as it exits, before it leaves pg_stat_activity, so every row the restore wrote (or an
+aborted attempt tried to) is counted in the mark, and none can be counted after it.
+Verify's reads move none of the counters (only inserts, updates and deletes do), nor the
+catalog or sequence fingerprints. Recording the marker is an ALTER DATABASE, which
+writes a shared catalog, not a user table. What the target may see later without a
+client writing to it changes nothing either: autovacuum and ANALYZE (other columns of
+the same statistics, the same relfilenodes), reads, ferry's own checks, a clean restart
+(the server keeps its statistics). A crash of the target's server discards them: the
+check then fails, since it cannot vouch for anything, which is the safe side.
+
+Why check_unwritten ends no session, and what that leaves. The target is live: its
+sessions are the application's. So the check reads the present as the shared
+statistics know it, after waiting (at most `SETTLE` seconds) until every other session
+has been idle long enough to have flushed its counts. A backend that goes idle flushes
+at once, unless it flushed less than a second before: then it flushes when it has been
+idle for 10 seconds (PostgreSQL's PGSTAT_IDLE_INTERVAL); when the shared statistics are
+contended, it tries again every 10 seconds, for a minute at most. Sequences and the
+catalog are read directly, exactly. What no check short of freezing the target can see:
+a write whose counts are not flushed when the wait ends (a session busy all along, or
+one whose flush met contention), and a write made after the check, before the Service's
+selector is back (or over a connection to the target that stays open: changing a
+Service ends none). So stop the clients' writes before rolling back after
+switch-traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import pydantic
+
+from activities.postgres import database_settings
+from activities.postgres.connection import Connection
+from activities.postgres.database_settings import VERIFIED_MARK
+from ferry.api.saga import FenceMark
+
+FLUSHED_AFTER = 11.0
+"""Seconds a session must have been idle for its counts to be in the shared statistics (PostgreSQL: 10 s at most)."""
+SETTLE = 15.0
+"""Seconds check_unwritten waits at most for sessions to flush: a busy target may never be all idle."""
+POLL = 0.2
+
+PENDING = """
+select count(*) from pg_stat_activity
+where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'
+and (state is distinct from 'idle' or state_change > clock_timestamp() - make_interval(secs => %s))
+"""
+"""Other sessions that may hold counts not yet flushed: busy, in a transaction, lately idle, or not visible."""
+
+
+def record(conn: Connection, owner: str, fence: FenceMark) -> None:
+    """Keeps `fence` in the target as `owner`'s mark, replacing any earlier one."""
+    value = json.dumps({"migration": owner, "fence": fence.model_dump(mode="json")}, sort_keys=True)
+    database_settings.change(conn, VERIFIED_MARK, value)
+
+
+def recorded(conn: Connection, owner: str) -> FenceMark | None:
+    """The mark `owner`'s verify recorded in the target; None when there is none of `owner`'s (or it is unreadable)."""
+    value = database_settings.read(conn).get(VERIFIED_MARK)
+    if value is None:
+        return None
+    try:
+        entry = json.loads(value)
+        if not isinstance(entry, dict) or entry.get("migration") != owner:
+            return None
+        return FenceMark.model_validate(entry.get("fence"))
+    except (ValueError, pydantic.ValidationError):
+        return None
+
+
+def forget(conn: Connection) -> None:
+    """Removes the mark, whoever's it is: called where the target's restore is removed or started again."""
+    if VERIFIED_MARK in database_settings.read(conn):
+        database_settings.change(conn, VERIFIED_MARK, None)
+
+
+def settle(conn: Connection, between_polls: Callable[[], None]) -> bool:
+    """Waits until no other session may hold unflushed counts, at most SETTLE seconds; False if some still may."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        row = conn.execute(PENDING, (FLUSHED_AFTER,)).fetchone()
+        if row is None or row[0] == 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        between_polls()
+        time.sleep(POLL)

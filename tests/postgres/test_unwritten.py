@@ -1,0 +1,158 @@
+"""The check before traffic goes back: a target that took writes since traffic moved to it is not given up.
+
+verify, once the target equals the source, marks where the target's writes stand and
+keeps the mark in the target; check_unwritten, before switch-traffic's undo, compares
+the target with it and fails with WritesOnTarget whatever way the target was written.
+It must not cry wolf over what an unwritten target sees (the restore's and verify's own
+statistics, ANALYZE, VACUUM, reads), and it must end no session: the target is live.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from psycopg import sql
+
+from ferry.api.errors import WritesOnTarget
+from ferry.api.saga import VerifyResult
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, contents, create_shop, database_settings
+
+MARKER = "ferry.verified_mark"
+
+
+@pytest.fixture
+def verified(steps: Steps, databases: Databases) -> VerifyResult:
+    """A small shop migrated and verified for real: the target is as it is when traffic moves to it."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    return steps.verify()
+
+
+def _marker(databases: Databases) -> dict[str, object] | None:
+    for entry in database_settings(databases.target):
+        name, _, value = entry.partition("=")
+        if name == MARKER:
+            found: dict[str, object] = json.loads(value)
+            return found
+    return None
+
+
+def test_verify_marks_the_target_and_keeps_the_mark_in_it(
+    steps: Steps, databases: Databases, verified: VerifyResult
+) -> None:
+    assert verified.target_fence is not None
+    assert verified.target_fence.writes >= 1_100, "the restore's rows are counted in the mark"
+    assert _marker(databases) == {
+        "migration": f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}",
+        "fence": verified.target_fence.model_dump(mode="json"),
+    }
+
+
+def test_a_target_nobody_wrote_to_passes_after_analyze_vacuum_and_reads(
+    steps: Steps, databases: Databases, verified: VerifyResult
+) -> None:
+    with connect(databases.target) as conn:
+        conn.execute("analyze")
+        conn.execute("vacuum (analyze) shop.orders")
+        conn.execute("select count(*) from shop.orders join shop.customers on customers.id = customer_id")
+        conn.execute("select * from audit.log where order_id = 3")
+
+    by_result = steps.check_unwritten(verified.target_fence)
+    by_marker = steps.check_unwritten(None)
+
+    assert by_result.compared
+    assert by_marker.compared
+    assert by_result.fence == by_marker.fence == verified.target_fence
+
+
+def test_the_check_ends_no_session_of_the_live_target(
+    steps: Steps, databases: Databases, verified: VerifyResult
+) -> None:
+    with connect(databases.target) as client:
+        client.execute("select count(*) from shop.orders")
+
+        steps.check_unwritten(verified.target_fence)
+
+        assert client.execute("select 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("write", "caught"),
+    [
+        pytest.param(
+            "insert into audit.log (order_id, note) values (3, 'after the switch')",
+            "1 row was inserted, updated or deleted",
+            id="insert",
+        ),
+        pytest.param("select nextval('audit.ticket_seq')", "sequences moved", id="nextval"),
+        pytest.param("truncate audit.log", "tables or the schema changed", id="truncate"),
+    ],
+)
+@pytest.mark.parametrize("mark", ["verify's result", "the target's marker"])
+def test_a_target_written_since_traffic_moved_fails_the_check_and_keeps_its_writes(
+    steps: Steps, databases: Databases, verified: VerifyResult, write: str, caught: str, mark: str
+) -> None:
+    with connect(databases.target) as client:
+        client.execute(write)
+    written = contents(databases.target)
+
+    with pytest.raises(WritesOnTarget) as raised:
+        steps.check_unwritten(verified.target_fence if mark == "verify's result" else None)
+
+    message = str(raised.value)
+    assert f"database '{databases.target.database}'" in message
+    assert f"took writes since traffic moved to it: {caught}" in message
+    assert "Switching traffic back to the source would lose them" in message
+    assert "the rollback stops here and traffic stays on the target" in message
+    assert "keep the target" in message
+    assert "copy those writes back to the source by hand" in message
+    assert "after the switch" not in message, "no row values in messages"
+    assert contents(databases.target) == written
+
+
+def test_a_write_whose_session_is_still_open_and_has_not_flushed_its_statistics_is_caught(
+    steps: Steps, databases: Databases, verified: VerifyResult
+) -> None:
+    """A backend that flushed less than a second ago keeps its counts for up to 10 s: the check waits for them."""
+    with connect(databases.target) as client:
+        client.execute("insert into audit.log (order_id, note) values (3, 'first')")
+        client.execute("insert into audit.log (order_id, note) values (3, 'second')")  # within the second
+
+        with pytest.raises(WritesOnTarget, match="2 rows were inserted, updated or deleted"):
+            steps.check_unwritten(verified.target_fence)
+
+        assert client.execute("select 1").fetchone() == (1,), "the client's session was not ended"
+
+
+def test_a_target_verify_never_marked_passes_since_ferry_moved_no_traffic_to_it(
+    steps: Steps, databases: Databases
+) -> None:
+    create_shop(databases.target, customers=10, orders=10)
+
+    result = steps.check_unwritten(None)
+
+    assert not result.compared
+
+
+def test_a_mark_of_another_migration_is_not_this_ones(steps: Steps, databases: Databases) -> None:
+    with connect(databases.target) as conn:
+        other = json.dumps({"migration": "shop/orders-db-to-16/another-uid", "fence": {"writes": 0, "catalog": "x"}})
+        database = sql.Identifier(databases.target.database)
+        conn.execute(sql.SQL("alter database {} set ferry.verified_mark = {}").format(database, sql.Literal(other)))
+
+    assert not steps.check_unwritten(None).compared
+
+
+def test_undo_migrate_removes_the_mark_with_the_restore(
+    steps: Steps, databases: Databases, verified: VerifyResult
+) -> None:
+    assert _marker(databases) is not None
+
+    assert steps.undo_migrate().removed
+
+    assert database_settings(databases.target) == []
+    assert not steps.check_unwritten(None).compared
