@@ -7,6 +7,7 @@ the switch never happened, or was another Migration's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -115,7 +116,9 @@ def test_undo_switch_traffic_after_switch_traffic_was_cancelled_while_waiting_po
     provisioned: ProvisionResult,
 ) -> None:
     activity_env.cancel()
-    with pytest.raises(CancelledError):
+    # Cancelled before it starts, it switches, then stops at its first look at the endpoints, unless
+    # they are already there: either way the selector was switched and its outcome is not to be trusted.
+    with contextlib.suppress(CancelledError):
         activity_env.run(cluster.switch_traffic, _switch(ref))
     assert stable_service(kube_api, ref.namespace).spec.selector == TARGET_SELECTOR, "it switched, then was stopped"
 

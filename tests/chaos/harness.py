@@ -108,7 +108,14 @@ class Component:
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
 
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
     def start(self) -> None:
+        """Starts the process, unless it runs already (two restarts may be due for one kill)."""
+        if self.running:
+            return
         with self.log_path.open("ab") as out:
             self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -203,8 +210,10 @@ class ChaosRun:
                     thread.join(60)
         self._settle()
         self.report.seconds = time.monotonic() - started
-        self._check()
-        self._stop_components()
+        try:
+            self._check()
+        finally:
+            self._stop_components()
         return self.report
 
     def _loops(self) -> dict[str, Callable[[], None]]:
@@ -335,6 +344,8 @@ class ChaosRun:
         victim = self.random.choice(["worker", "worker", "watcher", "temporal"])
         if victim == "temporal":
             process = self.temporal.process("temporal")
+            if process.popen is None or process.popen.poll() is not None:
+                return None  # killed already, and not started again yet
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             assert process.popen is not None
@@ -349,6 +360,8 @@ class ChaosRun:
             component, kind = self.components[leader], "leader watcher"
         else:
             component, kind = self.components[self.random.choice(["worker-a", "worker-b"])], "worker"
+        if not component.running:
+            return None  # killed already, and not started again yet
         component.kill()
         self.report.kills[kind] += 1
         log.info("SIGKILL %s", component.name)

@@ -171,12 +171,14 @@ async def test_retry_with_the_temporal_cli_reruns_a_failed_step_under_the_pause_
     core.patch_namespaced_secret(TARGET_SECRET, namespace, {"stringData": {"password": "wrong"}})
     ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, failurePolicy="Pause"))
     paused = await _wait_phase(kubectl, ref, "Paused")
-    assert paused["currentStep"] == "migrate"
-    assert "BadCredentials" in paused["message"]
+    # The precheck finds the refused credentials before anything changes.
+    assert paused["currentStep"] == "precheck"
+    assert "PrecheckFailed" in paused["message"]
+    assert "credentials" in paused["message"]
 
     core.patch_namespaced_secret(TARGET_SECRET, namespace, {"data": {"password": good}})
     await _signal(binaries, stack, ref, "retry", '{"by": "frank"}')
 
     status = await _wait_phase(kubectl, ref, "Succeeded")
-    migrate = next(step for step in status["steps"] if step["name"] == "migrate")
-    assert migrate["attempts"] == 2
+    precheck = next(step for step in status["steps"] if step["name"] == "precheck")
+    assert precheck["attempts"] == 2

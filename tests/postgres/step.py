@@ -1,7 +1,8 @@
 """A workflow of one step, for tests that break things under it: postgresql.snapshot, retried as the saga retries it.
 
-It runs the snapshot activity under the saga's own retry policy (workflows.plan.STEP_RETRY),
-but notices a dead worker within a few seconds rather than the saga's thirty.
+It runs the snapshot activity with the attempts the saga gives a step (workflows.steps.STEP_RETRY,
+here as a Temporal retry policy), but notices a dead worker within a few seconds rather than the
+saga's thirty.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from ferry.api.saga import DriverOperation, SnapshotInput, SnapshotResult, driver_activity
-    from workflows import plan
+    from workflows.steps import STEP_RETRY
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=4)
 
@@ -27,5 +28,5 @@ class SnapshotStep:
             result_type=SnapshotResult,
             start_to_close_timeout=timedelta(minutes=5),
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
-            retry_policy=plan.STEP_RETRY,
+            retry_policy=STEP_RETRY.as_policy(),
         )
