@@ -378,9 +378,12 @@ def test_a_missing_permission_ends_the_step_with_what_to_grant_not_an_http_dump(
     status = _wait_for_phase(kubectl, namespace, ref.name, Ferry(worker, watcher, "watcher"))
 
     assert status["phase"] == "RolledBack"
+    # The precheck runs provision's server-side dry run, so the missing permission shows before anything changes.
+    precheck = next(step for step in status["steps"] if step["name"] == "precheck")
+    assert precheck["attempts"] == 1
+    assert precheck["lastError"].startswith("PermissionDenied: the Kubernetes API server refused: ")
+    assert "cannot create resource" in precheck["lastError"]
+    assert "Grant that permission to ferry's worker" in precheck["lastError"]
     provision = next(step for step in status["steps"] if step["name"] == "provision")
-    assert provision["attempts"] == 1
-    assert provision["lastError"].startswith("PermissionDenied: the Kubernetes API server refused: ")
-    assert "cannot create resource" in provision["lastError"]
-    assert "Grant that permission to ferry's worker" in provision["lastError"]
+    assert provision["state"] == "Pending", "nothing was created"
     assert "HTTP response headers" not in status["message"]
