@@ -5,7 +5,7 @@
 #
 # The Python dependencies are exactly those locked in uv.lock, without the dev group. The
 # worker runs pg_dump and pg_restore from Debian's PostgreSQL client package; Debian
-# bookworm ships major 15, the version of ferry's local stack (ferry/stack/versions.py).
+# bookworm ships major 15, the version of ferry's local stack (devstack/stack/versions.py).
 # pg_dump cannot dump a server newer than itself, so sources on PostgreSQL 16 or later
 # need a newer client (e.g. from apt.postgresql.org) and FERRY_POSTGRES_BINDIR set to it.
 

@@ -10,8 +10,8 @@ help: ## list the targets
 setup: ## install the Python dependencies and find or build the stack's components
 	@bash scripts/setup.sh
 
-up: setup ## the main job: start the local stack and keep it running until Ctrl-C
-	$(VENV)/ferry up
+up: setup ## the main job: the local stack, ferry's worker and watcher, a sample migration followed live; then stops (ARGS=--keep-running stays up until Ctrl-C)
+	$(VENV)/python -m devstack up $(ARGS)
 
 test: ## the test command: setup (with headless Chromium), static checks, then every test against a real local stack
 	@bash scripts/setup.sh --browser

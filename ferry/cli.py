@@ -1,4 +1,8 @@
-"""The `ferry` command: the entry point that configures logging and dispatches subcommands."""
+"""The `ferry` command of the product: `worker`, `watcher` and `crd`; it configures logging and dispatches.
+
+The local stack and the `make up` demo are development tools with a command of their
+own (`python -m devstack`), which the product does not ship.
+"""
 
 from __future__ import annotations
 
@@ -8,72 +12,15 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from types import FrameType
 
 from ferry.configuration import arguments
 from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
-from ferry.stack import install
-from ferry.stack.errors import StackError
-from ferry.stack.stack import START_TIMEOUT, Stack, describe
 from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
-
-
-def _default_state_dir() -> Path:
-    return Path(os.environ.get("FERRY_STATE_DIR", ".ferry/stack"))
-
-
-def _cmd_setup(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    binaries = install.ensure_binaries()
-    for field, value in vars(binaries).items():
-        print(f"{field:25} {value}")
-    if args.browser:
-        print(f"{'chromium':25} {install.ensure_chromium()}")
-    print(f"setup finished in {time.monotonic() - started:.1f}s")
-    return 0
-
-
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def _cmd_up(args: argparse.Namespace) -> int:
-    from ferry.demo import run as demo
-
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    stack = Stack(Path(args.state_dir), timeout=args.timeout)
-    # The terminal shows progress; the components' logs go to a file beside the stack's.
-    stack.logs_dir.mkdir(parents=True, exist_ok=True)
-    logfile = logging.FileHandler(stack.logs_dir / "ferry.log")
-    logfile.setFormatter(logs.TextFormatter())
-    logging.getLogger().handlers[:] = [logfile]
-    code = 0
-    try:
-        info = stack.start()
-        print(describe(info), flush=True)
-        print(f"ferry's own log:   {stack.logs_dir / 'ferry.log'}", flush=True)
-        print("\nThe stack is up.", flush=True)
-        code = demo.main_entry(
-            info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
-            orders=args.orders,
-        )  # fmt: skip
-    except KeyboardInterrupt:
-        print("\ninterrupted", flush=True)
-    except StackError as error:
-        # ferry's log goes to a file here: the reason belongs on the terminal.
-        print(f"\nferry up: {error}", flush=True)
-        code = 1
-    finally:
-        print("stopping the stack...", flush=True)
-        stack.stop()
-    print("stopped; no process of the stack is left.", flush=True)
-    return code
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -136,48 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    setup = commands.add_parser(
-        "setup",
-        help="find or build every component of the local stack (cached by version)",
-        description="Finds or builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok "
-        "and versitygw (cache: $FERRY_CACHE_DIR or ~/.cache/ferry), and installs PostgreSQL "
-        "from Debian's packages when it is missing.",
-    )
-    setup.add_argument(
-        "--browser", action="store_true", help="also install headless Chromium for the Web UI tests (Debian's package)"
-    )
-    setup.set_defaults(run=_cmd_setup)
-
-    up = commands.add_parser(
-        "up",
-        help="the main job: local stack, worker, watcher, and a sample Migration followed live",
-        description="Starts etcd, kube-apiserver, controller-manager, scheduler, kwok, the Temporal dev "
-        "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
-        "loopback; installs the Migration CRD; runs ferry's worker and watcher; seeds a sample "
-        "'orders' database behind StatefulSet shop/orders-db and applies the Migration "
-        "shop/orders-db-to-16, showing its progress until it finishes. Ctrl-C stops everything.",
-    )
-    up.add_argument(
-        "--state-dir",
-        default=str(_default_state_dir()),
-        help="folder for the stack's data, logs and kubeconfig; reused across runs "
-        "(default: $FERRY_STATE_DIR or .ferry/stack)",
-    )
-    up.add_argument(
-        "--timeout",
-        type=float,
-        default=START_TIMEOUT,
-        help="seconds each component may take to come up; a component that exits fails at once "
-        "(default: %(default)s, for a first start on a cold machine)",
-    )
-    up.add_argument("--no-sample", action="store_true", help="skip the sample Migration; keep everything running")
-    up.add_argument(
-        "--keep-running", action="store_true", help="after the sample, keep everything running until Ctrl-C"
-    )
-    up.add_argument(
-        "--orders", type=int, default=200_000, help="rows in the sample's orders table (default: %(default)s)"
-    )
-    up.set_defaults(run=_cmd_up)
     from watcher.settings import WatcherSettings
     from worker.settings import WorkerSettings
 
@@ -197,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "watcher",
         help="run ferry's watcher: each Migration becomes exactly one workflow",
         description="Lists and watches Migrations, holds their finalizer, starts one workflow per Migration, "
-        "turns kubectl controls (annotations) into signals, and holds deletion until the undo is done. "
+        "turns kubectl controls (annotations) into updates of the saga, and holds deletion until the undo is done. "
         "Replicas elect one active watcher through a Lease. Every flag can also be set by the FERRY_ "
         "variable in brackets (an empty one counts as unset); a flag wins over its variable. Until Temporal "
         "answers, the watcher keeps trying and reports not ready on /readyz.",
@@ -227,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before logging is configured (the log format is a setting too): a plain line, as argparse's own.
         print(f"ferry {args.command}: {error}", file=sys.stderr)
         return 2
-    except (StackError, StartupError) as error:
+    except StartupError as error:
         log.error("%s", error)
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the component took over the signal

@@ -38,6 +38,9 @@ from temporalio.testing import ActivityEnvironment
 from activities.postgres.activities import PostgresActivities
 from activities.secrets import DatabaseConnection, S3Credentials
 from activities.settings import DataActivitySettings
+from devstack.stack.install import ensure_binaries
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import Stack, StackInfo
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
     FreezeInput,
@@ -48,9 +51,6 @@ from ferry.api.saga import (
     VerifyInput,
     snapshot_key,
 )
-from ferry.stack.install import ensure_binaries
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.stack import Stack, StackInfo
 
 T = TypeVar("T")
 DATABASE = "ferry_bench"

@@ -27,10 +27,10 @@ from kubernetes import config as k8s_config
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devstack.stack.install import ensure_binaries  # noqa: E402
+from devstack.stack.stack import Stack, StackInfo  # noqa: E402
 from ferry.api.saga import MigrationRef, workflow_id  # noqa: E402
 from ferry.clients import TemporalSettings, connect_temporal  # noqa: E402
-from ferry.stack.install import ensure_binaries  # noqa: E402
-from ferry.stack.stack import Stack, StackInfo  # noqa: E402
 from tests import samples  # noqa: E402
 
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kubernetes import config
 
-from ferry.stack.install import ensure_binaries
-from ferry.stack.stack import Stack
+from devstack.stack.install import ensure_binaries
+from devstack.stack.stack import Stack
 from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
 
 CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"

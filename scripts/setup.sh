@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one setup path behind both README commands; safe to run again and again.
 #  1. Python dependencies, exactly as locked in uv.lock, into .venv (uv is pinned below).
-#  2. `ferry setup`: finds or builds every real component of the local stack, cached by
-#     version (see ferry/stack/versions.py), and installs PostgreSQL if it is missing.
+#  2. `python -m devstack setup`: finds or builds every real component of the local stack, cached by
+#     version (see devstack/stack/versions.py), and installs PostgreSQL if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +10,7 @@ UV_VERSION=0.13.9
 CACHE="${FERRY_CACHE_DIR:-$HOME/.cache/ferry}"
 PYTHON="${PYTHON:-python3}"
 
-fail() { echo "ferry setup: $*" >&2; exit 1; }
+fail() { echo "ferry setup (scripts/setup.sh): $*" >&2; exit 1; }
 
 command -v "$PYTHON" >/dev/null || fail "$PYTHON is not on PATH; install Python 3.11 or newer (or set PYTHON=/path/to/python3)."
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -29,4 +29,4 @@ fi
 # Never let uv fetch an interpreter: use the one found above.
 UV_PYTHON_DOWNLOADS=never "$UV" sync --frozen --quiet --python "$PYTHON"
 
-exec .venv/bin/ferry setup "$@"
+exec .venv/bin/python -m devstack setup "$@"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
-from ferry.demo.sample import SOURCE, source_objects
+from devstack.demo.sample import SOURCE, source_objects
 
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 

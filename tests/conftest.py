@@ -22,9 +22,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack.install import Binaries, ensure_binaries
+from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
-from ferry.stack.install import Binaries, ensure_binaries
-from ferry.stack.stack import Stack, StackInfo
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 

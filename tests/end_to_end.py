@@ -22,11 +22,11 @@ from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
 from activities.settings import KubeActivitySettings
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
 from ferry.clients import TemporalSettings
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.stack import StackInfo
 from tests import samples
 from tests.cluster import create_source
 from tests.conftest import Kubectl

@@ -16,12 +16,12 @@ from kubernetes import watch
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import MigrationSpec, ResourceRequirements
 from ferry.api.saga import MigrationRef, ProvisionInput
 from ferry.clients import kubernetes_client
 from ferry.kube_requests import RequestTimeouts
-from ferry.stack.stack import StackInfo
 from tests.activities.cluster_state import absent
 from tests.activities.conftest import TARGET
 

@@ -37,10 +37,10 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef, MigrationResult, snapshot_key, undo_workflow_id, workflow_id
 from ferry.clients import TemporalSettings, connect_temporal
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.stack import Stack, StackInfo
 from tests import samples
 from tests.cluster import create_source, endpoint_pods
 

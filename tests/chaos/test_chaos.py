@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
 from tests.conftest import make_state_dir
 

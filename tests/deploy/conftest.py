@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ferry.stack.stack import StackInfo
+from devstack.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ferry.stack.versions import POSTGRES_MAJOR
+from devstack.stack.versions import POSTGRES_MAJOR
 from tests.deploy.files import (
     DEPLOY,
     ROOT,

@@ -21,9 +21,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.clients import kubernetes_client
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.deploy.conftest import ServiceAccountKubeconfig

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
+from devstack.stack.readiness import free_port
+from devstack.stack.stack import StackInfo
 from ferry.observability.settings import ObservabilitySettings
-from ferry.stack.readiness import free_port
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import eventually, watcher_settings, worker_settings
 from watcher import runner as watcher_runner
 from worker import runner as worker_runner

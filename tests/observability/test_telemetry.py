@@ -16,12 +16,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devstack.stack.readiness import free_port
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import WORKFLOW_NAME
 from ferry.observability.logs import JsonFormatter
 from ferry.observability.settings import ObservabilitySettings
 from ferry.observability.tracing import TracingSettings
-from ferry.stack.readiness import free_port
-from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, migration_manifest, watcher_settings, worker_settings
 from watcher import runner as watcher_runner

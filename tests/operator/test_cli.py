@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from kubernetes import client as k8s
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import MigrationRef, workflow_id
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import TARGET_SECRET, Databases, apply_migration, eventually, migration_manifest
 from watcher.settings import WatcherSettings

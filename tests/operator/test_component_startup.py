@@ -23,13 +23,13 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from devstack.stack.install import Binaries
+from devstack.stack.readiness import LOOPBACK, PortBook, free_port
+from devstack.stack.stack import StackInfo
+from devstack.stack.temporal import TemporalDevServer
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import MigrationInput, MigrationRef
 from ferry.clients import TemporalSettings, connect_temporal
-from ferry.stack.install import Binaries
-from ferry.stack.readiness import LOOPBACK, PortBook, free_port
-from ferry.stack.stack import StackInfo
-from ferry.stack.temporal import TemporalDevServer
 from tests import samples
 from tests.end_to_end import eventually
 from tests.processes import FerryProcess, start_ferry, wait_until

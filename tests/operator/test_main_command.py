@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.stack.processes import processes_under
+from devstack.stack.processes import processes_under
 from tests.conftest import make_state_dir
 
 STACK_UP = 600.0
@@ -112,7 +112,7 @@ def state_dir() -> Iterator[Path]:
 @pytest.mark.timeout(STACK_UP + SAMPLE_DONE + STOPPED + 300)
 def test_ferry_up_migrates_the_sample_in_a_terminal_and_stops_cleanly_on_ctrl_c(state_dir: Path) -> None:
     up = Terminal(
-        [sys.executable, "-m", "ferry.cli", "up", f"--state-dir={state_dir}", "--orders=5000", "--keep-running"]
+        [sys.executable, "-m", "devstack", "up", f"--state-dir={state_dir}", "--orders=5000", "--keep-running"]
     )
     try:
         up.wait_for("the stack to be up", r"The stack is up\.", STACK_UP)

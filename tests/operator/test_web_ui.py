@@ -19,10 +19,10 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from devstack.stack.install import ensure_chromium
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import GROUP, PLURAL, VERSION
 from ferry.api.saga import workflow_id
-from ferry.stack.install import ensure_chromium
-from ferry.stack.stack import StackInfo
 from tests.browser import Browser
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest

@@ -20,6 +20,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.postgres.activities import PostgresActivities
 from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
     CheckFrozenInput,
@@ -43,8 +45,6 @@ from ferry.api.saga import (
     VerifyResult,
     snapshot_key,
 )
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET
 
 

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from activities.postgres.connection import MARKERS
-from ferry.stack.postgres import PostgresEndpoint
+from devstack.stack.postgres import PostgresEndpoint
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 

@@ -23,8 +23,8 @@ from activities.postgres.activities import PostgresActivities
 from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import DatabaseUnreachable
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
 

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 from kubernetes import client as k8s
 
+from devstack.stack.readiness import free_port
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import (
     NON_RETRYABLE_TYPES,
     BadCredentials,
@@ -16,8 +18,6 @@ from ferry.api.errors import (
     MissingSecret,
 )
 from ferry.api.migration import DriverSpec
-from ferry.stack.readiness import free_port
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
 

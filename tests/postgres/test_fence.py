@@ -16,10 +16,10 @@ import subprocess
 import psycopg
 import pytest
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import WritesAfterFreeze
 from ferry.api.saga import FreezeResult
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps

@@ -13,8 +13,8 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres.connection import MARKERS
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import BadCredentials, InvalidSpec
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import (

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec, SnapshotCorrupt
 from ferry.api.saga import SnapshotResult
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, contents, create_shop, database_settings, tables

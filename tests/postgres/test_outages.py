@@ -27,10 +27,10 @@ from temporalio.worker import Interceptor, Worker
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
+from devstack.stack.install import Binaries
+from devstack.stack.stack import Stack, StackInfo
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput
-from ferry.stack.install import Binaries
-from ferry.stack.stack import Stack, StackInfo
 from tests.cluster import eventually
 from tests.conftest import make_state_dir
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases

@@ -11,11 +11,11 @@ from kubernetes import client as k8s
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.readiness import free_port
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverSpec
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.readiness import free_port
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings

@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ferry.stack.install import Binaries
-from ferry.stack.postgres import PostgresEndpoint
+from devstack.stack.install import Binaries
+from devstack.stack.postgres import PostgresEndpoint
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import application_role, connect, connect_privileges, database_settings

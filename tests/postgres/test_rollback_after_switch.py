@@ -17,9 +17,9 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import ControlOutcome, ControlRequest, MigrationRef, Signal
-from ferry.stack.stack import StackInfo
 from tests.cluster import SOURCE_PODS, endpoint_pods
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, start_migration

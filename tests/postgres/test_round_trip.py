@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ferry.stack.postgres import PostgresEndpoint
+from devstack.stack.postgres import PostgresEndpoint
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, create_shop, database_settings

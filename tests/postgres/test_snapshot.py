@@ -13,8 +13,8 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.settings import MIB
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps

@@ -7,9 +7,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.settings import MIB
 from activities.snapshots import SnapshotStoreActivities
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import SnapshotSpec
 from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, UndoSnapshotInput, snapshot_key
-from ferry.stack.stack import StackInfo
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
 
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import SnapshotResult
-from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import (
     Databases,

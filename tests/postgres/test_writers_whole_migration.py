@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.stack import StackInfo
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, migration_manifest, start_migration
 from tests.postgres.data import application_role, connect, create_shop

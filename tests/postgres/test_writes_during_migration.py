@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from ferry.stack.postgres import PostgresEndpoint
+from devstack.stack.postgres import PostgresEndpoint
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps

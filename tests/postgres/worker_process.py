@@ -24,8 +24,8 @@ from temporalio.worker import Worker
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import MIB, DataActivitySettings
+from devstack.stack.stack import StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
-from ferry.stack.stack import StackInfo
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 
 IDENTITY = "doomed-worker"

@@ -20,10 +20,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from devstack.stack.install import Binaries
+from devstack.stack.processes import group_members, processes_under
+from devstack.stack.stack import Stack
 from ferry.clients import TemporalSettings, connect_temporal
-from ferry.stack.install import Binaries
-from ferry.stack.processes import group_members, processes_under
-from ferry.stack.stack import Stack
 from tests.conftest import make_state_dir
 
 
@@ -96,7 +96,7 @@ def _recorded_pids(state_dir: Path) -> list[int]:
 
 def _start_ferry_up(state_dir: Path) -> tuple[subprocess.Popen[str], set[int]]:
     up = subprocess.Popen(
-        [sys.executable, "-m", "ferry.cli", "up", f"--state-dir={state_dir}"],
+        [sys.executable, "-m", "devstack", "up", f"--state-dir={state_dir}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from ferry.stack.stack import StackInfo
+from devstack.stack.stack import StackInfo
 
 
 @pytest.mark.parametrize("instance", ["source", "target"])

@@ -8,7 +8,7 @@ import uuid
 
 from boto3.s3.transfer import TransferConfig
 
-from ferry.stack.stack import StackInfo
+from devstack.stack.stack import StackInfo
 
 
 def test_boto3_round_trips_a_20_mb_object_through_multipart_upload(stack: StackInfo, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -11,9 +11,9 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.api import search_attributes
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 
 
 @activity.defn

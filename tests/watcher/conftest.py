@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
-from ferry.stack.stack import StackInfo
 
 
 async def workflows_in(client: Client, namespace: str) -> list[str]:

@@ -9,9 +9,9 @@ from typing import Any
 
 from temporalio.client import Client
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import workflow_id
-from ferry.stack.install import Binaries
-from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest
 from watcher.settings import WatcherSettings

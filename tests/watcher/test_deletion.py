@@ -15,8 +15,8 @@ from kubernetes import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from devstack.stack.stack import StackInfo
 from ferry.api.saga import ControlRequest, Signal, undo_workflow_id, workflow_id
-from ferry.stack.stack import StackInfo
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest

@@ -18,9 +18,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack.install import Binaries
+from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef
-from ferry.stack.install import Binaries
-from ferry.stack.stack import Stack, StackInfo
 from tests.conftest import CRD_MANIFEST, make_state_dir
 from tests.end_to_end import eventually, migration_manifest
 from tests.watcher.conftest import has_workflow

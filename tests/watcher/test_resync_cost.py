@@ -20,11 +20,11 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client
 
+from devstack.stack.readiness import free_port
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import WORKFLOW_ANNOTATION
 from ferry.api.saga import MigrationRef, workflow_id
 from ferry.observability.settings import ObservabilitySettings
-from ferry.stack.readiness import free_port
-from ferry.stack.stack import StackInfo
 from tests.end_to_end import eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import has_workflow
 from watcher import runner

@@ -10,9 +10,9 @@ import signal
 from kubernetes import client as k8s
 from temporalio.client import Client
 
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER
 from ferry.api.saga import WORKFLOW_NAME, workflow_id
-from ferry.stack.stack import StackInfo
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest
 from tests.watcher.conftest import has_workflow, workflows_in

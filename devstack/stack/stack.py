@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 
-from ferry.stack.errors import StartError
-from ferry.stack.install import Binaries, ensure_binaries
-from ferry.stack.kube import KubeControlPlane
-from ferry.stack.postgres import PostgresEndpoint, PostgresInstance
-from ferry.stack.processes import ManagedProcess, PidFile
-from ferry.stack.readiness import PortBook
-from ferry.stack.s3 import REGION, S3Server
-from ferry.stack.temporal import NAMESPACE, TemporalDevServer
+from devstack.stack.errors import StartError
+from devstack.stack.install import Binaries, ensure_binaries
+from devstack.stack.kube import KubeControlPlane
+from devstack.stack.postgres import PostgresEndpoint, PostgresInstance
+from devstack.stack.processes import ManagedProcess, PidFile
+from devstack.stack.readiness import PortBook
+from devstack.stack.s3 import REGION, S3Server
+from devstack.stack.temporal import NAMESPACE, TemporalDevServer
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-log = logging.getLogger("ferry.stack")
+log = logging.getLogger("devstack.stack")
 
 COMPONENTS = frozenset({"kubernetes", "temporal", "s3", "postgres"})
 POSTGRES_INSTANCES = ("source", "target")

@@ -1,4 +1,4 @@
-"""`ferry up`: the local stack, ferry's worker and watcher, and a sample Migration followed live.
+"""`make up` (`python -m devstack up`): the local stack, the worker and the watcher, and a sample followed live.
 
 Order: start the stack; install the CRD; start the worker and the watcher (in this
 process, like two pods); seed the sample and apply its Migration; follow its status
@@ -24,21 +24,21 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
 from activities.settings import DataActivitySettings, KubeActivitySettings
+from devstack.demo import sample
+from devstack.demo.progress import Display
+from devstack.stack.errors import StartError
+from devstack.stack.install import Binaries
+from devstack.stack.readiness import wait_until
+from devstack.stack.stack import StackInfo
 from ferry.api.crd import manifest_yaml
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
-from ferry.demo import sample
-from ferry.demo.progress import Display
-from ferry.stack.errors import StartError
-from ferry.stack.install import Binaries
-from ferry.stack.readiness import wait_until
-from ferry.stack.stack import StackInfo
 from watcher import runner as watcher_runner
 from watcher.settings import LeaseSettings, WatcherSettings
 from worker import runner as worker_runner
 from worker.settings import WorkerSettings
 
-log = logging.getLogger("ferry.demo")
+log = logging.getLogger("devstack.demo")
 
 TASK_QUEUE = "ferry"
 FINISHED = {phase.value for phase in FINISHED_PHASES}

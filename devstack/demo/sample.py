@@ -1,4 +1,4 @@
-"""The sample that `ferry up` migrates: an `orders` database behind a StatefulSet named orders-db.
+"""The sample that `make up` migrates: an `orders` database behind a StatefulSet named orders-db.
 
 Everything is created idempotently on the local stack: the source database with a few
 tables of realistic data in the `source` PostgreSQL instance, an empty `orders` database
@@ -16,8 +16,8 @@ import psycopg
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from ferry.stack.postgres import PostgresEndpoint
-from ferry.stack.stack import StackInfo
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import StackInfo
 
 NAMESPACE = "shop"
 MIGRATION = "orders-db-to-16"

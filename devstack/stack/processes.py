@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from ferry.stack.errors import StartError
+from devstack.stack.errors import StartError
 
-log = logging.getLogger("ferry.stack.processes")
+log = logging.getLogger("devstack.stack.processes")
 
 _PR_SET_PDEATHSIG = 1
 

@@ -17,10 +17,10 @@ import stat
 import subprocess
 from pathlib import Path
 
-from ferry.stack.errors import StartError
-from ferry.stack.install import Binaries
-from ferry.stack.processes import ManagedProcess
-from ferry.stack.readiness import LOOPBACK, PortBook, wait_until
+from devstack.stack.errors import StartError
+from devstack.stack.install import Binaries
+from devstack.stack.processes import ManagedProcess
+from devstack.stack.readiness import LOOPBACK, PortBook, wait_until
 
 SUPERUSER = "postgres"
 SERVICE_USER_WHEN_ROOT = "postgres"

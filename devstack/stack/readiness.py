@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ferry.stack.errors import StartError
-from ferry.stack.processes import ManagedProcess
+from devstack.stack.errors import StartError
+from devstack.stack.processes import ManagedProcess
 
 LOOPBACK = "127.0.0.1"
 

@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ferry.stack import versions
-from ferry.stack.errors import SetupError
+from devstack.stack import versions
+from devstack.stack.errors import SetupError
 
-log = logging.getLogger("ferry.stack.install")
+log = logging.getLogger("devstack.stack.install")
 
 
 @dataclasses.dataclass(frozen=True)

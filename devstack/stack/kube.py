@@ -18,10 +18,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from ferry.stack import pki
-from ferry.stack.install import Binaries
-from ferry.stack.processes import ManagedProcess
-from ferry.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
+from devstack.stack import pki
+from devstack.stack.install import Binaries
+from devstack.stack.processes import ManagedProcess
+from devstack.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
 
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"

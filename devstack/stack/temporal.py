@@ -6,10 +6,10 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
+from devstack.stack.install import Binaries
+from devstack.stack.processes import ManagedProcess
+from devstack.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
 from ferry.api import search_attributes
-from ferry.stack.install import Binaries
-from ferry.stack.processes import ManagedProcess
-from ferry.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
 
 NAMESPACE = "default"
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 import boto3
 from botocore.config import Config
 
-from ferry.stack.install import Binaries
+from devstack.stack.install import Binaries
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-from ferry.stack.processes import ManagedProcess
-from ferry.stack.readiness import LOOPBACK, PortBook, wait_until
+from devstack.stack.processes import ManagedProcess
+from devstack.stack.readiness import LOOPBACK, PortBook, wait_until
 
 REGION = "us-east-1"
 

@@ -1,0 +1,149 @@
+"""`python -m devstack`: the local stack's commands, `setup` and `up` (what the README's two commands run).
+
+A development tool beside the product: the `ferry` command (ferry/cli.py) runs the worker
+and the watcher anywhere; this one builds and starts the real components on this machine
+and runs a sample migration on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from devstack.stack import install
+from devstack.stack.errors import StackError
+from devstack.stack.stack import START_TIMEOUT, Stack, describe
+from ferry.observability import logs
+
+log = logging.getLogger("devstack")
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("FERRY_STATE_DIR", ".ferry/stack"))
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    binaries = install.ensure_binaries()
+    for field, value in vars(binaries).items():
+        print(f"{field:25} {value}")
+    if args.browser:
+        print(f"{'chromium':25} {install.ensure_chromium()}")
+    print(f"setup finished in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from devstack.demo import run as demo
+
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    stack = Stack(Path(args.state_dir), timeout=args.timeout)
+    # The terminal shows progress; the components' logs go to a file beside the stack's.
+    stack.logs_dir.mkdir(parents=True, exist_ok=True)
+    logfile = logging.FileHandler(stack.logs_dir / "ferry.log")
+    logfile.setFormatter(logs.TextFormatter())
+    logging.getLogger().handlers[:] = [logfile]
+    code = 0
+    try:
+        info = stack.start()
+        print(describe(info), flush=True)
+        print(f"ferry's own log:   {stack.logs_dir / 'ferry.log'}", flush=True)
+        print("\nThe stack is up.", flush=True)
+        code = demo.main_entry(
+            info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
+            orders=args.orders,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        print("\ninterrupted", flush=True)
+    except StackError as error:
+        # ferry's log goes to a file here: the reason belongs on the terminal.
+        print(f"\nferry up: {error}", flush=True)
+        code = 1
+    finally:
+        print("stopping the stack...", flush=True)
+        stack.stop()
+    print("stopped; no process of the stack is left.", flush=True)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack",
+        description="ferry's local stack of real components, for development and the tests: not part of ferry.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    setup = commands.add_parser(
+        "setup",
+        help="find or build every component of the local stack (cached by version)",
+        description="Finds or builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok "
+        "and versitygw (cache: $FERRY_CACHE_DIR or ~/.cache/ferry), and installs PostgreSQL "
+        "from Debian's packages when it is missing.",
+    )
+    setup.add_argument(
+        "--browser", action="store_true", help="also install headless Chromium for the Web UI tests (Debian's package)"
+    )
+    setup.set_defaults(run=_cmd_setup)
+
+    up = commands.add_parser(
+        "up",
+        help="the main job: local stack, worker, watcher, and a sample Migration followed live",
+        description="Starts etcd, kube-apiserver, controller-manager, scheduler, kwok, the Temporal dev "
+        "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
+        "loopback; installs the Migration CRD; runs ferry's worker and watcher; seeds a sample "
+        "'orders' database behind StatefulSet shop/orders-db and applies the Migration "
+        "shop/orders-db-to-16, showing its progress until it finishes. Ctrl-C stops everything.",
+    )
+    up.add_argument(
+        "--state-dir",
+        default=str(_default_state_dir()),
+        help="folder for the stack's data, logs and kubeconfig; reused across runs "
+        "(default: $FERRY_STATE_DIR or .ferry/stack)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=START_TIMEOUT,
+        help="seconds each component may take to come up; a component that exits fails at once "
+        "(default: %(default)s, for a first start on a cold machine)",
+    )
+    up.add_argument("--no-sample", action="store_true", help="skip the sample Migration; keep everything running")
+    up.add_argument(
+        "--keep-running", action="store_true", help="after the sample, keep everything running until Ctrl-C"
+    )
+    up.add_argument(
+        "--orders", type=int, default=200_000, help="rows in the sample's orders table (default: %(default)s)"
+    )
+    up.set_defaults(run=_cmd_up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.run(args))
+    except StackError as error:
+        log.error("%s", error)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
