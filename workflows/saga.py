@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         StepState,
     )
     from ferry.api.saga import (
+        ControlRequest,
         DeleteSnapshotInput,
         EventRecord,
         KubeActivity,
@@ -543,7 +544,7 @@ class Saga:
             self._events += 1
             event = EventRecord(type=kind, reason=reason, message=message, key=f"{self._events}.{reason}.{key}")
             try:
-                await workflow.execute_activity(
+                mirrored = await workflow.execute_activity(
                     KubeActivity.MIRROR_STATUS.value,
                     MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event),
                     result_type=MirrorStatusResult,
@@ -555,6 +556,23 @@ class Saga:
                 if is_cancelled_exception(error):
                     raise
                 workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
+                return
+            if not mirrored.found:
+                self._orphaned()
+
+    def _orphaned(self) -> None:
+        """The Migration this run works for is gone, or is another object now: nobody asked for this run any more.
+
+        That happens when a start whose outcome its sender did not learn lands after the
+        Migration was deleted (the watcher then found no run and let the Migration go), or
+        when someone removed the finalizer by hand. The run undoes what it started, as if
+        asked to roll back; it does not go on migrating for nobody.
+        """
+        if self.controls.stage is Stage.FORWARD and self.controls.rollback is None:
+            workflow.logger.warning("Migration %s is gone: undoing what this run started", self.ref)
+            self.controls.rollback = ControlRequest(
+                by="ferry", reason="the Migration is gone (deleted, or created again under the same name)"
+            )
 
     def _index(self) -> None:
         """Keeps the run's search attributes in step with its phase, so the UI and CLI can filter on them."""

@@ -485,7 +485,13 @@ class ChaosRun:
             report.phases["deleted" if subject.gone else subject.final_phase or "none"] += 1
         problems = report.problems
         workflows = self._workflows_per_migration()
-        report.figures["Migrations without exactly one workflow"] = sum(1 for count in workflows.values() if count != 1)
+        # A Migration deleted before any watcher saw it never gets a workflow; every other gets exactly one.
+        deleted_unseen = {s.ref.uid for s in self.subjects if s.ref is not None and s.gone}
+        wrong = {
+            uid: count for uid, count in workflows.items() if count != 1 and not (count == 0 and uid in deleted_unseen)
+        }
+        report.figures["Migrations without exactly one workflow"] = len(wrong)
+        report.figures["deleted before any workflow"] = sum(1 for uid, count in workflows.items() if count == 0)
         report.figures["Succeeded with data not equal"] = 0
         report.figures["undone with something left"] = 0
         for subject in self.subjects:
@@ -506,14 +512,15 @@ class ChaosRun:
         )
         for name, value in report.figures.items():
             # A watcher that loses its Lease exits on purpose, and its Deployment starts it again.
-            informative = name == "samples of the Service" or name.startswith("exits of watcher-")
+            informative = name in ("samples of the Service", "deleted before any workflow") or name.startswith(
+                "exits of watcher-"
+            )
             if value and not informative:
                 problems.append(f"{name}: {value}")
         for namespace, count in self._empty_endpoints.items():
             problems.append(f"{namespace}: the Service had no endpoints in {count} samples")
-        for uid, count in workflows.items():
-            if count != 1:
-                problems.append(f"Migration {uid} has {count} workflows")
+        for uid, count in wrong.items():
+            problems.append(f"Migration {uid} has {count} workflows")
 
     def _expectation(self, subject: Subject) -> str:
         """What the world must look like for this subject: the migration done, or nothing left of it."""

@@ -137,6 +137,8 @@ class FakeSaga:
     """These activities wait, heartbeating, until `release()` or cancellation."""
     finish_when_cancelled: set[str] = dataclasses.field(default_factory=set)
     """Held activities that, asked to stop, finish their work and return their result anyway."""
+    gone_after: int | None = None
+    """The Migration disappears after this many status mirrors: later mirrors find it gone."""
     steps: Sequence[Step[Any, Any]] = plan.PLAN
     extra_results: dict[str, ApiModel] = dataclasses.field(default_factory=dict)
     calls: list[str] = dataclasses.field(default_factory=list)
@@ -208,6 +210,7 @@ class FakeSaga:
             self.statuses.append(request.status)
             if request.event is not None:
                 self.events.append(request.event)
-            return MirrorStatusResult(found=True)
+            mirrors = len(self.statuses)
+            return MirrorStatusResult(found=self.gone_after is None or mirrors <= self.gone_after)
 
         return mirror_status

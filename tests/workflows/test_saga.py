@@ -539,3 +539,29 @@ async def test_progress_query_reports_the_running_step(run_saga: Run) -> None:
     assert [step.state for step in progress.steps[:4]] == [StepState.SUCCEEDED] * 3 + [StepState.RUNNING]
     saga.fakes.release()
     await saga.handle.result()
+
+
+async def test_a_run_whose_migration_is_gone_before_its_first_step_changes_nothing(run_saga: Run) -> None:
+    """A start whose sender never learned it landed, after the watcher let the deleted Migration go."""
+    saga = await run_saga(FakeSaga(gone_after=0))
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.ROLLED_BACK
+    assert "the Migration is gone" in result.message
+    assert saga.fakes.step_calls == []
+
+
+async def test_a_run_whose_migration_disappears_midway_undoes_what_it_started(run_saga: Run) -> None:
+    fakes = FakeSaga(hold={SNAPSHOT})
+    saga = await run_saga(fakes)
+    await saga.wait_for("snapshot to start", lambda: fakes.started(SNAPSHOT))
+    fakes.gone_after = len(fakes.statuses)
+    fakes.release()
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.ROLLED_BACK
+    assert "the Migration is gone" in result.message
+    assert MIGRATE not in fakes.step_calls
+    assert fakes.undo_calls == undos_of(started_until(SNAPSHOT))
