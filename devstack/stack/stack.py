@@ -206,6 +206,11 @@ class Stack:
         names = ", ".join(p.name for p in self._processes)
         raise ValueError(f"this stack runs no process named {name!r}; it runs {names}")
 
+    def check_running(self) -> None:
+        """Raises ComponentStopped, naming it and with the end of its log, for a process of the stack that exited."""
+        for process in self._processes:
+            process.check_running()
+
     def stop(self) -> None:
         """Stops every process this stack started, the last started first."""
         for process in reversed(self._processes):
