@@ -16,11 +16,13 @@ import dataclasses
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from devstack.stack.errors import ComponentError, ComponentStopped, StartError
 from devstack.stack.logtail import cause_lines
@@ -35,6 +37,18 @@ def _die_with_parent() -> None:
     # clears the parent-death signal on credential changes, so it must be set last.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def as_user(user: str | None) -> dict[str, Any]:
+    """subprocess arguments that run a program as `user`, with that user's own groups (not root's)."""
+    if user is None:
+        return {}
+    account = pwd.getpwnam(user)
+    return {
+        "user": account.pw_uid,
+        "group": account.pw_gid,
+        "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid),
+    }
 
 
 @dataclasses.dataclass
@@ -69,9 +83,9 @@ class ManagedProcess:
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     cwd=self.cwd,
-                    user=self.user,
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
+                    **as_user(self.user),
                 )
             except (OSError, subprocess.SubprocessError) as error:  # a binary missing, not executable, ...
                 cause = str(error)

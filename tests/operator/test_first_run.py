@@ -1,8 +1,10 @@
-"""`make up` as a newcomer runs it: every failure explained on the terminal.
+"""`make up` as a newcomer runs it: from any checkout folder, and every failure explained on the terminal.
 
-When a component cannot start, or stops while the stack runs, the terminal names it,
-shows the cause (the end of its log) and the path of its full log, and the command exits
-non-zero with nothing left running.
+As root, with the state folder inside a folder the `postgres` user cannot enter (a clone
+in root's home, mode 700), the stack comes up with no flag, keeps its data across a stop
+and a start, and stops cleanly. When a component cannot start, or stops while the stack
+runs, the terminal names it, shows the cause (the end of its log) and the path of its
+full log, and the command exits non-zero with nothing left running.
 
 Ports are no way to break a component on purpose: the stack keeps its ports across
 starts only while they are free and takes others otherwise. These tests break a data
@@ -15,15 +17,20 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from devstack.stack import postgres_home
 from devstack.stack.processes import group_members, processes_under
-from tests.conftest import make_state_dir
+from devstack.stack.stack import StackInfo
+from tests.conftest import make_closed_folder, make_state_dir, remove_state_dir
 from tests.terminal import Terminal
 
 STACK_UP = 600.0
@@ -35,10 +42,20 @@ FAILED = 120.0
 
 
 @pytest.fixture
+def closed_state_dir() -> Iterator[Path]:
+    """The default state folder of a checkout in root's home: inside a folder of mode 700."""
+    closed = make_closed_folder("ferry-home-")
+    state_dir = closed / "checkout" / ".ferry" / "stack"
+    yield state_dir
+    remove_state_dir(state_dir)
+    shutil.rmtree(closed, ignore_errors=True)
+
+
+@pytest.fixture
 def state_dir() -> Iterator[Path]:
     folder = make_state_dir("ferry-up-")
     yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_state_dir(folder)
 
 
 def _up(state_dir: Path, *args: str, env: dict[str, str] | None = None) -> Terminal:
@@ -51,12 +68,58 @@ def _recorded_groups(state_dir: Path) -> set[int]:
 
 def _left_running(state_dir: Path, groups: set[int], within: float = 60) -> list[object]:
     """What still runs of the stack once `within` seconds have passed (at once when nothing does)."""
+    folders = (state_dir, postgres_home.outside_folder(state_dir))
     deadline = time.monotonic() + within
     while True:
-        left = [*processes_under(state_dir), *group_members(groups)]
+        left = [*(p for folder in folders for p in processes_under(folder)), *group_members(groups)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, PostgreSQL runs as the postgres user")
+@pytest.mark.timeout(2 * (STACK_UP + STOPPED) + 120)
+def test_ferry_up_as_root_in_a_folder_closed_to_postgres_comes_up_keeps_its_data_and_stops_cleanly(
+    closed_state_dir: Path,
+) -> None:
+    closed = closed_state_dir.parents[2]
+    assert stat.S_IMODE(closed.stat().st_mode) == 0o700
+    outside = postgres_home.outside_folder(closed_state_dir)
+    marker = uuid.uuid4().hex
+
+    first = _up(closed_state_dir, "--no-sample")
+    try:
+        first.wait_for("the stack to be up", r"The stack is up\.", STACK_UP)
+        groups = _recorded_groups(closed_state_dir)
+        with psycopg.connect(StackInfo.load(closed_state_dir).postgres["source"].dsn, connect_timeout=10) as conn:
+            conn.execute("create table survivors (marker text)")
+            conn.execute("insert into survivors values (%s)", (marker,))
+        first.send(signal.SIGTERM)
+        first_code = first.wait_exit(STOPPED)
+    finally:
+        first.close()
+
+    assert first_code == 0, first.shown()
+    assert f"PostgreSQL data:   {outside}" in first.output
+    assert f"user 'postgres', which PostgreSQL runs as, cannot enter {closed} (drwx------)" in first.output
+    assert "stopped; no process of the stack is left." in first.output
+    assert _left_running(closed_state_dir, groups) == []
+
+    again = _up(closed_state_dir, "--no-sample")
+    try:
+        again.wait_for("the stack to be up again", r"The stack is up\.", STACK_UP)
+        groups = _recorded_groups(closed_state_dir)
+        with psycopg.connect(StackInfo.load(closed_state_dir).postgres["source"].dsn, connect_timeout=10) as conn:
+            row = conn.execute("select marker from survivors").fetchone()
+        again.interrupt()
+        again_code = again.wait_exit(STOPPED)
+    finally:
+        again.close()
+
+    assert row == (marker,)
+    assert again_code == 0, again.shown()
+    assert "stopped; no process of the stack is left." in again.output
+    assert _left_running(closed_state_dir, groups) == []
 
 
 def _etcd_data_folder_is_a_file(state_dir: Path, tmp_path: Path) -> dict[str, str]:
