@@ -51,24 +51,31 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.state_dir), timeout=args.timeout)
     # The terminal shows progress; the components' logs go to a file beside the stack's.
     stack.logs_dir.mkdir(parents=True, exist_ok=True)
-    logfile = logging.FileHandler(stack.logs_dir / "ferry.log")
+    ferry_log = stack.logs_dir / demo.FERRY_LOG
+    logfile = logging.FileHandler(ferry_log)
     logfile.setFormatter(logs.TextFormatter())
     logging.getLogger().handlers[:] = [logfile]
     code = 0
     try:
         info = stack.start()
         print(describe(info), flush=True)
-        print(f"ferry's own log:   {stack.logs_dir / 'ferry.log'}", flush=True)
+        print(f"ferry's own log:   {ferry_log}", flush=True)
         print("\nThe stack is up.", flush=True)
         code = demo.main_entry(
             info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
-            orders=args.orders,
+            orders=args.orders, check_stack=stack.check_running,
         )  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)
     except StackError as error:
-        # ferry's log goes to a file here: the reason belongs on the terminal.
+        # ferry's log goes to a file here: what failed, why and where to read more belong on the terminal.
+        log.error("%s", error)
         print(f"\nferry up: {error}", flush=True)
+        code = 1
+    except Exception as error:
+        log.exception("ferry up failed")
+        cause = " ".join(str(error).split())[:200]
+        print(f"\nferry up failed: {type(error).__name__}: {cause}\n  full log (with the traceback): {ferry_log}")
         code = 1
     finally:
         print("stopping the stack...", flush=True)
@@ -104,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
         "loopback; installs the Migration CRD; runs ferry's worker and watcher; seeds a sample "
         "'orders' database behind StatefulSet shop/orders-db and applies the Migration "
-        "shop/orders-db-to-16, showing its progress until it finishes. Ctrl-C stops everything.",
+        "shop/orders-db-to-16, showing its progress until it finishes; then stops everything (exit code 0 when "
+        "the sample Succeeded), unless --keep-running or --no-sample keeps it up until Ctrl-C. A component that "
+        "fails is named on the terminal with its cause and its log.",
     )
     up.add_argument(
         "--state-dir",

@@ -71,6 +71,8 @@ async def wait_for_temporal(
             continue
         except TemporalError as error:  # it answered, and refused: e.g. a wrong API key
             raise StartupError(f"Temporal at {settings.address} refused the connection: {error}") from error
+        except ValueError as error:  # the SDK's "invalid target URL: ..." for an address it cannot parse
+            raise StartupError(f"cannot connect to Temporal at {settings.address!r}: {error}") from error
         if client is None:
             break
         waited = f" after {time.monotonic() - started:.0f}s" if waiting else ""

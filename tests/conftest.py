@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack import postgres_home
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
@@ -32,10 +33,26 @@ pytest_plugins = ["tests.end_to_end"]
 
 
 def make_state_dir(prefix: str) -> Path:
-    """A fresh folder the PostgreSQL service user can also reach (mkdtemp makes it 0700)."""
+    """A fresh state folder, opened to 0755 (mkdtemp makes it 0700).
+
+    Opened so that, when the tests run as root, PostgreSQL's data stays inside it and goes
+    with it; a closed one works too (the data then goes outside, see
+    devstack/stack/postgres_home.py), which tests/operator/test_first_run.py checks.
+    """
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     folder.chmod(0o755)
     return folder
+
+
+def make_closed_folder(prefix: str) -> Path:
+    """A fresh folder of mode 0700 owned by the test's user, like root's home: only that user may enter it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
+
+
+def remove_state_dir(state_dir: Path) -> None:
+    """Removes a state folder and the folder its PostgreSQL data went to when that was outside it."""
+    shutil.rmtree(postgres_home.outside_folder(state_dir), ignore_errors=True)
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +70,7 @@ def stack(request: pytest.FixtureRequest, binaries: Binaries) -> Iterator[StackI
     if failed or configured:
         print(f"\nstack state and logs kept in {state_dir}")
     else:
-        shutil.rmtree(state_dir, ignore_errors=True)
+        remove_state_dir(state_dir)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 Order: start the stack; install the CRD; start the worker and the watcher (in this
 process, like two pods); seed the sample and apply its Migration; follow its status
 until it finishes; print where to look next. Ctrl-C at any point stops everything.
+Meanwhile the worker, the watcher and every process of the stack are watched: one that
+stops ends the run with a ComponentStopped naming it, for the terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,13 +29,15 @@ from temporalio.client import Client
 from activities.settings import DataActivitySettings, KubeActivitySettings
 from devstack.demo import sample
 from devstack.demo.progress import Display
-from devstack.stack.errors import StartError
+from devstack.stack.errors import ComponentStopped, StackError, StartError
 from devstack.stack.install import Binaries
+from devstack.stack.logtail import meaningful
 from devstack.stack.readiness import wait_until
 from devstack.stack.stack import StackInfo
 from ferry.api.crd import manifest_yaml
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
+from ferry.startup import StartupError
 from watcher import runner as watcher_runner
 from watcher.settings import LeaseSettings, WatcherSettings
 from worker import runner as worker_runner
@@ -41,6 +46,10 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("devstack.demo")
 
 TASK_QUEUE = "ferry"
+FERRY_LOG = "ferry.log"
+"""ferry's own log (the worker's, the watcher's, the demo's), in the stack's logs folder."""
+STACK_CHECK_INTERVAL = 1.0
+"""Seconds between two looks at whether every process of the stack still runs."""
 FINISHED = {phase.value for phase in FINISHED_PHASES}
 
 
@@ -54,7 +63,8 @@ def install_crd(binaries: Binaries, info: StackInfo) -> None:
     applied = subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest_yaml(), text=True,
                              capture_output=True)  # fmt: skip
     if applied.returncode != 0:
-        raise StartError(f"could not apply the Migration CRD: {applied.stderr.strip()}")
+        what = f"kubectl could not apply the Migration CRD (exit code {applied.returncode})"
+        raise StartError(what, component="kubectl", cause=meaningful(applied.stderr))
     # Polled, not `kubectl wait`: that fails outright when it reads the CRD before it has any condition.
     api = kubernetes_client(info.kubeconfig)
     try:
@@ -165,36 +175,83 @@ def where_next(info: StackInfo, obj: dict[str, Any], kubectl: Path, temporal: Pa
 
 
 async def run(
-    info: StackInfo, binaries: Binaries, *, with_sample: bool, keep_running: bool, orders: int, out: TextIO
+    info: StackInfo,
+    binaries: Binaries,
+    *,
+    with_sample: bool,
+    keep_running: bool,
+    orders: int,
+    out: TextIO,
+    check_stack: Callable[[], None] = lambda: None,
 ) -> int:
-    """Runs the worker, the watcher and (optionally) the sample; returns the exit code."""
+    """Runs the worker, the watcher and (optionally) the sample; returns the exit code.
+
+    `check_stack` raises when a process of the stack has stopped; it is called every
+    STACK_CHECK_INTERVAL seconds, and what it raises ends the run.
+    """
     install_crd(binaries, info)
     worker_settings, watcher_settings = component_settings(info, binaries)
     stop = asyncio.Event()
-    components = [
+    guards = [
         asyncio.create_task(worker_runner.run(worker_settings, stop=stop), name="worker"),
         asyncio.create_task(watcher_runner.run(watcher_settings, stop=stop), name="watcher"),
+        asyncio.create_task(_watch_stack(check_stack), name="stack"),
     ]
     print(f"worker and watcher are running (task queue {TASK_QUEUE})", file=out, flush=True)
     code = 0
     try:
         if with_sample:
-            code = await _run_sample(info, binaries, orders, out)
+            code = await _while_guarded(_run_sample(info, binaries, orders, out), guards, info)
         if keep_running or not with_sample:
             print("\nThe stack, the worker and the watcher keep running. Press Ctrl-C to stop.", file=out, flush=True)
-            await _wait_forever(components)
+            await _while_guarded(asyncio.Event().wait(), guards, info)
     finally:
         stop.set()
-        for task in components:
+        guards[-1].cancel()
+        for task in guards:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=30)
     return code
 
 
-async def _wait_forever(components: list[asyncio.Task[None]]) -> None:
-    done, _ = await asyncio.wait(components, return_when=asyncio.FIRST_COMPLETED)
-    for task in done:
-        task.result()  # a component that stopped on its own is an error worth seeing
+async def _watch_stack(check_stack: Callable[[], None]) -> None:
+    while True:
+        check_stack()
+        await asyncio.sleep(STACK_CHECK_INTERVAL)
+
+
+async def _while_guarded(work: Coroutine[Any, Any, Any], guards: list[asyncio.Task[None]], info: StackInfo) -> Any:
+    """Runs `work` to its end, unless a guard ends first: then raises why that guard ended."""
+    job = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait([job, *guards], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await job
+    for guard in guards:
+        if guard.done():
+            raise _why_it_ended(guard, info)
+    return job.result()
+
+
+def _why_it_ended(guard: asyncio.Task[None], info: StackInfo) -> StackError:
+    """The error for the terminal when the worker, the watcher or the stack's watch ended."""
+    error = None if guard.cancelled() else guard.exception()
+    if isinstance(error, StackError):
+        return error  # a process of the stack stopped: it names itself
+    name = guard.get_name()
+    ferry_log = info.logs_dir / FERRY_LOG
+    if error is None:
+        return ComponentStopped(f"ferry's {name} stopped on its own", component=name, log_path=ferry_log)
+    log.error("ferry's %s stopped", name, exc_info=error)  # the traceback goes to ferry's log
+    cause = " ".join(str(error).split()) or type(error).__name__
+    if not isinstance(error, StartupError):  # a StartupError says it all in one line
+        cause = f"{type(error).__name__}: {cause}"
+    stopped = ComponentStopped(f"ferry's {name} stopped", component=name, cause=[cause[:200]], log_path=ferry_log)
+    stopped.__cause__ = error
+    return stopped
 
 
 async def _run_sample(info: StackInfo, binaries: Binaries, orders: int, out: TextIO) -> int:
@@ -216,17 +273,41 @@ async def _run_sample(info: StackInfo, binaries: Binaries, orders: int, out: Tex
         api.close()
 
 
-def main_entry(info: StackInfo, binaries: Binaries, *, with_sample: bool, keep_running: bool, orders: int) -> int:
-    """Runs `run` until it ends or the process gets Ctrl-C or SIGTERM (then KeyboardInterrupt)."""
+def main_entry(
+    info: StackInfo,
+    binaries: Binaries,
+    *,
+    with_sample: bool,
+    keep_running: bool,
+    orders: int,
+    check_stack: Callable[[], None] = lambda: None,
+) -> int:
+    """Runs `run` until it ends or the process gets Ctrl-C or SIGTERM (then KeyboardInterrupt).
+
+    Ctrl-C also reaches the short-lived programs `run` starts in the terminal's process
+    group (kubectl), which then fail: once a stop was asked for, whatever failed after it
+    is part of stopping, not a failure to report.
+    """
 
     async def supervised() -> int:
-        task = asyncio.create_task(
-            run(info, binaries, with_sample=with_sample, keep_running=keep_running, orders=orders, out=sys.stdout)
-        )
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        running = run(
+            info, binaries, with_sample=with_sample, keep_running=keep_running, orders=orders, out=sys.stdout,
+            check_stack=check_stack,
+        )  # fmt: skip
+        task = asyncio.create_task(running)
+        asked_to_stop = asyncio.Event()
+
+        def stop() -> None:
+            asked_to_stop.set()
+            task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(signum, stop)
         try:
             return await task
-        except asyncio.CancelledError:
-            raise KeyboardInterrupt from None
+        except (asyncio.CancelledError, Exception):
+            if asked_to_stop.is_set():
+                raise KeyboardInterrupt from None
+            raise
 
     return asyncio.run(supervised())

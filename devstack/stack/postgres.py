@@ -1,29 +1,30 @@
 """PostgreSQL instances from Debian's packages, one data folder each, TCP on loopback only.
 
 The server refuses to run as root, so when ferry runs as root the instances run as
-the `postgres` system user that Debian's package creates; their folders must then be
-reachable by that user, which is checked up front with a message saying what to do.
+the `postgres` system user that Debian's package creates, and their data goes where that
+user can reach it (postgres_home.py). Each instance's password and log stay in the state
+folder, which ferry's own user reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pwd
 import secrets
 import shutil
 import signal
-import stat
 import subprocess
+import time
 from pathlib import Path
 
 from devstack.stack.errors import StartError
 from devstack.stack.install import Binaries
-from devstack.stack.processes import ManagedProcess
+from devstack.stack.logtail import cause_lines
+from devstack.stack.postgres_home import DataHome, ServiceUser
+from devstack.stack.processes import ManagedProcess, as_user
 from devstack.stack.readiness import LOOPBACK, PortBook, wait_until
 
 SUPERUSER = "postgres"
-SERVICE_USER_WHEN_ROOT = "postgres"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +49,23 @@ class PostgresInstance:
     name: str
     binaries: Binaries
     folder: Path
+    """In the state folder: the password, and the data folder or a link to it."""
     ports: PortBook
     logs: Path
+    home: DataHome
+    """Where the data folder is (postgres_home.choose has made it ready)."""
+    user: ServiceUser | None = None
+    """The account the server runs as, when ferry runs as root."""
     process: ManagedProcess | None = None
 
     @property
     def data(self) -> Path:
-        return self.folder / "data"
+        """The data folder, as the server is given it."""
+        return self.home.folder / self.name / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs / f"postgres-{self.name}.log"
 
     @property
     def endpoint(self) -> PostgresEndpoint:
@@ -71,48 +82,55 @@ class PostgresInstance:
     def _tool(self, name: str) -> str:
         return str(self.binaries.postgres_bindir / name)
 
-    def _run_as(self) -> str | None:
-        return SERVICE_USER_WHEN_ROOT if os.geteuid() == 0 else None
-
-    def _initialize(self, user: str | None) -> None:
+    def _initialize(self) -> None:
         if (self.data / "PG_VERSION").exists():
             return
         if self.data.exists():
             shutil.rmtree(self.data)  # a half-done initdb from an interrupted start
-        self.data.mkdir(parents=True, mode=0o700)
-        pwfile = self.folder / "initdb-password"
-        pwfile.write_text(self._password() + "\n")
-        if user is not None:
-            account = pwd.getpwnam(user)
+        self.data.mkdir(mode=0o700)
+        # Beside the data, where the server's user can read it (the state folder may be closed to it).
+        pwfile = self.data.parent / "initdb-password"
+        descriptor = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(self._password() + "\n")
+        if self.user is not None:
             for path in (self.data, pwfile):
-                os.chown(path, account.pw_uid, account.pw_gid)
+                self.user.own(path)
+        argv = [
+            self._tool("initdb"),
+            f"--pgdata={self.data}",
+            f"--username={SUPERUSER}",
+            f"--pwfile={pwfile}",
+            "--auth-host=scram-sha-256",
+            "--auth-local=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        ]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            result = subprocess.run(
-                [
-                    self._tool("initdb"),
-                    f"--pgdata={self.data}",
-                    f"--username={SUPERUSER}",
-                    f"--pwfile={pwfile}",
-                    "--auth-host=scram-sha-256",
-                    "--auth-local=scram-sha-256",
-                    "--encoding=UTF8",
-                    "--locale=C.UTF-8",
-                ],
-                capture_output=True,
-                text=True,
-                user=user,
-            )
+            with self.log_path.open("ab") as log:
+                log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+                log.flush()
+                result = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data.parent,
+                    **as_user(self.user.name if self.user else None),
+                )
         finally:
             pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
-            raise StartError(f"initdb for PostgreSQL instance {self.name!r} failed:\n{result.stderr[-2000:]}")
+            raise StartError(
+                f"postgres-{self.name}: initdb exited with code {result.returncode}",
+                component=f"postgres-{self.name}",
+                cause=cause_lines(self.log_path),
+                log_path=self.log_path,
+            )
 
     def start(self) -> ManagedProcess:
-        user = self._run_as()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if user is not None:
-            _check_reachable(self.folder, user)
-        self._initialize(user)
+        self._initialize()
         self.process = ManagedProcess(
             name=f"postgres-{self.name}",
             argv=[
@@ -130,9 +148,10 @@ class PostgresInstance:
                 "-c",
                 "max_connections=200",
             ],
-            user=user,
+            user=self.user.name if self.user else None,
+            cwd=self.data.parent,  # ferry's own folder may be closed to the server's user
             stop_signal=signal.SIGINT,  # "fast" shutdown: roll back open transactions, then stop
-            log_path=self.logs / f"postgres-{self.name}.log",
+            log_path=self.log_path,
         )
         self.process.start()
         return self.process
@@ -148,24 +167,3 @@ class PostgresInstance:
             return probe.returncode == 0
 
         wait_until(f"PostgreSQL instance {self.name!r}", accepting, timeout=timeout, process=self.process)
-
-
-def _check_reachable(folder: Path, user: str) -> None:
-    """Fails early when `user` could not traverse to `folder` (e.g. it is under /root)."""
-    try:
-        account = pwd.getpwnam(user)
-    except KeyError:
-        raise StartError(
-            f"PostgreSQL cannot run as root and there is no {user!r} user to run it as. "
-            "Install Debian's postgresql package (it creates the user) or run ferry as a normal user."
-        ) from None
-    for parent in reversed(folder.resolve().parents):
-        mode = parent.stat()
-        if mode.st_uid == account.pw_uid:
-            continue
-        if not mode.st_mode & stat.S_IXOTH:
-            raise StartError(
-                f"PostgreSQL runs as user {user!r} because ferry runs as root, and that user "
-                f"cannot enter {parent} (mode {stat.filemode(mode.st_mode)}). Choose a state folder "
-                "outside it with --state-dir (for example under /var/tmp)."
-            )

@@ -16,13 +16,16 @@ import dataclasses
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from devstack.stack.errors import StartError
+from devstack.stack.errors import ComponentError, ComponentStopped, StartError
+from devstack.stack.logtail import cause_lines
 
 log = logging.getLogger("devstack.stack.processes")
 
@@ -34,6 +37,18 @@ def _die_with_parent() -> None:
     # clears the parent-death signal on credential changes, so it must be set last.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def as_user(user: str | None) -> dict[str, Any]:
+    """subprocess arguments that run a program as `user`, with that user's own groups (not root's)."""
+    if user is None:
+        return {}
+    account = pwd.getpwnam(user)
+    return {
+        "user": account.pw_uid,
+        "group": account.pw_gid,
+        "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid),
+    }
 
 
 @dataclasses.dataclass
@@ -60,17 +75,26 @@ class ManagedProcess:
         with self.log_path.open("ab") as log_file:
             log_file.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log_file.flush()
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.cwd,
-                user=self.user,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            try:
+                self.popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    cwd=self.cwd,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                    **as_user(self.user),
+                )
+            except (OSError, subprocess.SubprocessError) as error:  # a binary missing, not executable, ...
+                cause = str(error)
+                if isinstance(error, OSError):
+                    cause = f"{error.strerror}: {error.filename or self.argv[0]}"
+                log_file.write(f"could not start it: {cause}\n".encode())
+                raise StartError(
+                    f"{self.name} could not be started", component=self.name, cause=[cause], log_path=self.log_path
+                ) from error
         log.debug("started %s (pid %d): %s", self.name, self.popen.pid, " ".join(self.argv))
 
     @property
@@ -83,16 +107,26 @@ class ManagedProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def check_alive(self) -> None:
-        """Raises StartError with the log's tail when the program has exited."""
+        """Raises StartError, with the end of its log, when the program has exited."""
         if self.popen is not None and self.popen.poll() is not None:
-            raise StartError(f"{self.name} exited with code {self.popen.returncode} while starting.\n{self.log_tail()}")
+            raise self.failure(f"{self.exit_description()} while starting")
 
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            return f"(no log at {self.log_path})"
-        return f"Last lines of {self.log_path}:\n" + "\n".join(text)
+    def check_running(self) -> None:
+        """Raises ComponentStopped, with the end of its log, when the program has exited."""
+        if self.popen is not None and self.popen.poll() is not None:
+            raise self.failure(f"{self.exit_description()} while the stack was running", ComponentStopped)
+
+    def exit_description(self) -> str:
+        """How the program ended, e.g. "exited with code 1" or "was killed by SIGKILL"."""
+        code = self.popen.returncode if self.popen is not None else None
+        if code is not None and code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def failure(self, what: str, kind: type[ComponentError] = StartError) -> ComponentError:
+        """An error naming this program, `what` happened to it, its log's last meaningful lines and the log's path."""
+        cause = cause_lines(self.log_path)
+        return kind(f"{self.name} {what}", component=self.name, cause=cause, log_path=self.log_path)
 
     def stop(self) -> None:
         if self.popen is None:

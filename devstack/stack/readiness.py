@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from devstack.stack.errors import StartError
+from devstack.stack.logtail import cause_lines
 from devstack.stack.processes import ManagedProcess
 
 LOOPBACK = "127.0.0.1"
@@ -70,7 +71,8 @@ def wait_until(
     """Polls `check` until it returns True; raises StartError naming `what` otherwise.
 
     Exceptions from `check` count as "not yet" and the last one is reported. When the
-    component's process exits meanwhile, the wait ends at once with its log's tail.
+    component's process exits meanwhile, the wait ends at once; either way the error
+    carries the last meaningful lines of its log and the log's path.
     """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -83,10 +85,19 @@ def wait_until(
         except Exception as error:  # noqa: BLE001 - any failure means "not ready yet"
             last_error = error
         if time.monotonic() >= deadline:
-            detail = f" Last error: {last_error!r}." if last_error else ""
-            tail = f"\n{process.log_tail()}" if process is not None else ""
-            raise StartError(f"{what} was not ready after {timeout:.0f}s.{detail}{tail}")
+            detail = f" (last error: {_one_line(last_error)})" if last_error else ""
+            raise StartError(
+                f"{what} was not ready after {timeout:.0f}s{detail}",
+                component=process.name if process else None,
+                cause=cause_lines(process.log_path) if process else (),
+                log_path=process.log_path if process else None,
+            )
         time.sleep(interval)
+
+
+def _one_line(error: BaseException, width: int = 160) -> str:
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def http_ok(url: str, *, context: ssl.SSLContext | None = None, expect: bytes | None = None) -> bool:

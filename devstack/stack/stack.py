@@ -2,7 +2,9 @@
 
 Everything a stack owns lives in one state folder: data (etcd, Temporal's SQLite file,
 S3 objects, PostgreSQL clusters), key material, kubeconfigs, logs and the pid file.
-Starting a stack on a folder that held one before resumes its data.
+Starting a stack on a folder that held one before resumes its data. One exception: when
+ferry runs as root and the `postgres` user cannot enter the state folder, the PostgreSQL
+clusters live in a folder of their own that the state folder links to (postgres_home.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 
+from devstack.stack import postgres_home
 from devstack.stack.errors import StartError
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.kube import KubeControlPlane
@@ -55,6 +58,10 @@ class StackInfo:
     s3_secret_key: str | None = None
     s3_region: str | None = None
     postgres: dict[str, PostgresEndpoint] = dataclasses.field(default_factory=dict)
+    postgres_data: Path | None = None
+    """The folder holding each PostgreSQL instance's data folder (`<instance>/data`)."""
+    postgres_data_outside: str | None = None
+    """Why `postgres_data` is outside the state folder, when it is."""
 
     def s3_client(self) -> S3Client:
         """A boto3 client for the stack's S3 server, with its root credentials."""
@@ -77,7 +84,7 @@ class StackInfo:
         """Reads the description a running stack wrote, for other processes to attach to it."""
         raw = json.loads((state_dir / "stack.json").read_text())
         raw["postgres"] = {name: PostgresEndpoint(**endpoint) for name, endpoint in raw["postgres"].items()}
-        for key in ("state_dir", "logs_dir", "kubeconfig"):
+        for key in ("state_dir", "logs_dir", "kubeconfig", "postgres_data"):
             if raw.get(key) is not None:
                 raw[key] = Path(raw[key])
         return cls(**raw)
@@ -158,8 +165,12 @@ class Stack:
             s3_server = s3
             self._readiness["s3"] = lambda process: s3_server.wait(self.timeout)
         if "postgres" in self.components:
+            user = postgres_home.ServiceUser.when_root()
+            home = postgres_home.choose(self.state_dir / "postgres", POSTGRES_INSTANCES, user)
+            fields.update(postgres_data=home.folder, postgres_data_outside=home.why_outside)
             for name in POSTGRES_INSTANCES:
-                instance = PostgresInstance(name, binaries, self.state_dir / "postgres" / name, ports, self.logs_dir)
+                folder = self.state_dir / "postgres" / name
+                instance = PostgresInstance(name, binaries, folder, ports, self.logs_dir, home, user)
                 self._launch(instance.start())
                 postgres.append(instance)
 
@@ -206,6 +217,11 @@ class Stack:
         names = ", ".join(p.name for p in self._processes)
         raise ValueError(f"this stack runs no process named {name!r}; it runs {names}")
 
+    def check_running(self) -> None:
+        """Raises ComponentStopped, naming it and with the end of its log, for a process of the stack that exited."""
+        for process in self._processes:
+            process.check_running()
+
     def stop(self) -> None:
         """Stops every process this stack started, the last started first."""
         for process in reversed(self._processes):
@@ -238,4 +254,7 @@ def describe(info: StackInfo) -> str:
         lines += [f"S3:                {info.s3_endpoint} (access key {info.s3_access_key}, secret in stack.json)"]
     for name, endpoint in info.postgres.items():
         lines.append(f"PostgreSQL {name + ':':8}{endpoint.host}:{endpoint.port} (user {endpoint.user})")
+    if info.postgres_data_outside:
+        lines.append(f"PostgreSQL data:   {info.postgres_data}")
+        lines.append(f"  outside the state folder: {info.postgres_data_outside}")
     return "\n".join(lines)

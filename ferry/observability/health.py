@@ -51,7 +51,9 @@ async def serving(address: str | None, ready: Callable[[], bool]) -> AsyncIterat
     try:
         server = await asyncio.start_server(lambda r, w: _serve(ready, r, w), host or "0.0.0.0", int(port))
     except OSError as error:
-        cause = os.strerror(error.errno) if error.errno else str(error)
+        # asyncio words a bind error its own way; the errno says it plainly. A name that does not
+        # resolve has a negative errno, which only the resolver's own text explains.
+        cause = os.strerror(error.errno) if error.errno and error.errno > 0 else (error.strerror or str(error))
         raise StartupError(f"cannot answer health probes on {address}: {cause}") from error
     log.info("health probes on http://%s/healthz and /readyz", address)
     try:

@@ -200,7 +200,7 @@ def occupied_port() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("command", ["worker", "watcher"])
-@pytest.mark.parametrize("broken", ["kubeconfig", "health port", "metrics port"])
+@pytest.mark.parametrize("broken", ["kubeconfig", "health port", "metrics port", "Temporal address"])
 def test_a_component_that_cannot_start_says_why_in_one_line_and_exits_non_zero(
     command: str, broken: str, dead_end_kubeconfig: Path, occupied_port: int, tmp_path: Path
 ) -> None:
@@ -213,9 +213,12 @@ def test_a_component_that_cannot_start_says_why_in_one_line_and_exits_non_zero(
     elif broken == "health port":
         settings["FERRY_HEALTH_ADDRESS"] = f"{LOOPBACK}:{occupied_port}"
         cause = f"cannot answer health probes on {LOOPBACK}:{occupied_port}: Address already in use"
-    else:
+    elif broken == "metrics port":
         settings["FERRY_METRICS_ADDRESS"] = f"{LOOPBACK}:{occupied_port}"
         cause = f"cannot serve metrics on {LOOPBACK}:{occupied_port}: Address already in use"
+    else:
+        settings["FERRY_TEMPORAL_ADDRESS"] = "not an address"
+        cause = "cannot connect to Temporal at 'not an address': invalid target URL: "
     process = start_ferry(command, log_path=tmp_path / f"{command}.log", **settings)
 
     code = process.popen.wait(120)

@@ -20,11 +20,12 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from devstack.stack import postgres_home
 from devstack.stack.install import Binaries
 from devstack.stack.processes import group_members, processes_under
-from devstack.stack.stack import Stack
+from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
-from tests.conftest import make_state_dir
+from tests.conftest import make_closed_folder, make_state_dir, remove_state_dir
 
 
 @pytest.fixture
@@ -34,11 +35,22 @@ def own_state_dir() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture
+def closed_state_dir() -> Iterator[Path]:
+    """A state folder inside a folder like root's home (mode 700), which the postgres user cannot enter."""
+    closed = make_closed_folder("ferry-closed-")
+    state_dir = closed / "stack"
+    yield state_dir
+    remove_state_dir(state_dir)
+    shutil.rmtree(closed, ignore_errors=True)
+
+
 def _wait_for_no_process(state_dir: Path, groups: set[int], timeout: float = 15) -> list[object]:
     deadline = time.monotonic() + timeout
     left: list[object] = []
+    outside = postgres_home.outside_folder(state_dir)
     while time.monotonic() < deadline:
-        left = [*processes_under(state_dir), *group_members(groups)]
+        left = [*processes_under(state_dir), *processes_under(outside), *group_members(groups)]
         if not left:
             break
         time.sleep(0.2)
@@ -86,6 +98,36 @@ async def test_data_survives_a_stop_and_start_and_nothing_is_left_after_teardown
     assert config_map.data == {"marker": marker}
     assert described.id == f"survivor-{marker}"
     assert _wait_for_no_process(own_state_dir, pids) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only as root does PostgreSQL run as another user")
+def test_postgres_data_under_a_folder_closed_to_the_postgres_user_survives_a_stop_and_start(
+    closed_state_dir: Path, binaries: Binaries
+) -> None:
+    stack = Stack(closed_state_dir, components=frozenset({"postgres"}), binaries=binaries)
+    marker = uuid.uuid4().hex
+    info = stack.start()
+    try:
+        described = StackInfo.load(closed_state_dir)
+        with psycopg.connect(info.postgres["target"].dsn) as conn:
+            conn.execute("create table survivors (marker text)")
+            conn.execute("insert into survivors values (%s)", (marker,))
+    finally:
+        stack.stop()
+
+    info = stack.start()
+    try:
+        with psycopg.connect(info.postgres["target"].dsn) as conn:
+            row = conn.execute("select marker from survivors").fetchone()
+        pids = set(_recorded_pids(closed_state_dir))
+    finally:
+        stack.stop()
+
+    assert row == (marker,)
+    assert described.postgres_data == postgres_home.outside_folder(closed_state_dir)
+    assert described.postgres_data_outside is not None
+    assert f"cannot enter {closed_state_dir.parent} (drwx------)" in described.postgres_data_outside
+    assert _wait_for_no_process(closed_state_dir, pids) == []
 
 
 def _recorded_pids(state_dir: Path) -> list[int]:
