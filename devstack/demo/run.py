@@ -36,6 +36,7 @@ from devstack.stack.readiness import wait_until
 from devstack.stack.stack import StackInfo
 from ferry.api.crd import manifest_yaml
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
+from ferry.api.saga import TASK_QUEUE
 from ferry.clients import TemporalSettings, connect_temporal, kubernetes_client
 from ferry.startup import StartupError
 from watcher import runner as watcher_runner
@@ -45,7 +46,6 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger("devstack.demo")
 
-TASK_QUEUE = "ferry"
 FERRY_LOG = "ferry.log"
 """ferry's own log (the worker's, the watcher's, the demo's), in the stack's logs folder."""
 STACK_CHECK_INTERVAL = 1.0
