@@ -62,6 +62,8 @@ def install_crd(binaries: Binaries, info: StackInfo) -> None:
     kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
     applied = subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=manifest_yaml(), text=True,
                              capture_output=True)  # fmt: skip
+    if applied.returncode in (-signal.SIGINT, -signal.SIGTERM):
+        raise KeyboardInterrupt  # stopped with the run (Ctrl-C reaches the whole process group): not a failure
     if applied.returncode != 0:
         what = f"kubectl could not apply the Migration CRD (exit code {applied.returncode})"
         raise StartError(what, component="kubectl", cause=meaningful(applied.stderr))

@@ -79,7 +79,7 @@ def _left_running(state_dir: Path, groups: set[int], within: float = 60) -> list
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, PostgreSQL runs as the postgres user")
 @pytest.mark.timeout(2 * (STACK_UP + STOPPED) + 120)
-def test_ferry_up_as_root_in_a_folder_closed_to_postgres_comes_up_keeps_its_data_and_stops_cleanly(
+def test_ferry_up_as_root_in_a_folder_closed_to_postgres_migrates_its_sample_keeps_its_data_and_stops_cleanly(
     closed_state_dir: Path,
 ) -> None:
     closed = closed_state_dir.parents[2]
@@ -87,9 +87,11 @@ def test_ferry_up_as_root_in_a_folder_closed_to_postgres_comes_up_keeps_its_data
     outside = postgres_home.outside_folder(closed_state_dir)
     marker = uuid.uuid4().hex
 
-    first = _up(closed_state_dir, "--no-sample")
+    first = _up(closed_state_dir, "--orders=2000", "--keep-running")
     try:
         first.wait_for("the stack to be up", r"The stack is up\.", STACK_UP)
+        finished = first.wait_for("the sample to finish", r"Migration shop/orders-db-to-16: (\w+) —", STACK_UP)
+        assert finished.group(1) == "Succeeded", first.shown()
         groups = _recorded_groups(closed_state_dir)
         with psycopg.connect(StackInfo.load(closed_state_dir).postgres["source"].dsn, connect_timeout=10) as conn:
             conn.execute("create table survivors (marker text)")
