@@ -32,6 +32,7 @@ from devstack.stack.stack import Stack, StackInfo  # noqa: E402
 from ferry.api.saga import MigrationRef, workflow_id  # noqa: E402
 from ferry.clients import TemporalSettings, connect_temporal  # noqa: E402
 from tests import samples  # noqa: E402
+from tests.cluster import crd_established  # noqa: E402
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -50,7 +51,14 @@ async def measure(info: StackInfo, count: int, logs: Path) -> list[float]:
     binaries = ensure_binaries()
     base = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
     subprocess.run([*base, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
-    subprocess.run([*base, "wait", "--for=condition=Established", "crd/migrations.ferry.dev"], check=True)
+    crd_established(
+        lambda: (
+            subprocess.run(
+                [*base, "get", "crd/migrations.ferry.dev", "-o", "json"], check=True, capture_output=True, text=True
+            ).stdout
+        ),
+        "migrations.ferry.dev",
+    )
     task_queue = f"bench-{namespace}"
     watcher = subprocess.Popen(
         [

@@ -24,6 +24,7 @@ from kubernetes import config
 from devstack.stack.install import ensure_binaries
 from devstack.stack.stack import Stack
 from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
+from tests.cluster import crd_established
 
 CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
 
@@ -57,12 +58,15 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        subprocess.run(
-            [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}", "wait", "--for=condition=Established",
-             "crd/migrations.ferry.dev", "--timeout=60s"],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
+        kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
+        crd_established(
+            lambda: (
+                subprocess.run(
+                    [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"], check=True, capture_output=True, text=True
+                ).stdout
+            ),
+            "migrations.ferry.dev",
+        )
         api = config.new_client_from_config(config_file=str(info.kubeconfig))
         with own_temporal(workdir / "temporal", binaries) as temporal:
             run = ChaosRun(info, temporal, api, plan, workdir)

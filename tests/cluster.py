@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,22 @@ def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> N
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def crd_established(read: Callable[[], str], name: str, timeout: float = 300.0) -> None:
+    """Waits until the CRD `read` returns (as JSON, from `kubectl get crd/NAME -o json`) is Established.
+
+    Not `kubectl wait --for=condition=Established`: until the API server writes the CRD's
+    first condition, kubectl finds no condition and fails at once instead of waiting.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        conditions = (json.loads(read()).get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the CRD {name} was not Established within {timeout:.0f}s: {conditions}")
         time.sleep(0.2)
 
 

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from devstack.stack import postgres_home
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
+from tests.cluster import crd_established
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -155,10 +155,5 @@ CRD_MANIFEST = Path(__file__).parent.parent / "deploy" / "crd" / "migrations.fer
 def migration_crd(kubectl: Kubectl) -> str:
     """Installs the committed Migration CRD once per session; returns its name."""
     kubectl("apply", "--server-side", "-f", str(CRD_MANIFEST))
-    # `kubectl wait` fails outright if it reads the CRD before its status has any condition.
-    query = '{.status.conditions[?(@.type=="Established")].status}'
-    deadline = time.monotonic() + 60
-    while kubectl("get", "crd/migrations.ferry.dev", "-o", f"jsonpath={query}").stdout != "True":
-        assert time.monotonic() < deadline, "the Migration CRD was not Established within 60s"
-        time.sleep(0.2)
+    crd_established(lambda: kubectl("get", "crd/migrations.ferry.dev", "-o", "json").stdout, "migrations.ferry.dev")
     return "migrations.ferry.dev"

@@ -19,6 +19,7 @@ import yaml
 
 from activities.secrets import DATABASE_KEYS, S3_KEYS
 from ferry.api.migration import MigrationSpec
+from tests.cluster import crd_established
 from tests.conftest import Kubectl
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, settings, subcommands, variables_read_by
 
@@ -164,7 +165,8 @@ def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_m
 @pytest.fixture
 def prometheus_rule_crd(kubectl: Kubectl) -> Iterator[None]:
     kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(PROMETHEUS_RULE_CRD))
-    kubectl("wait", "--for=condition=Established", "crd/prometheusrules.monitoring.coreos.com", "--timeout=60s")
+    crd = "prometheusrules.monitoring.coreos.com"
+    crd_established(lambda: kubectl("get", f"crd/{crd}", "-o", "json").stdout, crd)
     yield
     kubectl("delete", "crd", "prometheusrules.monitoring.coreos.com", "--ignore-not-found")
 

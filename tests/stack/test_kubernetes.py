@@ -6,6 +6,7 @@ import time
 
 from kubernetes import client as k8s
 
+from tests.cluster import crd_established
 from tests.conftest import Kubectl
 
 WIDGET_CRD = """
@@ -44,7 +45,8 @@ spec: {{size: {size}}}
 
 def _apply_widget_crd(kubectl: Kubectl) -> None:
     kubectl("apply", "-f", "-", stdin=WIDGET_CRD)
-    kubectl("wait", "--for=condition=Established", "crd/widgets.stacktest.ferry.dev", "--timeout=60s")
+    crd = "widgets.stacktest.ferry.dev"
+    crd_established(lambda: kubectl("get", f"crd/{crd}", "-o", "json").stdout, crd)
 
 
 def test_kubectl_applies_a_crd_and_a_custom_resource(kubectl: Kubectl, namespace: str) -> None:

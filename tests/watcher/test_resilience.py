@@ -21,6 +21,7 @@ from temporalio.client import Client
 from devstack.stack.install import Binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef
+from tests.cluster import crd_established
 from tests.conftest import CRD_MANIFEST, make_state_dir
 from tests.end_to_end import eventually, migration_manifest
 from tests.watcher.conftest import has_workflow
@@ -81,8 +82,14 @@ def own_cluster(binaries: Binaries) -> Iterator[tuple[Stack, StackInfo]]:
     info = stack.start()
     kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
     subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD_MANIFEST)], check=True, capture_output=True)
-    established = [*kubectl, "wait", "--for=condition=Established", "crd/migrations.ferry.dev"]
-    subprocess.run(established, check=True, capture_output=True)
+    crd_established(
+        lambda: (
+            subprocess.run(
+                [*kubectl, "get", "crd/migrations.ferry.dev", "-o", "json"], check=True, capture_output=True, text=True
+            ).stdout
+        ),
+        "migrations.ferry.dev",
+    )
     yield stack, info
     stack.stop()
     shutil.rmtree(folder, ignore_errors=True)
