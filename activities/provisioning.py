@@ -111,6 +111,20 @@ class Provisioning(ClusterApi):
             selector = own_selector(ref, **{STATEFULSET_LABEL: target})
             pods = self._core.list_namespaced_pod(ref.namespace, label_selector=selector).items
             claims = self._core.list_namespaced_persistent_volume_claim(ref.namespace, label_selector=selector).items
+            # The StatefulSet controller, acting on its cached copy, can create a claim after the listing
+            # above (a provision cancelled right after its apply): nobody else would ever delete it.
+            for claim in claims:
+                if claim.metadata.deletion_timestamp is None:
+                    kube_calls.retry_on_conflict(
+                        functools.partial(
+                            self._delete_if_own,
+                            ref,
+                            "PersistentVolumeClaim",
+                            read_claim,
+                            self._core.delete_namespaced_persistent_volume_claim,
+                            claim.metadata.name,
+                        )
+                    )
             return checks.gone(f"Pods and claims of StatefulSet {ref.namespace}/{target}", [*pods, *claims])
 
         self._wait(pods_and_claims_gone)

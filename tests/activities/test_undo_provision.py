@@ -70,6 +70,48 @@ def test_undo_provision_after_provision_was_cancelled_while_waiting_removes_what
     _source_untouched(kube_api, ref.namespace)
 
 
+def test_undo_provision_deletes_a_claim_the_statefulset_controller_made_after_the_undo_listed_them(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    # provision cancelled right after its apply: the StatefulSet controller, working from its cache, can create a
+    # claim after undo_provision listed them. The claim appears here at the undo's first poll, as it did in CI.
+    activity_env.cancel()
+    with pytest.raises(CancelledError):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    template = kube_calls.read_json(apps.read_namespaced_stateful_set, TARGET, ref.namespace)["spec"][
+        "volumeClaimTemplates"
+    ][0]
+    late_claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"data-{TARGET}-7", "namespace": ref.namespace, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    }
+    polls = 0
+    undo_env = ActivityEnvironment()
+
+    def controller_creates_a_claim_late(*_: object) -> None:
+        nonlocal polls
+        polls += 1
+        if polls == 1:
+            core.create_namespaced_persistent_volume_claim(ref.namespace, late_claim)
+        if polls > 100:  # the claim stayed for good: stop the undo rather than wait for the test timeout
+            undo_env.cancel()
+
+    undo_env.on_heartbeat = controller_creates_a_claim_late
+    undo_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    _nothing_of_the_target_left(kube_api, ref.namespace)
+    assert absent(core.read_namespaced_persistent_volume_claim, f"data-{TARGET}-7", ref.namespace)
+    _source_untouched(kube_api, ref.namespace)
+
+
 def test_undo_provision_when_provision_never_ran_changes_nothing(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
