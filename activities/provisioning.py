@@ -11,6 +11,7 @@ nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -107,7 +108,10 @@ class Provisioning(ClusterApi):
         for deletion in deletions:
             kube_calls.retry_on_conflict(functools.partial(self._delete_if_own, ref, *deletion))
 
+        empty_polls = 0
+
         def pods_and_claims_gone() -> Progress:
+            nonlocal empty_polls
             selector = own_selector(ref, **{STATEFULSET_LABEL: target})
             pods = self._core.list_namespaced_pod(ref.namespace, label_selector=selector).items
             claims = self._core.list_namespaced_persistent_volume_claim(ref.namespace, label_selector=selector).items
@@ -125,7 +129,11 @@ class Provisioning(ClusterApi):
                             claim.metadata.name,
                         )
                     )
-            return checks.gone(f"Pods and claims of StatefulSet {ref.namespace}/{target}", [*pods, *claims])
+            # Done at the second empty poll in a row, one poll interval apart: a claim created from a stale cache
+            # just before the first one is seen (and deleted) by the second.
+            empty_polls = empty_polls + 1 if not pods and not claims else 0
+            left = checks.gone(f"Pods and claims of StatefulSet {ref.namespace}/{target}", [*pods, *claims])
+            return dataclasses.replace(left, done=empty_polls >= 2)
 
         self._wait(pods_and_claims_gone)
         activity.logger.info("nothing of Migration %s (uid %s) is left under %s", ref, ref.uid, target)
