@@ -2,16 +2,13 @@
 
 Every migration here is real: ferry's watcher and worker run against the session stack,
 moving a real database between the two PostgreSQL instances through the real S3 server.
-tctl could not be installed here (the Go module proxy refuses github.com/temporalio/tctl),
-so the documented tctl commands are not exercised; the temporal CLI ones are.
+The same controls through tctl are in test_tctl.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
-from typing import Any
 
 import psycopg
 import pytest
@@ -21,43 +18,12 @@ from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
 from ferry.api.saga import MigrationRef, workflow_id
 from tests.conftest import Kubectl
-from tests.end_to_end import TARGET_SECRET, Databases, apply_migration, eventually, migration_manifest
+from tests.end_to_end import TARGET_SECRET, Databases, apply_migration, migration_manifest
+from tests.operator.conftest import MIGRATION_DONE, at_approval_gate, wait_phase
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
-
-
-@pytest.fixture
-def orders(databases: Databases) -> int:
-    """A small orders table in the source database; returns its row count."""
-    with psycopg.connect(databases.source.dsn) as conn:
-        conn.execute("create table orders (id bigserial primary key, total numeric not null)")
-        conn.execute("insert into orders (total) select n * 1.5 from generate_series(1, 500) as n")
-    return 500
-
-
-async def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    result = await asyncio.to_thread(kubectl, "get", "migration", name, "-n", namespace, "-o", "json")
-    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
-    return status
-
-
-MIGRATION_DONE = 600
-"""Seconds a whole migration may take here: real components, on a machine that may be cold and busy."""
-
-
-async def _wait_phase(
-    kubectl: Kubectl, ref: MigrationRef, phase: str, within: float = MIGRATION_DONE
-) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-
-    async def reached() -> bool:
-        last.update(status=await _status(kubectl, ref.namespace, ref.name))
-        return bool(last["status"].get("phase") == phase)
-
-    await eventually(f"phase {phase}", reached, within=within, seen=lambda: json.dumps(last.get("status")))
-    return await _status(kubectl, ref.namespace, ref.name)
 
 
 def _temporal(binaries: Binaries, stack: StackInfo, *args: str) -> None:
@@ -72,13 +38,6 @@ async def _signal(binaries: Binaries, stack: StackInfo, ref: MigrationRef, name:
     await asyncio.to_thread(
         _temporal, binaries, stack, "workflow", "signal", f"--workflow-id={workflow_id(ref)}", f"--name={name}", *extra
     )
-
-
-async def _at_approval_gate(kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str) -> MigrationRef:
-    """A Migration that requires approval, waiting at its gate before switch-traffic."""
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
-    await _wait_phase(kubectl, ref, "AwaitingApproval")
-    return ref
 
 
 async def test_kubectl_wait_returns_when_the_migration_succeeds_and_describe_lists_the_step_events(
@@ -110,11 +69,11 @@ async def test_approve_with_the_temporal_cli_lets_the_migration_finish(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
+    ref = await at_approval_gate(kubectl, namespace, stack, bucket)
 
     await _signal(binaries, stack, ref, "approve", '{"by": "carol"}')
 
-    status = await _wait_phase(kubectl, ref, "Succeeded")
+    status = await wait_phase(kubectl, ref, "Succeeded")
     assert status["approvedBy"] == "carol"
 
 
@@ -122,25 +81,25 @@ async def test_pause_and_resume_with_the_temporal_cli_hold_the_migration_before_
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
+    ref = await at_approval_gate(kubectl, namespace, stack, bucket)
     await _signal(binaries, stack, ref, "pause")
     await _signal(binaries, stack, ref, "approve", '{"by": "dave"}')
 
-    paused = await _wait_phase(kubectl, ref, "Paused")
+    paused = await wait_phase(kubectl, ref, "Paused")
     assert paused["message"] == "paused before scale-down-old; send resume to go on"
     await _signal(binaries, stack, ref, "resume")
-    await _wait_phase(kubectl, ref, "Succeeded")
+    await wait_phase(kubectl, ref, "Succeeded")
 
 
 async def test_rollback_with_the_temporal_cli_undoes_the_completed_steps(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
+    ref = await at_approval_gate(kubectl, namespace, stack, bucket)
 
     await _signal(binaries, stack, ref, "rollback", '{"by": "erin", "reason": "not today"}')
 
-    status = await _wait_phase(kubectl, ref, "RolledBack")
+    status = await wait_phase(kubectl, ref, "RolledBack")
     assert status["message"] == "rolled back: rollback requested by erin: not today"
     states = {step["name"]: step["state"] for step in status["steps"]}
     assert states["provision"] == "Compensated"
@@ -154,11 +113,11 @@ async def test_cancel_with_the_temporal_cli_rolls_back(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, binaries: Binaries,
     running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = await _at_approval_gate(kubectl, namespace, stack, bucket)
+    ref = await at_approval_gate(kubectl, namespace, stack, bucket)
 
     await asyncio.to_thread(_temporal, binaries, stack, "workflow", "cancel", f"--workflow-id={workflow_id(ref)}")
 
-    status = await _wait_phase(kubectl, ref, "RolledBack")
+    status = await wait_phase(kubectl, ref, "RolledBack")
     assert status["message"] == "rolled back: the workflow was cancelled"
 
 
@@ -170,7 +129,7 @@ async def test_retry_with_the_temporal_cli_reruns_a_failed_step_under_the_pause_
     good = core.read_namespaced_secret(TARGET_SECRET, namespace).data["password"]
     core.patch_namespaced_secret(TARGET_SECRET, namespace, {"stringData": {"password": "wrong"}})
     ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, failurePolicy="Pause"))
-    paused = await _wait_phase(kubectl, ref, "Paused")
+    paused = await wait_phase(kubectl, ref, "Paused")
     # The precheck finds the refused credentials before anything changes.
     assert paused["currentStep"] == "precheck"
     assert "PrecheckFailed" in paused["message"]
@@ -179,6 +138,6 @@ async def test_retry_with_the_temporal_cli_reruns_a_failed_step_under_the_pause_
     core.patch_namespaced_secret(TARGET_SECRET, namespace, {"data": {"password": good}})
     await _signal(binaries, stack, ref, "retry", '{"by": "frank"}')
 
-    status = await _wait_phase(kubectl, ref, "Succeeded")
+    status = await wait_phase(kubectl, ref, "Succeeded")
     precheck = next(step for step in status["steps"] if step["name"] == "precheck")
     assert precheck["attempts"] == 2
