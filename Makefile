@@ -13,8 +13,8 @@ setup: ## install the Python dependencies and find or build the stack's componen
 up: setup ## the main job: the local stack, ferry's worker and watcher, a sample migration followed live; then stops (ARGS=--keep-running stays up until Ctrl-C)
 	$(VENV)/python -m devstack up $(ARGS)
 
-test: ## the test command: setup (with headless Chromium), static checks, then every test against a real local stack
-	@bash scripts/setup.sh --browser
+test: ## the test command: setup (with headless Chromium and helm), static checks, then every test against a real local stack
+	@bash scripts/setup.sh --browser --helm
 	$(MAKE) --no-print-directory check
 	$(VENV)/pytest
 

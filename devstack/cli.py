@@ -36,6 +36,8 @@ def _cmd_setup(args: argparse.Namespace) -> int:
         print(f"{field:25} {value}")
     if args.browser:
         print(f"{'chromium':25} {install.ensure_chromium()}")
+    if args.helm:
+        print(f"{'helm':25} {install.ensure_tool('helm')}")
     print(f"setup finished in {time.monotonic() - started:.1f}s")
     return 0
 
@@ -101,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     setup.add_argument(
         "--browser", action="store_true", help="also install headless Chromium for the Web UI tests (Debian's package)"
+    )
+    setup.add_argument(
+        "--helm", action="store_true", help="also build helm for the chart tests (Go module proxy, cached by version)"
     )
     setup.set_defaults(run=_cmd_setup)
 

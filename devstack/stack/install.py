@@ -71,6 +71,11 @@ class GoComponent:
     accepts: Callable[[str, str], bool]
     """Whether a binary found elsewhere (name, `--version` output) can be used instead."""
     version_args: tuple[str, ...] = ("--version",)
+    go_minimum: tuple[int, int] = versions.GO_MINIMUM
+    """The oldest Go toolchain that builds it."""
+    on_demand: bool = False
+    """A tool that tests use but the stack does not run: built by `ensure_tool` the first time it is asked
+    for, not by `ensure_binaries`, so a setup that never needs it never waits for its build."""
 
 
 def _kube_minor(version: str) -> str:
@@ -200,13 +205,17 @@ def _build_etcd(component: GoComponent, work: Path, out: Path) -> None:
     )
 
 
-def _go_install(package: str) -> Callable[[GoComponent, Path, Path], None]:
+def _go_install(package: str, version_variable: str | None = None) -> Callable[[GoComponent, Path, Path], None]:
+    """`go install package@version`; `version_variable` is a string variable that the binary reports as its version,
+    set to the pinned one (the module's own default is less precise: helm's says v3.22 for v3.22.0)."""
+
     def build(component: GoComponent, work: Path, out: Path) -> None:
         env = _go_env(work)
         env["GOBIN"] = str(out)
         env.pop("GOFLAGS")  # -mod=mod is not allowed outside a module
+        ldflags = "-s -w" + (f" -X {version_variable}={component.version}" if version_variable else "")
         _run_logged(
-            ["go", "install", "-trimpath", "-ldflags", "-s -w", f"{package}@{component.version}"],
+            ["go", "install", "-trimpath", "-ldflags", ldflags, f"{package}@{component.version}"],
             cwd=work,
             env=env,
             logfile=work / "build.log",
@@ -245,6 +254,16 @@ GO_COMPONENTS: tuple[GoComponent, ...] = (
         accepts=_accepts_same_version(versions.VERSITYGW),
         version_args=("--version",),
     ),
+    GoComponent(
+        name="helm",
+        version=versions.HELM,
+        binaries=("helm",),
+        build=_go_install("helm.sh/helm/v3/cmd/helm", version_variable="helm.sh/helm/v3/internal/version.version"),
+        accepts=_accepts_same_version(versions.HELM),
+        version_args=("version", "--short"),
+        go_minimum=versions.HELM_GO_MINIMUM,
+        on_demand=True,
+    ),
 )
 
 
@@ -267,22 +286,19 @@ def _version_output(binary: Path, args: tuple[str, ...]) -> str:
     return result.stdout + result.stderr
 
 
-def _require_go() -> None:
+def _require_go(component: GoComponent) -> None:
+    minimum = ".".join(map(str, component.go_minimum))
     go = shutil.which("go")
     if go is None:
         raise SetupError(
-            "Go is needed to build the Kubernetes control plane, etcd, kwok, versitygw, "
-            "and `go` is not on PATH. Install Go "
-            f"{'.'.join(map(str, versions.GO_MINIMUM))} or newer, or point KUBEBUILDER_ASSETS "
+            f"Go is needed to build {component.name} (like the Kubernetes control plane, etcd, kwok and "
+            f"versitygw), and `go` is not on PATH. Install Go {minimum} or newer, or point KUBEBUILDER_ASSETS "
             "and PATH at prebuilt binaries."
         )
     output = subprocess.run([go, "version"], capture_output=True, text=True).stdout
     match = re.search(r"go(\d+)\.(\d+)", output)
-    if not match or (int(match.group(1)), int(match.group(2))) < versions.GO_MINIMUM:
-        raise SetupError(
-            f"`go version` says {output.strip()!r}; ferry's components need Go "
-            f"{'.'.join(map(str, versions.GO_MINIMUM))} or newer."
-        )
+    if not match or (int(match.group(1)), int(match.group(2))) < component.go_minimum:
+        raise SetupError(f"`go version` says {output.strip()!r}; {component.name} needs Go {minimum} or newer.")
 
 
 def _kubebuilder_assets(binary: str) -> Path | None:
@@ -315,7 +331,7 @@ def _ensure_go_component(component: GoComponent, root: Path) -> dict[str, Path]:
     stamp = out / ".complete"
     with _locked(root / "locks" / f"{component.name}.lock"):
         if not stamp.exists():
-            _require_go()
+            _require_go(component)
             work = root / "build" / f"{component.name}-{component.version}"
             work.mkdir(parents=True, exist_ok=True)
             out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +344,14 @@ def _ensure_go_component(component: GoComponent, root: Path) -> dict[str, Path]:
             stamp.write_text(component.version + "\n")
             log.info("built %s %s in %.0fs", component.name, component.version, time.monotonic() - started)
     return {binary: found[binary] or out / binary for binary in component.binaries}
+
+
+def ensure_tool(binary: str) -> Path:
+    """The path of a Go tool that only some tests use (helm), found or built on first use and cached by version."""
+    for component in GO_COMPONENTS:
+        if binary in component.binaries:
+            return _ensure_go_component(component, cache_dir())[binary]
+    raise SetupError(f"no Go component of the stack provides {binary!r}")
 
 
 # --- PostgreSQL and temporal ----------------------------------------------------------------
@@ -402,7 +426,8 @@ def ensure_binaries() -> Binaries:
     root = cache_dir()
     paths: dict[str, Path] = {}
     for component in GO_COMPONENTS:
-        paths.update(_ensure_go_component(component, root))
+        if not component.on_demand:
+            paths.update(_ensure_go_component(component, root))
     return Binaries(
         etcd=paths["etcd"],
         kube_apiserver=paths["kube-apiserver"],

@@ -19,8 +19,15 @@ KWOK = "v0.7.0"
 VERSITYGW = "v1.8.0"
 """github.com/versity/versitygw: an S3-compatible gateway over a local folder."""
 
+HELM = "v3.22.0"
+"""helm.sh/helm/v3: renders and lints deploy/helm/ferry in the deployment tests; not part of the stack,
+so it is built the first time a test asks for it."""
+
 GO_MINIMUM = (1, 24)
-"""The oldest Go toolchain that builds all of the above."""
+"""The oldest Go toolchain that builds all of the above but helm."""
+
+HELM_GO_MINIMUM = (1, 26)
+"""The Go toolchain helm v3.22's go.mod asks for (`go 1.26.0`); only the tests that use helm need it."""
 
 POSTGRES_MAJOR = 15
 """PostgreSQL server and client tools, from Debian's packages (bookworm ships 15)."""

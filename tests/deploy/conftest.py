@@ -10,17 +10,29 @@ Impersonate-User header, whereas a token needs nothing from ferry's code.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from devstack.stack.install import Binaries, ensure_tool
 from devstack.stack.stack import StackInfo
 from tests.conftest import Kubectl
+from tests.deploy import rendering
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
 
-ServiceAccountKubeconfig = Callable[[str], Path]
+ServiceAccountKubeconfig = Callable[..., Path]
+"""(account, namespace=ferry-system) -> a kubeconfig authenticating as that ServiceAccount."""
+
+HELM_RELEASE = "ferry-helm"
+"""The release the chart's identities are installed as, in a namespace of the same name: apart from
+deploy/'s, whose cluster-wide roles are named after the release "ferry"."""
+
+IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +53,9 @@ def service_account_kubeconfig(
     assert stack.kubeconfig is not None
     admin = yaml.safe_load(stack.kubeconfig.read_text())
 
-    def make(account: str) -> Path:
-        token = kubectl("create", "token", account, "-n", ferry_system, "--duration=1h").stdout.strip()
-        assert token, f"no token for ServiceAccount {ferry_system}/{account}"
+    def make(account: str, namespace: str = ferry_system) -> Path:
+        token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+        assert token, f"no token for ServiceAccount {namespace}/{account}"
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -58,3 +70,61 @@ def service_account_kubeconfig(
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """helm, built from its Go module on first use (devstack/stack/versions.py pins it)."""
+    return ensure_tool("helm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Installation:
+    """ferry's identities (ServiceAccounts and roles) as one way of installing it put them on the stack."""
+
+    how: str
+    """kustomize (deploy/) or helm (deploy/helm/ferry)."""
+    namespace: str
+    objects: list[dict[str, Any]]
+    """Everything that way renders; only the identities are applied (the stack runs no image)."""
+
+    def service_account(self, component: str) -> str:
+        return rendering.service_account(self.objects, component)
+
+    @property
+    def lease(self) -> str:
+        return rendering.lease_name(self.objects)
+
+
+@pytest.fixture(scope="session")
+def kustomize_installation(binaries: Binaries, ferry_system: str) -> Installation:
+    return Installation("kustomize", ferry_system, rendering.kustomized(binaries.kubectl))
+
+
+@pytest.fixture(scope="session")
+def helm_installation(kubectl: Kubectl, helm: Path) -> Iterator[Installation]:
+    """The chart's identities, applied for real as release ferry-helm in namespace ferry-helm."""
+    objects = rendering.parse(rendering.helm_template(helm, HELM_RELEASE, HELM_RELEASE))
+    identities = [obj for obj in objects if obj["kind"] in IDENTITY_KINDS]
+    kubectl("create", "namespace", HELM_RELEASE)
+    kubectl(
+        "apply", "--server-side", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": identities})
+    )
+    yield Installation("helm", HELM_RELEASE, objects)
+    kubectl(
+        "delete",
+        "-f",
+        "-",
+        "--ignore-not-found",
+        "--wait=false",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": identities}),
+    )
+    kubectl("delete", "namespace", HELM_RELEASE, "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture
+def installation(request: pytest.FixtureRequest) -> Installation:
+    """deploy/'s identities, or the chart's when a test is parametrized with installation="helm" (indirect)."""
+    how = getattr(request, "param", "kustomize")
+    found: Installation = request.getfixturevalue(f"{how}_installation")
+    return found

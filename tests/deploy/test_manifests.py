@@ -19,9 +19,9 @@ import yaml
 
 from activities.secrets import DATABASE_KEYS, S3_KEYS
 from ferry.api.migration import MigrationSpec
-from tests.cluster import crd_established
 from tests.conftest import Kubectl
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, settings, subcommands, variables_read_by
+from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, installed
 
 ALERT_METRICS = {
     "ferry_steps_total",
@@ -34,59 +34,6 @@ ALERT_METRICS = {
     "ferry_status_patch_seconds",
 }
 """The metrics the alerts may use: the contract with the worker and the watcher, listed atop alerts.yaml."""
-
-PROMETHEUS_RULE_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "names": {"kind": "PrometheusRule", "listKind": "PrometheusRuleList", "plural": "prometheusrules",
-                  "singular": "prometheusrule"},
-        "scope": "Namespaced",
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "required": ["spec"],
-                "properties": {"spec": {
-                    "type": "object",
-                    "required": ["groups"],
-                    "properties": {"groups": {
-                        "type": "array", "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "required": ["name", "rules"],
-                            "properties": {
-                                "name": {"type": "string", "minLength": 1},
-                                "interval": {"type": "string", "pattern": "^(0|(([0-9]+)(h|m|s|ms))+)$"},
-                                "rules": {"type": "array", "minItems": 1, "items": {
-                                    "type": "object",
-                                    "required": ["expr"],
-                                    "properties": {
-                                        "alert": {"type": "string"},
-                                        "record": {"type": "string"},
-                                        "expr": {"x-kubernetes-int-or-string": True},
-                                        "for": {"type": "string", "pattern": "^(0|(([0-9]+)(h|m|s|ms))+)$"},
-                                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                        "annotations": {"type": "object",
-                                                        "additionalProperties": {"type": "string"}},
-                                    },
-                                }},
-                            },
-                        },
-                    }},
-                }},
-            }},
-        }],
-    },
-}  # fmt: skip
-"""A stand-in for the Prometheus Operator's PrometheusRule CRD, which this stack does not install.
-
-Its schema has the fields of the real one that ferry's rules use, with the real
-duration pattern and no unknown fields allowed, so the API server checks the rules'
-shape as the real CRD would; it cannot check PromQL (neither can the real CRD).
-"""
 
 
 def _dry_run(kubectl: Kubectl, *args: str) -> list[str]:
@@ -163,25 +110,42 @@ def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_m
 
 
 @pytest.fixture
-def prometheus_rule_crd(kubectl: Kubectl) -> Iterator[None]:
-    kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(PROMETHEUS_RULE_CRD))
-    crd = "prometheusrules.monitoring.coreos.com"
-    crd_established(lambda: kubectl("get", f"crd/{crd}", "-o", "json").stdout, crd)
-    yield
-    kubectl("delete", "crd", "prometheusrules.monitoring.coreos.com", "--ignore-not-found")
+def monitoring_crds(kubectl: Kubectl) -> Iterator[None]:
+    with installed(kubectl, PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD):
+        yield
 
 
-def test_the_alerts_apply_as_a_prometheus_rule(kubectl: Kubectl, ferry_system: str, prometheus_rule_crd: None) -> None:
+def test_the_alerts_and_their_scraping_apply_for_the_prometheus_operator(
+    kubectl: Kubectl, ferry_system: str, monitoring_crds: None
+) -> None:
     applied = _dry_run(kubectl, "-k", str(DEPLOY / "prometheus"))
 
-    assert applied == ["prometheusrule.monitoring.coreos.com/ferry serverside-applied (server dry run)"]
+    assert sorted(applied) == [
+        "prometheusrule.monitoring.coreos.com/ferry serverside-applied (server dry run)",
+        "service/ferry-metrics serverside-applied (server dry run)",
+        "servicemonitor.monitoring.coreos.com/ferry serverside-applied (server dry run)",
+    ]
+
+
+def test_the_metrics_service_selects_both_components_on_their_metrics_port() -> None:
+    monitoring = documents(DEPLOY / "prometheus")
+    service = find(monitoring, "Service", "ferry-metrics")
+    monitor = find(monitoring, "ServiceMonitor", "ferry")
+
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [endpoint["port"] for endpoint in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["metrics"]
+    for component in ("worker", "watcher"):
+        deployment = _deployment(f"ferry-{component}")
+        assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        assert "metrics" in {port["name"] for port in _container(deployment)["ports"]}, component
 
 
 # --- what the rules and the Deployments say, read against the code ------------------------------
 
 
 def _rules() -> list[dict[str, Any]]:
-    (rule,) = documents(DEPLOY / "prometheus")
+    rule = find(documents(DEPLOY / "prometheus"), "PrometheusRule", "ferry")
     return [item for group in rule["spec"]["groups"] for item in group["rules"]]
 
 

@@ -3,7 +3,8 @@
 The worker and the watcher run as `ferry worker` and `ferry watcher` processes whose
 kubeconfigs carry tokens of the ServiceAccounts ferry-system/ferry-worker and
 ferry-system/ferry-watcher (see conftest.py), with the roles of deploy/rbac applied for
-real: every call they make is authorized as it would be in their Pods.
+real: every call they make is authorized as it would be in their Pods. The whole Migration
+runs a second time under the identities the Helm chart (deploy/helm/ferry) makes.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from devstack.stack.stack import StackInfo
 from ferry.clients import kubernetes_client
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
-from tests.deploy.conftest import ServiceAccountKubeconfig
+from tests.deploy.conftest import Installation, ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY
 from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest
 from tests.postgres.data import contents, create_shop
 from tests.processes import FerryProcess, start_ferry, wait_until
 
 SAGA_TIMEOUT = 240.0
-RBAC_DENIAL = re.compile(r'serviceaccount:ferry-system:ferry-[a-z]+[\\"]* cannot [a-z]+ resource [\\"]*[\w./]+')
+RBAC_DENIAL = re.compile(r'serviceaccount:[a-z0-9-]+:ferry-[a-z-]+[\\"]* cannot [a-z]+ resource [\\"]*[\w./]+')
 """How the API server words a refusal by RBAC, in a logged failure (its quotes escaped once per JSON layer)."""
 LEASE = "ferry-watcher"
 """The Lease the watcher's Role names (deploy/rbac/watcher_role.yaml) and its Deployment uses."""
@@ -93,14 +94,15 @@ class Ferry:
 @pytest.fixture
 def ferry_as_service_accounts(
     binaries: Binaries,
-    ferry_system: str,
+    installation: Installation,
     service_account_kubeconfig: ServiceAccountKubeconfig,
     run_ferry: RunFerry,
     namespace: str,
 ) -> Ferry:
+    """The worker and the watcher as the ServiceAccounts their Deployments name, with the Lease the watcher's names."""
     worker = run_ferry(
         "worker",
-        service_account_kubeconfig("ferry-worker"),
+        service_account_kubeconfig(installation.service_account("worker"), installation.namespace),
         FERRY_POSTGRES_BINDIR=str(binaries.postgres_bindir),
         FERRY_POLL_INTERVAL="0.2",
     )
@@ -108,9 +110,9 @@ def ferry_as_service_accounts(
     identity = f"watcher-{namespace}"
     watcher = run_ferry(
         "watcher",
-        service_account_kubeconfig("ferry-watcher"),
-        FERRY_LEASE_NAMESPACE=ferry_system,
-        FERRY_LEASE_NAME=LEASE,
+        service_account_kubeconfig(installation.service_account("watcher"), installation.namespace),
+        FERRY_LEASE_NAMESPACE=installation.namespace,
+        FERRY_LEASE_NAME=installation.lease,
         FERRY_IDENTITY=identity,
     )
     return Ferry(worker, watcher, identity)
@@ -137,14 +139,15 @@ def _explain(status: dict[str, Any], ferry: Ferry) -> str:
     return f"{json.dumps(status, indent=1)}\n--- worker\n{ferry.worker.log()}\n--- watcher\n{ferry.watcher.log()}"
 
 
-def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_of_deploy_rbac(
+@pytest.mark.parametrize("installation", ["kustomize", "helm"], indirect=True)
+def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_that_deploy_and_the_chart_make(
     stack: StackInfo,
     databases: Databases,
     bucket: str,
     migration_secrets: None,
     source_workload: str,
     migration_crd: str,
-    ferry_system: str,
+    installation: Installation,
     ferry_as_service_accounts: Ferry,
     kube_api: k8s.ApiClient,
     kubectl: Kubectl,
@@ -159,7 +162,7 @@ def test_a_whole_migration_and_its_deletion_succeed_under_the_service_accounts_o
     assert status["phase"] == "Succeeded", _explain(status, ferry)
     assert contents(databases.target) == contents(databases.source)
     assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
-    lease = k8s.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, ferry_system)
+    lease = k8s.CoordinationV1Api(kube_api).read_namespaced_lease(installation.lease, installation.namespace)
     assert lease.spec.holder_identity == ferry.watcher_identity
 
     # Deleting it: the watcher holds its finalizer until the worker's retention cleanup has

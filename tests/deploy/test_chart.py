@@ -1,0 +1,235 @@
+"""The Helm chart deploy/helm/ferry: it lints, the API server accepts it, and it renders what kustomize builds.
+
+Equivalence is checked object by object on the whole of both renderings, labels and the
+selectors made of them aside (the chart adds the release to them, so two releases do not
+select each other's Pods): every RBAC rule, container argument, variable, port, probe,
+security setting and disruption budget of the chart with its default values is the
+kustomize manifests' own, so neither can change without the other.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devstack.stack.install import Binaries
+from tests.conftest import Kubectl
+from tests.deploy import rendering
+from tests.deploy.conftest import Installation
+from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
+from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, installed
+
+AS_DEPLOY = ("namespace.create=true", "prometheusRule.enabled=true", "serviceMonitor.enabled=true")
+"""The chart's values that add what deploy/ and deploy/prometheus hold beyond its defaults."""
+EVERYTHING = (*AS_DEPLOY, "grafanaDashboard.enabled=true")
+
+Key = tuple[str, str, str]
+"""(kind, namespace, name) of an object."""
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def _selectors_hold(objects: list[dict[str, Any]]) -> None:
+    """Within one rendering: each selector selects exactly what it is meant to."""
+    deployments = {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "Deployment"}
+    assert set(deployments) == {"ferry-worker", "ferry-watcher"}
+    for name, spec in deployments.items():
+        selector = spec["selector"]["matchLabels"]
+        assert selector.items() <= spec["template"]["metadata"]["labels"].items(), name
+        for constraint in spec["template"]["spec"]["topologySpreadConstraints"]:
+            assert constraint["labelSelector"]["matchLabels"] == selector, name
+    for budget in (obj for obj in objects if obj["kind"] == "PodDisruptionBudget"):
+        name = budget["metadata"]["name"]
+        assert budget["spec"]["selector"]["matchLabels"] == deployments[name]["selector"]["matchLabels"], name
+    for service in (obj for obj in objects if obj["kind"] == "Service"):
+        for name, spec in deployments.items():
+            assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items(), name
+    for monitor in (obj for obj in objects if obj["kind"] == "ServiceMonitor"):
+        wanted = monitor["spec"]["selector"]["matchLabels"].items()
+        assert [obj for obj in objects if obj["kind"] == "Service" and wanted <= obj["metadata"]["labels"].items()]
+
+
+def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """An object without its labels, annotations and selectors (checked by _selectors_hold instead)."""
+    obj = copy.deepcopy(obj)
+    labels = obj["metadata"].pop("labels", {})
+    obj["metadata"].pop("annotations", None)
+    if obj["kind"] == "Namespace":
+        obj["metadata"]["labels"] = {k: v for k, v in labels.items() if k.startswith("pod-security.kubernetes.io/")}
+    spec = obj.get("spec", {})
+    if obj["kind"] in {"Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"}:
+        spec.pop("selector")
+    if obj["kind"] == "Deployment":
+        del spec["template"]["metadata"]
+        for constraint in spec["template"]["spec"]["topologySpreadConstraints"]:
+            del constraint["labelSelector"]
+    return obj
+
+
+def _by_key(objects: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    found = {_key(obj): _comparable(obj) for obj in objects}
+    assert len(found) == len(objects), "two objects share a kind, namespace and name"
+    return found
+
+
+@pytest.fixture(scope="module")
+def kustomize_objects(binaries: Binaries) -> list[dict[str, Any]]:
+    return rendering.kustomized(binaries.kubectl) + rendering.kustomized(binaries.kubectl, DEPLOY / "prometheus")
+
+
+@pytest.fixture(scope="module")
+def chart_objects(helm: Path) -> list[dict[str, Any]]:
+    return rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, *AS_DEPLOY))
+
+
+def test_the_chart_passes_helm_lint_strictly(helm: Path) -> None:
+    for values in ((), EVERYTHING):
+        sets = [arg for value in values for arg in ("--set", value)]
+        linted = rendering.run_tool(helm, "lint", "--strict", rendering.CHART, *sets)
+
+        assert "1 chart(s) linted, 0 chart(s) failed" in linted
+
+
+def test_the_chart_renders_every_object_kustomize_builds_and_no_other(
+    kustomize_objects: list[dict[str, Any]], chart_objects: list[dict[str, Any]]
+) -> None:
+    assert sorted(_by_key(chart_objects)) == sorted(_by_key(kustomize_objects))
+
+
+def test_every_object_of_the_chart_is_the_kustomize_one_apart_from_labels_and_selectors(
+    kustomize_objects: list[dict[str, Any]], chart_objects: list[dict[str, Any]]
+) -> None:
+    _selectors_hold(kustomize_objects)
+    _selectors_hold(chart_objects)
+    built, rendered = _by_key(kustomize_objects), _by_key(chart_objects)
+
+    different = [
+        f"{' '.join(key)}:\n--- kustomize\n{yaml.safe_dump(built[key])}--- chart\n{yaml.safe_dump(rendered[key])}"
+        for key in sorted(built.keys() & rendered.keys())
+        if built[key] != rendered[key]
+    ]
+    assert not different, "\n".join(different)
+
+
+def test_the_crd_alerts_and_dashboard_of_the_chart_are_the_files_of_deploy() -> None:
+    # Links, not copies: `helm package` stores their targets' contents.
+    for link, target in (
+        ("crds/migrations.ferry.dev.yaml", DEPLOY / "crd" / "migrations.ferry.dev.yaml"),
+        ("files/alerts.yaml", DEPLOY / "prometheus" / "alerts.yaml"),
+        ("files/ferry.json", DEPLOY / "grafana" / "ferry.json"),
+    ):
+        assert (rendering.CHART / link).resolve() == target.resolve(), link
+
+
+def test_the_dashboard_configmap_holds_the_dashboard(helm: Path) -> None:
+    objects = rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, "grafanaDashboard.enabled=true"))
+    (config,) = [obj for obj in objects if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "ferry-dashboard"]
+
+    assert json.loads(config["data"]["ferry.json"]) == json.loads((DEPLOY / "grafana" / "ferry.json").read_text())
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_secrets_can_be_granted_in_listed_namespaces_only(helm: Path) -> None:
+    objects = rendering.parse(
+        rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, "worker.secretNamespaces={shop,billing}")
+    )
+    grants = [
+        obj for obj in objects if obj["kind"].endswith("Binding") and obj["roleRef"]["name"] == "ferry-worker-secrets"
+    ]
+
+    assert sorted((obj["kind"], obj["metadata"].get("namespace")) for obj in grants) == [
+        ("RoleBinding", "billing"),
+        ("RoleBinding", "shop"),
+    ]
+    for grant in grants:
+        assert grant["subjects"] == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": SYSTEM_NAMESPACE}]
+
+
+def test_another_lease_name_changes_the_watchers_flag_and_its_role_together(helm: Path) -> None:
+    objects = rendering.parse(rendering.helm_template(helm, "ops", "ops", "watcher.leaseName=ops-leader"))
+    (role,) = [obj for obj in objects if obj["kind"] == "Role"]
+    allowed = [name for rule in role["rules"] for name in rule.get("resourceNames", [])]
+
+    assert rendering.lease_name(objects) == "ops-leader"
+    assert allowed == ["ops-leader"]
+    assert rendering.service_account(objects, "watcher") == "ops-ferry-watcher"
+
+
+@pytest.fixture
+def monitoring_crds(kubectl: Kubectl) -> Iterator[None]:
+    with installed(kubectl, PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD):
+        yield
+
+
+def test_everything_the_chart_renders_applies_to_the_api_server(
+    helm: Path, kubectl: Kubectl, migration_crd: str, ferry_system: str, monitoring_crds: None
+) -> None:
+    rendered = rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, *EVERYTHING)
+
+    # ferry-system warns about Pod Security violations, and a warning fails the apply here.
+    result = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", stdin=rendered, check=False)
+
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    applied = result.stdout.splitlines()
+    assert len(applied) == len(rendering.parse(rendered))
+    assert all(line.endswith("serverside-applied (server dry run)") for line in applied), applied
+
+
+@pytest.mark.parametrize("component", ["worker", "watcher"])
+def test_the_charts_service_accounts_may_do_exactly_what_those_of_deploy_may(
+    kubectl: Kubectl, kustomize_installation: Installation, helm_installation: Installation, component: str
+) -> None:
+    def allowed(installation: Installation, namespace: str) -> list[str]:
+        """What the API server's RBAC lets the account do in a namespace, its own Lease's name made generic."""
+        account = f"system:serviceaccount:{installation.namespace}:{installation.service_account(component)}"
+        listed = kubectl("auth", "can-i", "--list", "-n", namespace, f"--as={account}").stdout
+        return sorted(" ".join(line.replace(installation.lease, "LEASE").split()) for line in listed.splitlines())
+
+    # In a workload's namespace, and in the one the components run in (the Lease).
+    assert allowed(helm_installation, "shop") == allowed(kustomize_installation, "shop")
+    assert allowed(helm_installation, helm_installation.namespace) == allowed(
+        kustomize_installation, kustomize_installation.namespace
+    )
+    assert any("migrations.ferry.dev" in line for line in allowed(helm_installation, "shop"))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _documented(lines: list[str], number: int) -> bool:
+    """A key is documented by a comment right above it (or above the run of keys it closes) or by its parent's."""
+    indent, above = _indent(lines[number]), number - 1
+    while above >= 0 and lines[above].strip() and not lines[above].lstrip().startswith("#"):
+        if _indent(lines[above]) != indent:
+            break
+        above -= 1
+    if above >= 0 and lines[above].lstrip().startswith("#") and _indent(lines[above]) == indent:
+        return True
+    parents = [
+        i for i in range(number - 1, -1, -1)
+        if lines[i].strip() and not lines[i].lstrip().startswith("#") and _indent(lines[i]) < indent
+    ]  # fmt: skip
+    return bool(parents) and _documented(lines, parents[0])
+
+
+def test_every_value_is_documented_in_values_yaml() -> None:
+    lines = (rendering.CHART / "values.yaml").read_text().splitlines()
+
+    # Leaves only (a key with its value on its line): a group is documented by its leaves or its own comment.
+    undocumented = [
+        line.strip() for number, line in enumerate(lines)
+        if line.strip() and not line.lstrip().startswith(("#", "-")) and line.split(":", 1)[1].strip()
+        and not _documented(lines, number)
+    ]  # fmt: skip
+
+    assert not undocumented, undocumented
