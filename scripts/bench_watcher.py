@@ -1,38 +1,67 @@
-"""Benchmark: time from creating a Migration to the start of its workflow, over a burst of creates.
+"""Benchmark of the watcher: create → workflow start latency, and the watcher at scale (issue #17).
 
 Starts a stack of its own (Kubernetes and Temporal only) unless --state-dir names a
-running one, runs `ferry watcher` as a separate process, creates N Migrations as fast
-as one client can, and prints the median, p95, p99 and maximum of
-(workflow start time, from Temporal) - (moment the create call returned).
+running one, and runs `ferry watcher` as a separate process. No worker runs: workflows
+start and wait, so no data moves. Two modes:
 
-    .venv/bin/python scripts/bench_watcher.py --count 200
+- a burst (default): creates --count Migrations as fast as one client can and prints the
+  median, p95, p99 and maximum of (workflow start time, from Temporal) - (create returned);
+
+      .venv/bin/python scripts/bench_watcher.py --count 200
+
+- at scale (--scale N): N Migrations present first (half Succeeded, half Paused with
+  their workflow recorded, all created in parallel with no workflow behind them), then
+  one table: the watcher's memory (VmRSS, VmHWM), its CPU between events over a window of
+  at least two resyncs, its Temporal calls per resync (its own /metrics), a restart
+  (SIGKILL, start, list, act on a new Migration), creates at a steady rate, and a burst
+  compared with as many direct start_workflow calls on the same Temporal server.
+
+      .venv/bin/python scripts/bench_watcher.py --scale 10000
 """
 
-# ruff: noqa: ASYNC220, ASYNC221 - a benchmark driver; blocking setup calls are fine here
+# ruff: noqa: ASYNC251 - a benchmark driver; blocking calls are fine here
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import dataclasses
+import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from temporalio.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.stack.install import ensure_binaries  # noqa: E402
+from devstack.stack.readiness import free_port  # noqa: E402
 from devstack.stack.stack import Stack, StackInfo  # noqa: E402
+from ferry.api.migration import FINALIZER, MigrationSpec  # noqa: E402
 from ferry.api.saga import MigrationRef, workflow_id  # noqa: E402
 from ferry.clients import TemporalSettings, connect_temporal  # noqa: E402
 from tests import samples  # noqa: E402
 from tests.cluster import crd_established  # noqa: E402
+from watcher.starting import ensure_started  # noqa: E402
+
+GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
+MERGE = "application/merge-patch+json"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -41,15 +70,133 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-async def measure(info: StackInfo, count: int, logs: Path) -> list[float]:
-    assert info.kubeconfig
-    assert info.temporal_address
+# --- the watcher process, seen from outside ------------------------------------------------
+
+
+@dataclasses.dataclass
+class WatcherProcess:
+    argv: list[str]
+    log_path: Path
+    metrics_url: str
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.started_at = time.time()
+            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signum)
+            self.popen.wait(60)
+
+    def memory_mib(self) -> tuple[float, float]:
+        """(VmRSS, VmHWM) in MiB: resident now, and the peak so far."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of the process so far."""
+        after_name = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
+
+    def counters(self) -> dict[str, dict[str, float]]:
+        """ferry's watcher counters from /metrics, by metric then label value."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text: str = response.read().decode()
+        found: dict[str, dict[str, float]] = {}
+        for metric, label in (
+            ("ferry_watcher_temporal_calls_total", "call"),
+            ("ferry_watcher_passes_total", "action"),
+            ("ferry_watcher_events_total", "type"),
+        ):
+            values = found.setdefault(metric, {})
+            for match in re.finditer(rf"^{metric}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+                key = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1))).get(label, "")
+                values[key] = values.get(key, 0.0) + float(match.group(2))
+        return found
+
+    def event_to_start(self) -> tuple[float, float]:
+        """(sum of seconds, count) of the watcher's own histogram: from receiving a new Migration to its start."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text: str = response.read().decode()
+        found = dict.fromkeys(("sum", "count"), 0.0)
+        for match in re.finditer(r"^ferry_watcher_event_to_start_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$", text, re.M):
+            found[match.group(1)] += float(match.group(2))
+        return found["sum"], found["count"]
+
+    def listings(self) -> list[tuple[int, float]]:
+        """(Migrations listed, when) for every full list the log shows, in order."""
+        found = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = re.search(r"listed (\d+) Migrations", line)
+            if match:
+                moment = re.search(r'"time": "([^"]+)"', line)
+                at = datetime.fromisoformat(moment.group(1)).timestamp() if moment else time.time()
+                found.append((int(match.group(1)), at))
+        return found
+
+
+def wait_until(what: str, check: Callable[[], bool], within: float, every: float = 0.05) -> float:
+    """Polls `check` until it holds; returns when (time.time()); fails naming `what` at the deadline."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {within:.0f}s waiting for {what}")
+        time.sleep(every)
+    return time.time()
+
+
+# --- the cluster side ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Cluster:
+    info: StackInfo
+    namespace: str
+    _local: threading.local = dataclasses.field(default_factory=threading.local)
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        """A client per thread, so parallel creates do not share one connection pool."""
+        if not hasattr(self._local, "custom"):
+            api = k8s_config.new_client_from_config(config_file=str(self.info.kubeconfig))
+            self._local.custom = k8s.CustomObjectsApi(api)
+        custom: k8s.CustomObjectsApi = self._local.custom
+        return custom
+
+    def create(self, name: str, **spec: Any) -> MigrationRef:
+        manifest = samples.migration(name, **spec)
+        if spec.get("paused"):
+            manifest["metadata"]["finalizers"] = [FINALIZER]
+        obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, manifest)
+        return MigrationRef(namespace=self.namespace, name=name, uid=obj["metadata"]["uid"])
+
+    def create_settled(self, name: str, phase: str) -> None:
+        """A Migration whose workflow the status names (as the saga's mirror leaves it): Succeeded, or Paused."""
+        ref = self.create(name, paused=phase == "Paused")
+        status = {"phase": phase, "observedGeneration": 1, "workflow": {"namespace": "default", "id": workflow_id(ref)}}
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"status": status}, _content_type=MERGE
+        )
+
+    def release(self, name: str) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"metadata": {"finalizers": None}}, _content_type=MERGE
+        )
+
+
+def prepare(info: StackInfo, namespace: str) -> Cluster:
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
-    namespace = f"bench-{int(time.time())}"
     k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     crd = ROOT / "deploy" / "crd" / "migrations.ferry.dev.yaml"
-    binaries = ensure_binaries()
-    base = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
+    base = [str(ensure_binaries().kubectl), f"--kubeconfig={info.kubeconfig}"]
     subprocess.run([*base, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
     crd_established(
         lambda: (
@@ -59,54 +206,293 @@ async def measure(info: StackInfo, count: int, logs: Path) -> list[float]:
         ),
         "migrations.ferry.dev",
     )
-    task_queue = f"bench-{namespace}"
-    watcher = subprocess.Popen(
-        [
-            sys.executable, "-m", "ferry.cli", "watcher", f"--kubeconfig={info.kubeconfig}",
-            f"--temporal-address={info.temporal_address}", f"--task-queue={task_queue}",
-            f"--namespaces={namespace}", f"--lease-namespace={namespace}",
-        ],
-        stdout=(logs / "watcher.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    client = await connect_temporal(TemporalSettings(address=info.temporal_address))
-    custom = k8s.CustomObjectsApi(api)
-    created: dict[str, tuple[MigrationRef, float]] = {}
-    try:
-        await asyncio.sleep(3)  # let the watcher win its Lease and list
-        for index in range(count):
-            manifest = samples.migration(f"bench-{index:04d}")
-            obj = custom.create_namespaced_custom_object("ferry.dev", "v1alpha1", namespace, "migrations", manifest)
-            ref = MigrationRef(namespace=namespace, name=obj["metadata"]["name"], uid=obj["metadata"]["uid"])
-            created[ref.uid] = (ref, time.time())
-        latencies: list[float] = []
-        pending = dict(created)
-        deadline = time.monotonic() + 300
-        while pending and time.monotonic() < deadline:
-            for uid, (ref, at) in list(pending.items()):
+    return Cluster(info, namespace)
+
+
+def watcher_process(info: StackInfo, namespace: str, task_queue: str, logs: Path, *extra: str) -> WatcherProcess:
+    address = f"127.0.0.1:{free_port()}"
+    argv = [
+        sys.executable, "-m", "ferry.cli", "watcher", f"--kubeconfig={info.kubeconfig}",
+        f"--temporal-address={info.temporal_address}", f"--task-queue={task_queue}",
+        f"--namespaces={namespace}", f"--lease-namespace={namespace}", f"--metrics-address={address}",
+        # The same identity after a restart, as a restarted container has: it takes its Lease back at once.
+        "--identity=bench-watcher", *extra,
+    ]  # fmt: skip
+    return WatcherProcess(argv, logs / "watcher.log", f"http://{address}/metrics")
+
+
+async def start_times(client: Client, refs: dict[str, MigrationRef], within: float) -> dict[str, float]:
+    """When each Migration's workflow started (Temporal's clock), by name; fails if one has none in time."""
+    found: dict[str, float] = {}
+    limit = asyncio.Semaphore(16)
+    deadline = time.monotonic() + within
+
+    async def one(name: str, ref: MigrationRef) -> None:
+        async with limit:
+            while time.monotonic() < deadline:
                 try:
-                    description = await client.get_workflow_handle(workflow_id(ref)).describe()
+                    described = await client.get_workflow_handle(workflow_id(ref)).describe()
                 except Exception:  # noqa: BLE001 - not started yet
+                    await asyncio.sleep(0.2)
                     continue
-                latencies.append(description.start_time.timestamp() - at)
-                del pending[uid]
-            await asyncio.sleep(0.2)
-        if pending:
-            raise SystemExit(f"{len(pending)} Migrations got no workflow within 300s; see {logs / 'watcher.log'}")
-        async for execution in client.list_workflows(f"FerryNamespace = '{namespace}'"):
-            await client.get_workflow_handle(execution.id).terminate("benchmark finished")
-        return latencies
+                found[name] = described.start_time.timestamp()
+                return
+
+    await asyncio.gather(*(one(name, ref) for name, ref in refs.items()))
+    if missing := sorted(set(refs) - set(found)):
+        raise SystemExit(f"{len(missing)} Migrations got no workflow within {within:.0f}s, e.g. {missing[:3]}")
+    return found
+
+
+# --- the burst mode (as before) ------------------------------------------------------------
+
+
+async def burst_mode(info: StackInfo, count: int, concurrency: int, logs: Path) -> list[float]:
+    namespace = f"bench-{int(time.time())}"
+    cluster = prepare(info, namespace)
+    process = watcher_process(info, namespace, f"bench-{namespace}", logs, f"--concurrency={concurrency}")
+    process.start()
+    client = await connect_temporal(TemporalSettings(address=str(info.temporal_address)))
+    try:
+        wait_until("the watcher's first list", lambda: bool(process.listings()), 60)
+        refs, created = {}, {}
+        for index in range(count):
+            name = f"bench-{index:04d}"
+            refs[name] = cluster.create(name)
+            created[name] = time.time()
+        started = await start_times(client, refs, 300)
+        return [started[name] - created[name] for name in refs]
     finally:
-        watcher.terminate()
-        watcher.wait(30)
-        api.close()
+        process.stop()
+        await terminate_all(client, f"TaskQueue = 'bench-{namespace}'")
+
+
+async def terminate_all(client: Client, query: str) -> None:
+    limit = asyncio.Semaphore(16)
+
+    async def one(workflow: str) -> None:
+        async with limit:
+            await client.get_workflow_handle(workflow).terminate("benchmark finished")
+
+    ids = [execution.id async for execution in client.list_workflows(f"{query} AND ExecutionStatus = 'Running'")]
+    await asyncio.gather(*(one(workflow) for workflow in ids))
+
+
+# --- the scale mode ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Figures:
+    rows: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+
+    def add(self, what: str, value: str, target: str = "") -> None:
+        self.rows.append((what, value, target))
+        print(f"  {what}: {value}", flush=True)
+
+    def latencies(self, what: str, values: list[float], p50: str = "", p99: str = "") -> None:
+        ms = [value * 1000 for value in values]
+        self.add(f"{what} p50", f"{statistics.median(ms):.0f} ms", p50)
+        self.add(f"{what} p99", f"{percentile(ms, 0.99):.0f} ms", p99)
+        self.add(f"{what} max", f"{max(ms):.0f} ms")
+
+    def print(self) -> None:
+        width = max(len(row[0]) for row in self.rows)
+        value_width = max(len(row[1]) for row in self.rows)
+        print(f"\n{'figure'.ljust(width)}  {'measured'.rjust(value_width)}  target")
+        for what, value, target in self.rows:
+            print(f"{what.ljust(width)}  {value.rjust(value_width)}  {target}")
+
+
+def kinds(index: int) -> tuple[str, str]:
+    """The name and phase of the index-th Migration present: Succeeded and Paused in turn."""
+    return (f"done-{index:05d}", "Succeeded") if index % 2 == 0 else (f"paused-{index:05d}", "Paused")
+
+
+def populate(cluster: Cluster, count: int, threads: int, figures: Figures) -> None:
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for job in concurrent.futures.as_completed(
+            [pool.submit(cluster.create_settled, *kinds(i)) for i in range(count)]
+        ):
+            job.result()
+    figures.add(
+        "Migrations present (half Succeeded, half Paused)", f"{count}, made in {time.monotonic() - began:.0f} s"
+    )
+
+
+def handled_all(process: WatcherProcess, count: int) -> Callable[[], bool]:
+    """Whether the watcher's passes (of whatever action) add up to `count` yet."""
+
+    def check() -> bool:
+        try:
+            return sum(process.counters()["ferry_watcher_passes_total"].values()) >= count
+        except OSError:
+            return False
+
+    return check
+
+
+def at_rest(process: WatcherProcess, args: argparse.Namespace, figures: Figures) -> None:
+    """Memory and CPU between events, over a window of at least two resyncs, and what each resync asked Temporal."""
+    cpu, before = process.cpu_seconds(), process.counters()
+    counted = before["ferry_watcher_temporal_calls_total"]
+    window = max(args.idle_seconds, 2 * args.resync_interval + 5)
+    time.sleep(window)
+    spent = process.cpu_seconds() - cpu
+    calls = process.counters()["ferry_watcher_temporal_calls_total"]
+    delta = {name: calls[name] - counted.get(name, 0.0) for name in calls if calls[name] > counted.get(name, 0.0)}
+    resyncs = delta.get("list_workflows", 0.0)  # each resync asks exactly one visibility query
+    events = process.counters()["ferry_watcher_events_total"]
+    received = {kind: events[kind] - before["ferry_watcher_events_total"].get(kind, 0.0) for kind in events}
+    rss, hwm = process.memory_mib()
+    figures.add("events received while idle", ", ".join(f"{k}={v:.0f}" for k, v in received.items() if v) or "none")
+    figures.add("watcher RSS at rest", f"{rss:.0f} MiB", "≤ 150 MB")
+    figures.add("watcher RSS peak (VmHWM, first start)", f"{hwm:.0f} MiB", "≤ 150 MB")
+    figures.add(
+        f"idle CPU over {window:.0f} s ({resyncs:.0f} resyncs)", f"{100 * spent / window:.2f} % of a core", "≈ 0"
+    )
+    per_resync = f"{sum(delta.values()) / resyncs:.1f}" if resyncs else "no resync seen"
+    figures.add(
+        "Temporal calls per resync", f"{per_resync} ({', '.join(f'{k}={v:.0f}' for k, v in delta.items())})", "O(1)"
+    )
+
+
+async def steady(
+    process: WatcherProcess, cluster: Cluster, client: Client, args: argparse.Namespace, figures: Figures
+) -> int:
+    """Creates at --steady-rate for --steady-seconds; returns how many."""
+    own_before = process.event_to_start()
+    refs, created = {}, {}
+    began = time.monotonic()
+    for index in range(int(args.steady_rate * args.steady_seconds)):
+        time.sleep(max(0.0, began + index / args.steady_rate - time.monotonic()))
+        name = f"steady-{index:04d}"
+        refs[name] = cluster.create(name)
+        created[name] = time.time()
+    started = await start_times(client, refs, 120)
+    what = f"steady {args.steady_rate:g}/s create → start ({len(refs)})"
+    figures.latencies(what, [started[name] - created[name] for name in refs], "≤ 100 ms", "≤ 500 ms")
+    own = [after - before for after, before in zip(process.event_to_start(), own_before, strict=True)]
+    figures.add("  of which the watcher's own (event received → started), mean", f"{1000 * own[0] / own[1]:.0f} ms")
+    return len(refs)
+
+
+async def restart(process: WatcherProcess, cluster: Cluster, client: Client, figures: Figures) -> None:
+    """SIGKILL, then a start: how long until it has listed everything and started a Migration created meanwhile."""
+    process.stop(signal.SIGKILL)
+    lists_before = len(process.listings())
+    probe = {"restart-probe": cluster.create("restart-probe")}
+    process.start()
+    wait_until("the list after the restart", lambda: len(process.listings()) > lists_before, 120)
+    count, listed_at = process.listings()[lists_before]
+    probe_started = (await start_times(client, probe, 60))["restart-probe"]
+    figures.add(f"restart: start → listed all {count}", f"{listed_at - process.started_at:.1f} s", "≤ 10 s")
+    figures.add("restart: start → new Migration's workflow", f"{probe_started - process.started_at:.1f} s")
+    figures.add("restart: listed → new Migration's workflow", f"{probe_started - listed_at:+.2f} s", "≤ 1 s")
+
+
+async def burst(cluster: Cluster, client: Client, args: argparse.Namespace, task_queue: str, figures: Figures) -> None:
+    """--burst creates as fast as one client can, then as many direct starts on a task queue nobody polls."""
+    refs, created = {}, {}
+    first = time.time()
+    for index in range(args.burst):
+        name = f"burst-{index:04d}"
+        refs[name] = cluster.create(name)
+        created[name] = time.time()
+    creating = time.time() - first
+    started = await start_times(client, refs, 300)
+    ferry = args.burst / (max(started.values()) - first)
+    figures.add(f"burst: {args.burst} creates by one client", f"{args.burst / creating:.0f} creates/s")
+    figures.latencies("burst via ferry create → start", [started[name] - created[name] for name in refs])
+    latencies, direct = await direct_starts(client, task_queue, cluster.namespace, args.burst, args.concurrency)
+    figures.latencies(f"burst direct start_workflow ({args.concurrency} at once)", latencies)
+    figures.add("burst throughput: ferry / direct", f"{ferry:.0f}/s / {direct:.0f}/s = {ferry / direct:.2f}", "≥ 0.8")
+
+
+async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> Figures:
+    figures = Figures()
+    namespace = f"bench-{int(time.time())}"
+    task_queue = f"bench-{namespace}"
+    cluster = prepare(info, namespace)
+    client = await connect_temporal(TemporalSettings(address=str(info.temporal_address)))
+    extra = (f"--resync-interval={args.resync_interval}", f"--concurrency={args.concurrency}")
+    process = watcher_process(info, namespace, task_queue, logs, *extra)
+    load = os.getloadavg()[0]
+    try:
+        populate(cluster, args.scale, args.threads, figures)
+        process.start()
+        wait_until("the first list", lambda: bool(process.listings()), 120)
+        figures.add("start → listed all (first start)", f"{process.listings()[0][1] - process.started_at:.1f} s")
+        wait_until("a pass over every Migration", handled_all(process, args.scale), 300, every=0.5)
+        time.sleep(2)
+        at_rest(process, args, figures)
+        created = await steady(process, cluster, client, args, figures)
+        await restart(process, cluster, client, figures)
+        wait_until("a pass over every Migration, restarted", handled_all(process, args.scale + created), 300, every=0.5)
+        await burst(cluster, client, args, f"{task_queue}-direct", figures)
+        rss, hwm = process.memory_mib()
+        figures.add("watcher RSS after the burst", f"{rss:.0f} MiB", "≤ 150 MB")
+        figures.add("watcher RSS peak (VmHWM, restarted)", f"{hwm:.0f} MiB", "≤ 150 MB")
+        # Every figure above shares the machine: a busy one slows the API server and Temporal most.
+        figures.add(
+            "machine: cores, load average (1 min) at start / end",
+            f"{os.cpu_count()}, {load:.1f} / {os.getloadavg()[0]:.1f}",
+        )
+        return figures
+    finally:
+        process.stop()
+        await terminate_all(client, f"(TaskQueue = '{task_queue}' OR TaskQueue = '{task_queue}-direct')")
+        if args.state_dir:  # a stack that stays: leave no finalizer behind
+            names = [name for name, phase in map(kinds, range(args.scale)) if phase == "Paused"]
+            with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+                list(pool.map(cluster.release, names))
+
+
+async def direct_starts(
+    client: Client, task_queue: str, namespace: str, count: int, concurrency: int
+) -> tuple[list[float], float]:
+    """`count` starts of the migration workflow as the watcher makes them, `concurrency` at once, on a task queue
+    nobody polls: (each call's latency to its start, starts per second from the first call to the last start)."""
+    spec = MigrationSpec.model_validate(samples.migration()["spec"])
+    limit = asyncio.Semaphore(concurrency)
+    sent: dict[str, float] = {}
+
+    async def one(index: int) -> None:
+        ref = MigrationRef(namespace=namespace, name=f"direct-{index:04d}", uid=f"direct-{index}")
+        async with limit:
+            sent[ref.name] = time.time()
+            await ensure_started(client, ref, 1, spec, task_queue)
+
+    first = time.time()
+    await asyncio.gather(*(one(index) for index in range(count)))
+    refs = {name: MigrationRef(namespace=namespace, name=name, uid=f"direct-{int(name[7:])}") for name in sent}
+    started = await start_times(client, refs, 60)
+    return [started[name] - sent[name] for name in sent], count / (max(started.values()) - first)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=200, help="Migrations to create (default: %(default)s)")
+    parser.add_argument(
+        "--count", type=int, default=200, help="burst mode: Migrations to create (default: %(default)s)"
+    )
+    parser.add_argument("--scale", type=int, help="scale mode: Migrations present while measuring, e.g. 10000")
+    parser.add_argument(
+        "--threads", type=int, default=8, help="scale mode: threads creating them (default: %(default)s)"
+    )
+    parser.add_argument("--resync-interval", type=float, default=30.0, help="the watcher's (default: %(default)s)")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="the watcher's, and the direct starts' (default: %(default)s)"
+    )
+    parser.add_argument("--idle-seconds", type=float, default=0.0, help="idle window (default: two resyncs and 5 s)")
+    parser.add_argument("--steady-rate", type=float, default=10.0, help="creates per second (default: %(default)s)")
+    parser.add_argument("--steady-seconds", type=float, default=30.0, help="for this long (default: %(default)s)")
+    parser.add_argument(
+        "--burst", type=int, default=500, help="scale mode: creates in the burst (default: %(default)s)"
+    )
     parser.add_argument("--state-dir", type=Path, help="use the running stack of this state folder")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="ferry-bench-watcher-"))
+    print(f"logs in {logs}", flush=True)
     stack = None
     if args.state_dir:
         info = StackInfo.load(args.state_dir)
@@ -116,7 +502,10 @@ def main() -> int:
         stack = Stack(state, components=frozenset({"kubernetes", "temporal"}))
         info = stack.start()
     try:
-        latencies = asyncio.run(measure(info, args.count, logs))
+        if args.scale:
+            asyncio.run(scale_mode(info, args, logs)).print()
+            return 0
+        latencies = asyncio.run(burst_mode(info, args.count, args.concurrency, logs))
     finally:
         if stack is not None:
             stack.stop()

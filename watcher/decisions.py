@@ -8,7 +8,8 @@ hint from the resync's single visibility query: "this Migration's run closed
 Terminated or TimedOut" (see watcher/abandoned.py).
 
 A finished Migration that is not being deleted and has no new control decides
-`nothing`: a resync costs it neither a Temporal call nor an API write.
+`nothing`: it costs neither a Temporal call nor an API write, and a list keeps no more
+of it than a summary (watcher/inventory.py).
 """
 
 from __future__ import annotations
@@ -103,11 +104,10 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
     )
 
 
-def handling_order(listed: Iterable[Migration], ended: frozenset[str]) -> list[tuple[Migration, bool]]:
-    """A list's Migrations in the order to hand them over, each with whether its run `ended` from outside.
+def handling_order(listed: Iterable[Migration]) -> list[Migration]:
+    """A list's Migrations in the order to hand them over.
 
     Migrations no workflow has taken yet come first (in the list's order), so a restarted
     watcher acts on a new Migration before it looks at thousands of others again.
     """
-    hinted = [(migration, workflow_id(ref_of(migration)) in ended) for migration in listed]
-    return sorted(hinted, key=lambda pair: not decide(pair[0], run_closed=pair[1]).urgent)
+    return sorted(listed, key=lambda migration: not decide(migration).urgent)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubernetes import client as k8s
 from kubernetes import watch
@@ -41,6 +42,11 @@ WATCH_READ_TIMEOUT = WATCH_TIMEOUT + DEFAULT_TIMEOUTS.read
 """Seconds a watch may stay silent before its connection counts as dead (the server ends it after WATCH_TIMEOUT)."""
 
 
+LIST_PAGE = 500
+"""Migrations per page of a list: bounds what one response holds in memory at once."""
+Kept = TypeVar("Kept")
+
+
 class Conflict(Exception):
     """The write carried a resourceVersion that is no longer the object's (409): read again, then retry."""
 
@@ -50,10 +56,10 @@ class Gone(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Listing:
-    """One full list of Migrations."""
+class Listing(Generic[Kept]):
+    """One full list of Migrations, as much of each as the caller keeps."""
 
-    items: list[Migration]
+    items: list[Kept]
     resource_version: str
     """Where a watch that follows this list starts."""
 
@@ -86,7 +92,7 @@ class Kube:
     def __init__(self, api: k8s.ApiClient, identity: str) -> None:
         self._api = api
         self._custom = k8s.CustomObjectsApi(api)
-        self._core = k8s.CoreV1Api(api)
+        self._events = _EventsApi(api)
         self._coordination = k8s.CoordinationV1Api(api)
         self._identity = identity
 
@@ -95,15 +101,33 @@ class Kube:
 
     # --- Migrations ------------------------------------------------------------------------
 
-    async def list_migrations(self, namespace: str | None) -> Listing:
-        """Every Migration in `namespace` (None: all namespaces), parsed."""
-        return await asyncio.to_thread(self._list, namespace)
+    async def list_migrations(
+        self, namespace: str | None, keep: Callable[[Migration], Kept], page: int = LIST_PAGE
+    ) -> Listing[Kept]:
+        """Every Migration in `namespace` (None: all namespaces), parsed, as much of each as `keep` returns.
 
-    def _list(self, namespace: str | None) -> Listing:
+        The list is read `page` objects at a time (one consistent snapshot: the pages share
+        its resourceVersion), and `keep` runs in this thread on each object as its page is
+        parsed, so neither the raw pages nor whole models of objects the caller does not
+        need outlive their page.
+        """
+        return await asyncio.to_thread(self._list, namespace, keep, page)
+
+    def _list(self, namespace: str | None, keep: Callable[[Migration], Kept], page: int) -> Listing[Kept]:
         function, arguments = self._list_call(namespace)
-        listed: dict[str, Any] = function(*arguments)
-        items = [migration for raw in listed.get("items", []) if (migration := _parse(raw)) is not None]
-        return Listing(items, listed["metadata"]["resourceVersion"])
+        kept: list[Kept] = []
+        token: str | None = None
+        while True:
+            # The raw body, parsed here once: the client's own path decodes it to a str first, a second copy.
+            response = function(*arguments, limit=page, _continue=token, _preload_content=False)
+            try:
+                listed: dict[str, Any] = json.loads(response.data)
+            finally:
+                response.release_conn()
+            kept.extend(keep(migration) for raw in listed.get("items", []) if (migration := _parse(raw)) is not None)
+            token = listed["metadata"].get("continue")
+            if not token:
+                return Listing(kept, listed["metadata"]["resourceVersion"])
 
     async def watch_migrations(self, namespace: str | None, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
         """The events after `resource_version` until the server ends the watch; raises Gone when it is too old.
@@ -204,7 +228,7 @@ class Kube:
     async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
         """Records a watcher Event once per key (a second pass finds it there and records nothing)."""
         await asyncio.to_thread(
-            record_event, self._core, ref, type=kind, reason=reason, message=message, key=f"watcher.{key}",
+            record_event, self._events, ref, type=kind, reason=reason, message=message, key=f"watcher.{key}",
             component=COMPONENT, instance=self._identity,
         )  # fmt: skip
 
@@ -262,6 +286,29 @@ class Kube:
                 return False
             raise
         return True
+
+
+class _EventsApi:
+    """The one core/v1 call the watcher makes, creating an Event, posted through the ApiClient itself.
+
+    The generated CoreV1Api would serve as well, but loading it builds the validators of every
+    core/v1 model: some 85 MiB, more than everything else the watcher holds for ten thousand
+    Migrations. activities/events.py calls this object as it would call a CoreV1Api.
+    """
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self._api = api
+
+    def create_namespaced_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        json_only = {"Accept": "application/json", "Content-Type": "application/json"}
+        request = self._api.param_serialize(
+            method="POST", resource_path="/api/v1/namespaces/{namespace}/events", path_params={"namespace": namespace},
+            header_params=json_only, body=body, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self._api.call_api(*request)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=response.data.decode(errors="replace"), data=None)
 
 
 def _parse(raw: Mapping[str, Any]) -> Migration | None:

@@ -7,7 +7,7 @@ part of the watcher makes it: what a resync costs is a number to read, not to gu
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable
 from typing import Any
 
 from temporalio.client import (
@@ -29,8 +29,9 @@ from temporalio.client import (
 )
 from temporalio.common import MetricCounter, MetricMeter
 
-from ferry.api.migration import Migration, Phase
+from ferry.api.migration import Phase
 from ferry.observability import metrics as names
+from watcher.inventory import Summary
 
 
 class WatcherMetrics:
@@ -41,7 +42,7 @@ class WatcherMetrics:
         self.event_to_start = meter.create_histogram_float(
             names.EVENT_TO_START, "From receiving a Migration without a workflow to that workflow existing", "s"
         )
-        self._migrations = meter.create_gauge(names.MIGRATIONS, "Migrations by phase, as last listed")
+        self._migrations = meter.create_gauge(names.MIGRATIONS, "Migrations by phase, as of the last resync")
         self._step_started = meter.create_gauge_float(
             names.STEP_STARTED, "When the running step of a Migration started (0: none running)", "s"
         )
@@ -51,21 +52,18 @@ class WatcherMetrics:
         self._running: set[tuple[str, str, str]] = set()
         self._deleting: set[tuple[str, str]] = set()
 
-    def observe_listing(self, items: list[Migration]) -> None:
-        """Updates the gauges from a full list of Migrations (gauges cannot forget a series: they go to 0)."""
+    def observe(self, summaries: Iterable[tuple[tuple[str, str], Summary]]) -> None:
+        """Sets the gauges from what the watcher knows of every Migration (gauges cannot forget a series: they go
+        to 0)."""
         by_phase = dict.fromkeys(Phase, 0)
         running: dict[tuple[str, str, str], float] = {}
         deleting: dict[tuple[str, str], float] = {}
-        for item in items:
-            status = item.status
-            by_phase[status.phase or Phase.PENDING] += 1
-            key = (item.metadata.namespace, item.metadata.name)
-            step = status.current_step
-            if step and status.phase in (Phase.RUNNING, Phase.ROLLING_BACK):
-                entry = next((s for s in status.steps if s.name == step), None)
-                running[(*key, step)] = _timestamp(entry.started_at if entry else None)
-            if status.deletion is not None:
-                deleting[key] = _timestamp(status.deletion.waiting_since)
+        for key, summary in summaries:
+            by_phase[summary.phase or Phase.PENDING] += 1
+            if summary.step:
+                running[(*key, summary.step)] = summary.step_started
+            if summary.deletion_since:
+                deleting[key] = summary.deletion_since
         for phase, count in by_phase.items():
             self._migrations.set(count, {"phase": phase.value})
         for namespace, name, step in self._running - running.keys():
@@ -77,10 +75,6 @@ class WatcherMetrics:
         for (namespace, name), since in deleting.items():
             self._deletion_pending.set(since, {"namespace": namespace, "name": name})
         self._running, self._deleting = set(running), set(deleting)
-
-
-def _timestamp(moment: datetime | None) -> float:
-    return moment.timestamp() if moment else 0.0
 
 
 class CountingInterceptor(Interceptor):

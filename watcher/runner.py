@@ -1,10 +1,13 @@
 """Runs the watcher: win the Lease, then list and watch Migrations and hand each to the dispatcher.
 
-A resync relists every interval (the level-triggered safety net) after one visibility
-query for runs ended from outside. Each list hands over the Migrations no workflow has
+A list (at the start, and after 410 Gone) hands over the Migrations no workflow has
 taken yet first, so a restarted watcher acts on a new Migration before it looks at the
-others again. The health probes answer from the start; the watcher is ready once
-connected to Temporal, which it waits for.
+others again; the Migrations a pass has nothing to do for are counted, summarized
+(watcher/inventory.py) and let go. A resync, every interval, relists nothing: it asks
+Temporal its one question (which runs ended from outside), reads the few unfinished
+Migrations the answer names, and refreshes the gauges from the summaries. The health
+probes answer from the start; the watcher is ready once connected to Temporal, which it
+waits for.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from temporalio.common import MetricMeter
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from ferry import startup
-from ferry.api.migration import Migration
 from ferry.api.saga import MigrationRef
 from ferry.observability import health, tracing
 from watcher.abandoned import ClosedRuns
@@ -28,6 +30,7 @@ from watcher.decisions import handling_order
 from watcher.deletion import DeletionHandler
 from watcher.dispatching import Dispatcher
 from watcher.handling import MigrationHandler
+from watcher.inventory import Inventory, Listed
 from watcher.kube import Kube, WatchEvent
 from watcher.leadership import LeaderElector
 from watcher.metrics import CountingInterceptor, WatcherMetrics
@@ -50,7 +53,7 @@ class Watcher:
         self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics)
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
         self._closed_runs = ClosedRuns(client, settings.task_queue)
-        self._listings: dict[str | None, list[Migration]] = {}
+        self._inventory = Inventory()
         self._background: set[asyncio.Task[None]] = set()
         self.watches: list[MigrationWatch] = []
 
@@ -69,16 +72,21 @@ class Watcher:
     def _on_event(self, event: WatchEvent) -> None:
         self._metrics.events.add(1, {"type": event.type})
         if event.migration is not None:
-            self._dispatcher.submit(event.migration, gone=event.type == "DELETED")
+            gone = event.type == "DELETED"
+            self._inventory.update(event.migration, gone=gone)
+            self._dispatcher.submit(event.migration, gone=gone)
 
-    def _on_listing(self, scope: str | None, items: list[Migration], ended: frozenset[str]) -> None:
+    def _on_listing(self, scope: str | None, items: list[Listed]) -> None:
         if items:
             self._metrics.events.add(len(items), {"type": "LISTED"})
-        self._listings[scope] = items  # each namespace lists on its own; the gauges cover them all
-        self._metrics.observe_listing([item for found in self._listings.values() for item in found])
+        self._inventory.replace(scope, items)
+        self._metrics.observe(self._inventory.items())
+        wanted = [item.migration for item in items if item.migration is not None]
+        if idle := len(items) - len(wanted):
+            self._metrics.passes.add(idle, {"action": "nothing"})  # decided in the list's thread (inventory.keep)
         received = time.monotonic()
-        for item, run_closed in handling_order(items, ended):
-            self._dispatcher.submit(item, run_closed=run_closed, received=received)
+        for migration in handling_order(wanted):
+            self._dispatcher.submit(migration, received=received)
 
     async def run(self, stop: asyncio.Event) -> None:
         scopes: list[str | None] = list(self._settings.namespaces) or [None]
@@ -97,7 +105,8 @@ class Watcher:
             await self._deletion.close()
 
     async def _resync(self, stop: asyncio.Event) -> None:
-        """Every interval: one query for runs ended from outside, then a relist of every scope."""
+        """Every interval: one query for runs ended from outside, a read of each unfinished Migration it names,
+        and the gauges."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.resync_interval)
@@ -108,11 +117,16 @@ class Watcher:
             except Exception as error:  # noqa: BLE001 - the next resync asks again, from the same time on
                 log.warning("could not ask Temporal for runs ended from outside: %s", error)
                 ended = frozenset()
-            for watch in self.watches:
+            for ref in self._inventory.unfinished_among(ended):
                 try:
-                    await watch.list_all(ended)
-                except Exception as error:  # noqa: BLE001 - the next resync tries again
-                    log.warning("resync of %s failed: %s", watch.scope, error)
+                    migration = await self._kube.read_migration(ref)
+                except Exception as error:  # noqa: BLE001 - the run stays in the next query's window (LOOK_BACK)
+                    log.warning("could not read Migration %s, whose run ended from outside: %s", ref, error)
+                    continue
+                if migration is not None:
+                    self._inventory.update(migration)
+                    self._dispatcher.submit(migration, run_closed=True)
+            self._metrics.observe(self._inventory.items())
 
 
 async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -> None:

@@ -57,7 +57,8 @@ class WatcherSettings(ComponentSettings):
     """Namespaces to watch, comma-separated; empty watches all (default: all)."""
     lease: Annotated[LeaseSettings, Group("leader election", prefix="lease-")] = Field(default_factory=LeaseSettings)
     resync_interval: Annotated[float, Field(gt=0)] = 30.0
-    """Seconds between two full relists: catches runs terminated from outside (Abandoned)."""
+    """Seconds between two resyncs: one query to Temporal for runs terminated or timed out from outside (their
+    Migrations become Abandoned). Nothing is relisted: the watch resumes from its resourceVersion."""
     deletion_timeout: Annotated[float, Field(ge=0)] = 1800.0
     """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway."""
     concurrency: Annotated[int, Field(ge=1)] = 16

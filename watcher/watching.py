@@ -1,8 +1,13 @@
 """List, then watch, Migrations: resume from the last resourceVersion, relist on 410 Gone.
 
-Every object is handed over whole and parsed (watcher/kube.py): the handler is
-level-triggered and never needs more than the latest state and whether it is gone.
-A broken watch resumes where it was after a backoff; only 410 Gone asks for a new list.
+A list happens when a watch starts and after 410 Gone, never on a timer: a watch that
+resumes from its resourceVersion misses no event, so relisting ten thousand Migrations
+would only spend CPU. A list hands over what watcher/inventory.py keeps of each object
+(the whole object only when a pass has work for it); a watch event hands over the parsed
+object (watcher/kube.py): the handler is level-triggered and never needs more than the
+latest state and whether it is gone. A broken watch resumes where it was after a
+backoff. Bookmarks are handed over too: they are the watch's sign of life when nothing
+changes.
 """
 
 from __future__ import annotations
@@ -15,17 +20,17 @@ from collections.abc import Callable
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from ferry.api.migration import Migration
+from watcher.inventory import Listed, keep
 from watcher.kube import Gone, Kube, WatchEvent
 
 log = logging.getLogger("ferry.watcher.watching")
 
 BACKOFF_MAX = 30.0
 
-OnListing = Callable[[str | None, list[Migration], frozenset[str]], None]
-"""Receives every full list: (its namespace or None for all, the Migrations, the IDs of runs ended from outside)."""
+OnListing = Callable[[str | None, list[Listed]], None]
+"""Receives every full list: (its namespace or None for all, what is kept of each Migration)."""
 OnEvent = Callable[[WatchEvent], None]
-"""Receives each ADDED, MODIFIED or DELETED event."""
+"""Receives each ADDED, MODIFIED, DELETED or BOOKMARK event."""
 
 
 class MigrationWatch:
@@ -66,11 +71,11 @@ class MigrationWatch:
                     await asyncio.wait_for(stop.wait(), timeout=backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
-    async def list_all(self, ended: frozenset[str] = frozenset()) -> str:
-        """Hands over every Migration in scope and the IDs of runs `ended` from outside; returns where to watch from."""
-        listing = await self._kube.list_migrations(self._namespace)
+    async def list_all(self) -> str:
+        """Hands over every Migration in scope; returns where to watch from."""
+        listing = await self._kube.list_migrations(self._namespace, keep)
         self.relists += 1
-        self._on_listing(self._namespace, listing.items, ended)
+        self._on_listing(self._namespace, listing.items)
         log.info(
             "listed %d Migrations in %s at resourceVersion %s", len(listing.items), self.scope, listing.resource_version
         )
@@ -82,5 +87,7 @@ class MigrationWatch:
         async with contextlib.aclosing(self._kube.watch_migrations(self._namespace, self._version)) as events:
             async for event in events:
                 self._version = event.resource_version
-                if event.migration is not None and event.type in ("ADDED", "MODIFIED", "DELETED"):
+                if event.type == "BOOKMARK" or (
+                    event.migration is not None and event.type in ("ADDED", "MODIFIED", "DELETED")
+                ):
                     self._on_event(event)

@@ -1,8 +1,8 @@
 """What a resync costs: nothing per Migration that needs nothing, whatever their number (issue #17).
 
 Counted, not timed: the watcher's own counters (passes over a Migration by what each did,
-calls to Temporal by name, from its /metrics) and the Migrations' resourceVersions, which
-any write would change.
+events by type, calls to Temporal by name, from its /metrics), the Migrations'
+resourceVersions, which any write would change, and the objects the watcher holds.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import re
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from temporalio.client import Client
 
 from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import WORKFLOW_ANNOTATION
+from ferry.api.migration import WORKFLOW_ANNOTATION, Migration
 from ferry.api.saga import MigrationRef, workflow_id
 from ferry.observability.settings import ObservabilitySettings
 from tests.end_to_end import eventually, migration_manifest, watcher_settings
@@ -41,6 +42,8 @@ class Counters:
     """Passes over a Migration, by action (`nothing`, `finalizer+start`, ...)."""
     calls: dict[str, float]
     """Calls to Temporal, by name."""
+    events: dict[str, float]
+    """Migrations received, by how (`LISTED`, `ADDED`, `MODIFIED`, ...)."""
 
     def calls_but(self, call: str) -> float:
         return sum(count for name, count in self.calls.items() if name != call)
@@ -57,7 +60,11 @@ def _scrape(url: str) -> Counters:
             found[value] = found.get(value, 0.0) + float(match.group(2))
         return found
 
-    return Counters(by("ferry_watcher_passes_total", "action"), by("ferry_watcher_temporal_calls_total", "call"))
+    return Counters(
+        by("ferry_watcher_passes_total", "action"),
+        by("ferry_watcher_temporal_calls_total", "call"),
+        by("ferry_watcher_events_total", "type"),
+    )
 
 
 Watch = Callable[[], contextlib.AbstractAsyncContextManager[Callable[[], Counters]]]
@@ -114,39 +121,41 @@ def _versions(custom: k8s.CustomObjectsApi, namespace: str) -> dict[str, str]:
     return {name: item["metadata"]["resourceVersion"] for name, item in _objects(custom, namespace).items()}
 
 
-async def _passes(read: Callable[[], Counters], action: str, at_least: float) -> bool:
-    return (await asyncio.to_thread(read)).passes.get(action, 0.0) >= at_least
+def _finish(custom: k8s.CustomObjectsApi, ref: MigrationRef) -> None:
+    """Finished, as the saga's last status mirror leaves a Migration."""
+    status = {
+        "phase": "Succeeded",
+        "observedGeneration": 1,
+        "workflow": {"namespace": "default", "id": workflow_id(ref)},
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
 
 
-async def test_a_resync_of_finished_migrations_calls_temporal_only_for_its_one_query_and_writes_nothing(
+async def _resyncs(read: Callable[[], Counters], at_least: int) -> bool:
+    """Each resync asks Temporal exactly one visibility query."""
+    return (await asyncio.to_thread(read)).calls.get("list_workflows", 0.0) >= at_least
+
+
+async def test_a_resync_relists_nothing_and_asks_temporal_only_its_one_query(
     migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
     counted_watcher: Watch,
 ) -> None:  # fmt: skip
+    """The watch resumes from its resourceVersion, so a resync has nothing to relist: ten thousand finished
+    Migrations once cost a relist and a pass each every 30 seconds."""
     custom = k8s.CustomObjectsApi(kube_api)
     for index in range(COUNT):
-        ref = _create(custom, stack, namespace, f"done-{index:02d}")
-        # Finished, as the saga's last status mirror leaves a Migration.
-        status = {
-            "phase": "Succeeded",
-            "observedGeneration": 1,
-            "workflow": {"namespace": "default", "id": workflow_id(ref)},
-        }
-        custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": status},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
+        _finish(custom, _create(custom, stack, namespace, f"done-{index:02d}"))
     before = _versions(custom, namespace)
 
     async with counted_watcher() as read:
-        # The first list, then two resyncs (every 2s), each a pass over every Migration that does nothing.
-        await eventually(
-            "three passes over every finished Migration", lambda: _passes(read, "nothing", 3 * COUNT),
-            seen=lambda: str(read()),
-        )  # fmt: skip
+        await eventually("two resyncs (every 2s)", lambda: _resyncs(read, 2), seen=lambda: str(read()))
         counted = await asyncio.to_thread(read)
+        assert counted.events.get("LISTED") == COUNT  # the first list, and no other
+        assert counted.passes == {"nothing": COUNT}
         assert counted.calls_but("list_workflows") == 0, counted.calls
-        assert counted.calls.get("list_workflows", 0) >= 2  # one query per resync, whatever the count
-        assert set(counted.passes) == {"nothing"}
         assert _versions(custom, namespace) == before  # no finalizer, no status, no annotation: no write
 
         # The watcher still acts on a new Migration: one start, for it alone.
@@ -155,6 +164,22 @@ async def test_a_resync_of_finished_migrations_calls_temporal_only_for_its_one_q
         await eventually("the new Migration's annotation", lambda: _annotated(custom, namespace, new))
         assert (await asyncio.to_thread(read)).calls.get("start_workflow") == 1
     await temporal_client.get_workflow_handle(workflow_id(new)).terminate("test finished")
+
+
+async def test_between_events_the_watcher_holds_no_migration_object_that_needs_nothing(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, counted_watcher: Watch
+) -> None:
+    """What a finished Migration costs the watcher's memory is a summary, not the object: ten thousand of them
+    once held 360 MiB."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    for index in range(COUNT):
+        _finish(custom, _create(custom, stack, namespace, f"done-{index:02d}"))
+
+    async with counted_watcher() as read:
+        await eventually("two resyncs (every 2s)", lambda: _resyncs(read, 2), seen=lambda: str(read()))
+        gc.collect()
+        held = [item for item in gc.get_objects() if isinstance(item, Migration)]
+        assert [item.metadata.name for item in held if item.metadata.namespace == namespace] == []
 
 
 async def _annotated(custom: k8s.CustomObjectsApi, namespace: str, ref: MigrationRef) -> bool:
@@ -176,13 +201,10 @@ async def test_a_restarted_watcher_starts_nothing_again_for_migrations_whose_wor
     before = _versions(custom, namespace)
 
     async with counted_watcher() as read:
-        await eventually(
-            "three passes over every started Migration", lambda: _passes(read, "nothing", 3 * COUNT),
-            seen=lambda: str(read()),
-        )  # fmt: skip
+        await eventually("two resyncs (every 2s)", lambda: _resyncs(read, 2), seen=lambda: str(read()))
         counted = await asyncio.to_thread(read)
         assert counted.calls_but("list_workflows") == 0, counted.calls
-        assert set(counted.passes) == {"nothing"}
+        assert counted.passes == {"nothing": COUNT}
         assert _versions(custom, namespace) == before
     for ref in refs:
         assert await has_workflow(temporal_client, ref)
