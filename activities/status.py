@@ -46,9 +46,10 @@ class StatusActivities:
         """Applies the given status to the Migration (the watcher's fields stay as they are), then records the Event.
 
         Idempotent: the same input applies the same status (a no-op the second time), and
-        the Event's name is derived from the Migration's UID and the event's key, so a
-        second run finds it and records nothing. A Migration that is gone, or was
-        re-created under the same name (another UID), is left alone: found=False.
+        each Event (the transition's, and those of earlier transitions whose writes this one
+        replaces) has a name derived from the Migration's UID and the event's key, so a second
+        run finds it and records nothing. A Migration that is gone, or was re-created under the
+        same name (another UID), is left alone: found=False.
         """
         ref = input.ref
         started = time.monotonic()
@@ -64,8 +65,8 @@ class StatusActivities:
         if not found:
             activity.logger.info("Migration %s is gone: status not mirrored", ref)
             return MirrorStatusResult(found=False, conflicts=conflicts)
-        if input.event is not None:
-            self._record_event(ref, input.event)
+        for event in [*input.earlier_events, *([input.event] if input.event is not None else [])]:
+            self._record_event(ref, event)
         return MirrorStatusResult(found=True, conflicts=conflicts)
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:

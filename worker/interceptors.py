@@ -14,6 +14,7 @@ instead of a dump of the HTTP response.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -26,6 +27,7 @@ from temporalio.worker import (
     ExecuteWorkflowInput,
     Interceptor,
     StartActivityInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -85,10 +87,18 @@ class _WorkflowOutbound(WorkflowOutboundInterceptor):
         self._generation = generation
 
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        if self._generation[0] is not None:
-            payload = default_converter().payload_converter.to_payload(self._generation[0])
-            input.headers = {**input.headers, GENERATION_HEADER: payload}
+        input.headers = self._with_generation(input.headers)
         return self.next.start_activity(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
+        input.headers = self._with_generation(input.headers)  # the status writes
+        return self.next.start_local_activity(input)
+
+    def _with_generation(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
+        if self._generation[0] is None:
+            return headers
+        payload = default_converter().payload_converter.to_payload(self._generation[0])
+        return {**headers, GENERATION_HEADER: payload}
 
 
 class _WorkflowLogContext(WorkflowInboundInterceptor):

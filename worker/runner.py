@@ -81,6 +81,8 @@ def build_worker(
         activities=activities(api, settings),
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
+        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+        max_concurrent_local_activities=settings.max_concurrent_status_writes,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
         interceptors=[LogContextInterceptor()],
@@ -100,7 +102,8 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
         runtime = startup.metrics_runtime(observed.metrics_address, "worker")
         # The tracing interceptor on the client is also used by workers built from it.
         interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
-        api = startup.kubernetes_api(settings.kubeconfig, connections=settings.max_concurrent_activities + 2)
+        threads = settings.max_concurrent_activities + settings.max_concurrent_status_writes
+        api = startup.kubernetes_api(settings.kubeconfig, connections=threads + 2)
         try:
             identity = f"ferry-worker@{socket.gethostname()}"
             while not stop.is_set():
@@ -109,7 +112,8 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
                 )
                 if client is None:
                     return
-                with concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrent_activities) as pool:
+                # Activities and status writes (local activities) share the pool: a thread for each slot of either.
+                with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
                     worker = build_worker(client, api, settings, pool)
                     polling[:] = [worker]
                     log.info(

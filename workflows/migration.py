@@ -172,6 +172,7 @@ class MigrationWorkflow:
         except StepFailed as failed:
             rolled_back = await saga.shielded_roll_back(str(failed))
             await workflow.wait_condition(workflow.all_handlers_finished)
+            await saga.mirrored()
             raise ApplicationError(
                 f"{failed}; {rolled_back.message}", type="MigrationRolledBack", non_retryable=True
             ) from failed
@@ -181,4 +182,5 @@ class MigrationWorkflow:
             await saga.shielded_roll_back("the workflow was cancelled")
             raise
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await saga.mirrored()  # what the handlers recorded
         return result

@@ -19,7 +19,8 @@ depends on it. The Migration then ends Failed, saying what was not undone.
 Attempts are the saga's own: each activity runs once per attempt, and the saga waits
 between attempts, so the status shows every attempt, the last error while it waits,
 and an Event per failed attempt. Status is mirrored into the Migration at every
-transition, one mirror at a time, always the newest status.
+transition, one mirror at a time, always the newest status; transitions made while a
+mirror is under way go into the next one together, each with its Event (see `record`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ MIRROR_RETRY = RetryPolicy(
 """Status mirroring is best effort: each write carries the whole status, so the next one catches up."""
 MIRROR_TIMEOUT = timedelta(seconds=30)
 RETENTION_TIMEOUT = timedelta(minutes=5)
+COALESCED_MIRRORS = "coalesced-status-mirrors"
+"""Patch: status writes are local activities beside the saga, one at a time, each carrying every transition made
+since the last."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -148,6 +152,11 @@ class Saga:
         self.started: list[Step[Any, Any]] = []
         self._mirroring = asyncio.Lock()
         self._events = 0
+        self._coalescing: bool | None = None
+        """Whether this run coalesces its status writes (decided at its first mirror; runs from before keep one
+        write per transition)."""
+        self._unmirrored: list[EventRecord] = []
+        self._mirror_task: asyncio.Task[None] | None = None
         self._indexed: tuple[str, str] | None = None
         meter = workflow.metric_meter()
         self._step_duration = meter.create_histogram_float(
@@ -229,7 +238,8 @@ class Saga:
     async def _run_step(self, step: Step[Any, Any]) -> None:
         """Runs `step` until it succeeds, or its failure counts (then the failure policy decides)."""
         name = step.name
-        self.started.append(step)  # from now on its undo runs on the way back, whatever happens
+        if not self._coalesces():
+            self.started.append(step)  # from now on its undo runs on the way back, whatever happens
         attempt = 0
         while True:
             attempt += 1
@@ -249,6 +259,10 @@ class Saga:
                 "StepStarted",
                 key=f"{name}.{entry.attempts}",
             )
+            if self._coalesces():
+                await self._shown_starting()
+                if step not in self.started:
+                    self.started.append(step)  # from now on its undo runs on the way back, whatever happens
             error, failure = await self._attempt(step)
             if error is None:
                 self._count(name, entry.started_at, "succeeded")
@@ -539,26 +553,74 @@ class Saga:
         await self.record(message, reason, kind, key)
 
     async def record(self, message: str, reason: str, kind: EventType = EventType.NORMAL, key: str = "") -> None:
-        """Mirrors the newest status with an Event. Mirrors run one at a time, so none overtakes a newer one."""
-        async with self._mirroring:
-            self._events += 1
-            event = EventRecord(type=kind, reason=reason, message=message, key=f"{self._events}.{reason}.{key}")
-            try:
-                mirrored = await workflow.execute_activity(
-                    KubeActivity.MIRROR_STATUS.value,
-                    MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event),
-                    result_type=MirrorStatusResult,
-                    start_to_close_timeout=MIRROR_TIMEOUT,
-                    retry_policy=MIRROR_RETRY,
-                    summary=f"{self.ref}: status {self.status.phase}, {reason}",
-                )
-            except ActivityError as error:
-                if is_cancelled_exception(error):
-                    raise
-                workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
-                return
-            if not mirrored.found:
-                self._orphaned()
+        """Mirrors the newest status with an Event. Mirrors run one at a time, so none overtakes a newer one.
+
+        Since COALESCED_MIRRORS the saga does not wait for the write here: one write at a time
+        runs beside the saga, and every transition made while a write was under way goes
+        into the next one (the newest status, and each of their Events, oldest first). A
+        step's end and the next step's start are one write, which the saga waits for before
+        that step's activity runs (`_shown_starting`); a final phase's write is waited for,
+        so a run ends with its status mirrored.
+        """
+        if not self._coalesces():
+            async with self._mirroring:
+                await self._mirror(self._event(message, reason, kind, key), [])
+            return
+        self._unmirrored.append(self._event(message, reason, kind, key))
+        if self._mirror_task is None or self._mirror_task.done():
+            self._mirror_task = asyncio.create_task(self._mirror_unmirrored())
+        if self.status.phase.finished:
+            await self.mirrored()
+
+    def _event(self, message: str, reason: str, kind: EventType, key: str) -> EventRecord:
+        """The Event of one transition, keyed by its place in the run so that a retried write records it once."""
+        self._events += 1
+        return EventRecord(type=kind, reason=reason, message=message, key=f"{self._events}.{reason}.{key}")
+
+    def _coalesces(self) -> bool:
+        if self._coalescing is None:
+            self._coalescing = workflow.patched(COALESCED_MIRRORS)
+        return self._coalescing
+
+    async def _shown_starting(self) -> None:
+        """Waits for the write that shows a step starting (with the previous step's end, in one write), then leaves
+        if a rollback came meanwhile or that write found the Migration gone: no step starts for nobody."""
+        await self.mirrored()
+        self._raise_if_rollback_requested()
+
+    async def mirrored(self) -> None:
+        """Returns once every transition so far is mirrored (at once for runs that mirror as they go)."""
+        while self._mirror_task is not None and not self._mirror_task.done():
+            await asyncio.shield(self._mirror_task)
+
+    async def _mirror_unmirrored(self) -> None:
+        """Writes the newest status with every Event not yet recorded, until none is left."""
+        while self._unmirrored:
+            *earlier, newest = self._unmirrored
+            self._unmirrored = []
+            await self._mirror(newest, earlier)
+
+    async def _mirror(self, event: EventRecord, earlier: list[EventRecord]) -> None:
+        # Coalescing runs write as a local activity: run by the worker that runs this workflow task, with slots of
+        # its own, so a status write never queues behind snapshots and restores for an activity slot, and costs the
+        # history one marker instead of an activity's three events and a workflow task's three.
+        execute = workflow.execute_local_activity if self._coalesces() else workflow.execute_activity
+        try:
+            mirrored = await execute(
+                KubeActivity.MIRROR_STATUS.value,
+                MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event, earlier_events=earlier),
+                result_type=MirrorStatusResult,
+                start_to_close_timeout=MIRROR_TIMEOUT,
+                retry_policy=MIRROR_RETRY,
+                summary=f"{self.ref}: status {self.status.phase}, {event.reason}",
+            )
+        except ActivityError as error:
+            if is_cancelled_exception(error):
+                raise
+            workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
+            return
+        if not mirrored.found:
+            self._orphaned()
 
     def _orphaned(self) -> None:
         """The Migration this run works for is gone, or is another object now: nobody asked for this run any more.

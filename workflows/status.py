@@ -65,6 +65,8 @@ class SagaStatus:
     phase: Phase = Phase.PENDING
     current_step: str | None = None
     message: str = ""
+    transitioned_at: datetime | None = None
+    """When the saga last moved to a phase (workflow.now()): how long it took to be seen is measured from here."""
     approved_by: str | None = None
     snapshot: SnapshotStatus | None = None
     order: tuple[str, ...] = STEP_ORDER
@@ -96,6 +98,7 @@ class SagaStatus:
     def set_phase(self, phase: Phase, message: str, now: datetime) -> None:
         self.phase = phase
         self.message = message
+        self.transitioned_at = now
         self.conditions = conditions_for(phase, message, self.generation, self.conditions, now)
 
     def update_step(self, step: str, now: datetime, **changes: object) -> StepStatus:
@@ -118,6 +121,7 @@ class SagaStatus:
             phase=self.phase,
             current_step=self.current_step,
             message=self.message,
+            transitioned_at=self.transitioned_at,
             steps=[self.steps[step] for step in self.order],
             conditions=[self.conditions[kind] for kind in CONDITION_TYPES if kind in self.conditions],
             observed_generation=self.generation,

@@ -416,6 +416,10 @@ class MigrationStatus(ApiModel):
         default=None, description="The step running, or the next one while the saga waits (paused, approval)."
     )
     message: str | None = None
+    transitioned_at: datetime | None = Field(
+        default=None,
+        description="When the saga made the transition this status shows, by the workflow's clock.",
+    )
     steps: list[StepStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, ge=0)

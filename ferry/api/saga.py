@@ -126,7 +126,11 @@ class EventRecord(ApiModel):
 class MirrorStatusInput(ApiModel):
     ref: MigrationRef
     status: MigrationStatus
-    event: EventRecord | None = None
+    event: EventRecord | None = Field(default=None, description="The Event of the transition `status` shows.")
+    earlier_events: list[EventRecord] = Field(
+        default_factory=list,
+        description="Events of earlier transitions whose own writes this one replaces, oldest first.",
+    )
 
 
 class MirrorStatusResult(ApiModel):

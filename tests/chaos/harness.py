@@ -107,6 +107,8 @@ class Component:
     argv: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None
+    """Where it starts; `python -m` imports ferry from there first (a benchmark runs another checkout this way)."""
 
     @property
     def running(self) -> bool:
@@ -117,7 +119,9 @@ class Component:
         if self.running:
             return
         with self.log_path.open("ab") as out:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd
+            )
 
     def kill(self) -> None:
         if self.popen is None:
@@ -166,7 +170,15 @@ class ChaosRun:
     """One run against a stack: kubernetes, S3 and PostgreSQL from `info`, Temporal from `temporal` (killable)."""
 
     def __init__(
-        self, info: StackInfo, temporal: Stack, kube_api: k8s.ApiClient, plan: ChaosPlan, workdir: Path
+        self,
+        info: StackInfo,
+        temporal: Stack,
+        kube_api: k8s.ApiClient,
+        plan: ChaosPlan,
+        workdir: Path,
+        *,
+        workers: int = 2,
+        component_cwd: Path | None = None,
     ) -> None:
         assert temporal.info is not None
         assert temporal.info.temporal_address is not None
@@ -185,6 +197,8 @@ class ChaosRun:
             Subject(i, f"chaos-{self.run_id}-{i:03d}", f"chaos_{self.run_id}_{i:03d}") for i in range(plan.migrations)
         ]
         self.components: dict[str, Component] = {}
+        self.workers = [f"worker-{chr(ord('a') + i)}" for i in range(workers)]
+        self.component_cwd = component_cwd
         self.report = Report(plan)
         self._stop = threading.Event()
         self._empty_endpoints: collections.Counter[str] = collections.Counter()
@@ -309,8 +323,19 @@ class ChaosRun:
             f"--task-queue={self.task_queue}",
         ]
         namespaces = ",".join(subject.namespace for subject in self.subjects)
-        for name in ("worker-a", "worker-b"):
-            self._component(name, [sys.executable, "-m", "ferry.cli", "worker", *common, "--poll-interval=0.5"])
+        for index, name in enumerate(self.workers):
+            self._component(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "ferry.cli",
+                    "worker",
+                    *common,
+                    "--poll-interval=0.5",
+                    *self._worker_options(index),
+                ],
+            )
         for name in ("watcher-a", "watcher-b"):
             self._component(
                 name,
@@ -324,8 +349,12 @@ class ChaosRun:
         for component in self.components.values():
             component.start()
 
+    def _worker_options(self, index: int) -> list[str]:
+        """More flags for the worker of that index (none here; a benchmark adds its metrics address)."""
+        return []
+
     def _component(self, name: str, argv: list[str]) -> None:
-        self.components[name] = Component(name, argv, self.workdir / f"{name}.log")
+        self.components[name] = Component(name, argv, self.workdir / f"{name}.log", cwd=self.component_cwd)
 
     def _stop_components(self) -> None:
         for component in self.components.values():
@@ -359,7 +388,7 @@ class ChaosRun:
                 return None
             component, kind = self.components[leader], "leader watcher"
         else:
-            component, kind = self.components[self.random.choice(["worker-a", "worker-b"])], "worker"
+            component, kind = self.components[self.random.choice(self.workers)], "worker"
         if not component.running:
             return None  # killed already, and not started again yet
         component.kill()

@@ -82,9 +82,11 @@ async def test_metrics_after_a_migration_count_what_happened(
         assert _value(worker, "ferry_steps_total", step=step, outcome="succeeded") == 1
         assert _value(worker, "ferry_step_duration_seconds_count", step=step, outcome="succeeded") == 1
     assert "ferry_compensations_total" not in worker
-    assert _value(worker, "ferry_status_patch_seconds_count") >= 2 * len(STEPS)
+    # Transitions made while a write is under way share the next write, but every step's start is shown before the
+    # step runs: at least one write per step.
+    assert _value(worker, "ferry_status_patch_seconds_count") >= len(STEPS)
     assert _value(worker, "temporal_workflow_completed") >= 1  # the SDK's own metrics, same endpoint
-    assert _value(watcher, "ferry_watcher_events_total", type="MODIFIED") >= 2 * len(STEPS)  # status updates
+    assert _value(watcher, "ferry_watcher_events_total", type="MODIFIED") >= len(STEPS)  # status updates
     assert _value(watcher, "ferry_watcher_events_total", type="LISTED") >= 1
     assert _value(watcher, "ferry_watcher_event_to_start_seconds_count") == 1
     assert _value(watcher, "ferry_migrations", phase="Succeeded") == 1

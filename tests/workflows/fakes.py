@@ -208,6 +208,7 @@ class FakeSaga:
         async def mirror_status(request: MirrorStatusInput) -> MirrorStatusResult:
             self.calls.append(MIRROR)
             self.statuses.append(request.status)
+            self.events.extend(request.earlier_events)
             if request.event is not None:
                 self.events.append(request.event)
             mirrors = len(self.statuses)

@@ -1,0 +1,425 @@
+"""Fifty Migrations at once, on one worker and then on two; or the history of each kind of run.
+
+    .venv/bin/python scripts/bench_fleet.py                    # 50 Migrations, 1 worker, then 2 workers
+    .venv/bin/python scripts/bench_fleet.py --histories        # events and bytes of four kinds of run
+    .venv/bin/python scripts/bench_fleet.py --source DIR       # ferry's processes run the checkout in DIR
+
+Starts the local stack in a temporary folder (Kubernetes, S3, PostgreSQL, and a Temporal
+server of its own) and runs Migrations of small real databases with the chaos harness
+(tests/chaos/harness.py), without its kills, rollbacks or deletions, then checks what the
+harness checks. It prints, per fleet: how many Succeeded, the time from applying the
+Migrations until the last Succeeded status arrived, each worker's peak resident memory
+(VmHWM in /proc), the peak of its activity, local activity (status writes) and workflow
+task slots in use (the SDK's `temporal_worker_task_slots_used`, sampled every 0.2 s from
+the worker's /metrics), and
+p50/p99 of "transition -> visible": for every moment the saga stamps into the status
+(status.transitionedAt, each step's startedAt and finishedAt, all workflow.now() of the
+transition), the local time at which a watch of the Migrations first received a status
+carrying it, minus that moment. Temporal's clock and this one are the same machine's.
+A benchmark, not a test: it asserts nothing about times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kubernetes import client as k8s
+from kubernetes import config, watch
+from kubernetes.client.exceptions import ApiException
+from temporalio.client import Client
+
+from devstack.stack.install import Binaries, ensure_binaries
+from devstack.stack.stack import Stack, StackInfo
+from ferry.api.saga import workflow_id
+from scripts.history_stats import History
+from tests.chaos.harness import GROUP, PLURAL, VERSION, ChaosPlan, ChaosRun, Subject, cleanup, own_temporal
+from tests.cluster import crd_established
+
+CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
+SLOTS = "temporal_worker_task_slots_used"
+MEANS = {
+    "status write (read, apply, Events)": "ferry_status_patch_seconds",
+    "status write as local activity": "temporal_local_activity_execution_latency",
+    "workflow task schedule-to-start": "temporal_workflow_task_schedule_to_start_latency",
+    "workflow task execution": "temporal_workflow_task_execution_latency",
+    "activity schedule-to-start": "temporal_activity_schedule_to_start_latency",
+}
+"""Where the time goes, as means of the worker's own histograms (sum / count over every label)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _time(raw: str) -> datetime:
+    return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+
+
+def _stamps(status: dict[str, Any]) -> set[str]:
+    """Every transition time the status carries (as written, so equal instants compare equal)."""
+    found = {status["transitionedAt"]} if status.get("transitionedAt") else set()
+    for step in status.get("steps", []):
+        found |= {step[field] for field in ("startedAt", "finishedAt") if step.get(field)}
+    return found
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def _means(text: str) -> dict[str, float]:
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("{")
+        for what, metric in MEANS.items():
+            for part, index in (("_sum", 0), ("_count", 1)):
+                if name == metric + part:
+                    totals.setdefault(what, [0.0, 0.0])[index] += float(value.rsplit(" ", 1)[1])
+    return {what: total / count for what, (total, count) in totals.items() if count}
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclasses.dataclass
+class Observed:
+    """What the watch received for one Migration: (local receive time, status) in order."""
+
+    statuses: list[tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    def latencies(self) -> list[float]:
+        first_seen: dict[str, float] = {}
+        for received, status in self.statuses:
+            for stamp in _stamps(status):
+                first_seen.setdefault(stamp, received)
+        return [received - _time(stamp).timestamp() for stamp, received in first_seen.items()]
+
+    def succeeded_at(self) -> float | None:
+        return next((at for at, status in self.statuses if status.get("phase") == "Succeeded"), None)
+
+
+class ObservedRun(ChaosRun):
+    """A chaos run without the chaos: nothing killed, nothing rolled back; it watches, samples and measures."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.metrics_ports = [_free_port() for _ in self.workers]
+        self.observed: dict[str, Observed] = {subject.namespace: Observed() for subject in self.subjects}
+        self.peak_slots: dict[tuple[str, str], int] = {}
+        self.peak_rss_kib: dict[str, int] = {}
+        self.means: dict[str, dict[str, float]] = {}
+        self.applied_at = 0.0
+
+    def _worker_options(self, index: int) -> list[str]:
+        return [f"--metrics-address=127.0.0.1:{self.metrics_ports[index]}"]
+
+    def _kill_something(self) -> Callable[[], None] | None:
+        return None
+
+    def _loops(self) -> dict[str, Callable[[], None]]:
+        return {"watch": self._watch_loop, "slots": self._slots_loop}
+
+    def _apply_migrations(self) -> None:
+        self.applied_at = time.time()
+        super()._apply_migrations()
+
+    def _watch_loop(self) -> None:
+        custom = k8s.CustomObjectsApi(self.api)
+        resource_version = None
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                    resource_version=resource_version, timeout_seconds=5,
+                ):  # fmt: skip
+                    received = time.time()
+                    obj = event["object"]
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    seen = self.observed.get(obj["metadata"]["namespace"])
+                    if seen is not None and obj.get("status"):
+                        seen.statuses.append((received, obj["status"]))
+                    if self._stop.is_set():
+                        break
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                resource_version = None
+            finally:
+                stream.stop()
+
+    def _slots_loop(self) -> None:
+        while not self._stop.wait(0.2):
+            for name, port in zip(self.workers, self.metrics_ports, strict=True):
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+                        text = answer.read().decode()
+                    for line in text.splitlines():
+                        if line.startswith(SLOTS + "{") and self.task_queue in line:
+                            kind = line.split('worker_type="', 1)[1].split('"', 1)[0]
+                            used = int(float(line.rsplit(" ", 1)[1]))
+                            key = (name, kind)
+                            self.peak_slots[key] = max(self.peak_slots.get(key, 0), used)
+
+    def _check(self) -> None:
+        for name in self.workers:
+            popen = self.components[name].popen
+            if popen is not None and popen.poll() is None:
+                self.peak_rss_kib[name] = _vm_hwm_kib(popen.pid)
+            with contextlib.suppress(OSError):
+                port = self.metrics_ports[self.workers.index(name)]
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                    self.means[name] = _means(answer.read().decode())
+        super()._check()
+
+    def figures(self) -> dict[str, str]:
+        latencies = [value for seen in self.observed.values() for value in seen.latencies()]
+        ends = [at for seen in self.observed.values() if (at := seen.succeeded_at()) is not None]
+        rows = {
+            "Succeeded": f"{self.report.phases['Succeeded']} of {self.plan.migrations}",
+            "total time (apply -> last Succeeded seen)": f"{max(ends) - self.applied_at:.1f} s" if ends else "-",
+        }
+        for name in self.workers:
+            rows[f"{name} peak RSS (VmHWM)"] = f"{self.peak_rss_kib.get(name, 0) / 1024:.0f} MiB"
+            for kind in ("ActivityWorker", "LocalActivityWorker", "WorkflowWorker"):
+                rows[f"{name} peak {kind} slots used"] = str(self.peak_slots.get((name, kind), "-"))
+            for what, mean in self.means.get(name, {}).items():
+                rows[f"{name} mean {what}"] = f"{mean:.3f} s"
+        if latencies:
+            rows["transitions measured"] = str(len(latencies))
+            rows["transition -> visible p50"] = f"{_percentile(latencies, 0.50):.3f} s"
+            rows["transition -> visible p99"] = f"{_percentile(latencies, 0.99):.3f} s"
+            rows["transition -> visible max"] = f"{max(latencies):.3f} s"
+        if self.report.problems:
+            rows["problems"] = str(len(self.report.problems))
+        return rows
+
+
+# --- the four kinds of run whose histories are measured -----------------------------------------
+
+SCENARIOS = ("default plan", "paused then resumed", "snapshot failing 3 times", "rolled back")
+
+
+class ScenarioRun(ObservedRun):
+    """One Migration of each kind, at once. The snapshot of the third writes to an S3 server of its own, stopped once
+    its precheck passed and started again after three failed attempts: a real outage, which the saga retries."""
+
+    def __init__(self, *args: Any, binaries: Binaries, outage_dir: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.binaries, self.outage_dir = binaries, outage_dir
+        self.outage = Stack(outage_dir, components=frozenset({"s3"}), binaries=binaries)
+        self.outage_info: StackInfo | None = None
+        self.outage_state = "not started"
+        self.resumed = self.rolled_back = False
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        self.outage_info = self.outage.start()
+        self.outage_state = "up"
+        self.outage_info.s3_client().create_bucket(Bucket=self.bucket)
+        assert self.outage_info.s3_access_key is not None
+        assert self.outage_info.s3_secret_key is not None
+        k8s.CoreV1Api(self.api).create_namespaced_secret(
+            self.subjects[2].namespace,
+            k8s.V1Secret(
+                metadata=k8s.V1ObjectMeta(name="outage-s3"),
+                string_data={
+                    "accessKeyId": self.outage_info.s3_access_key,
+                    "secretAccessKey": self.outage_info.s3_secret_key,
+                },
+            ),
+        )
+
+    def _manifest(self, subject: Subject) -> dict[str, Any]:
+        manifest = super()._manifest(subject)
+        spec = manifest["spec"]
+        if subject.index == 1:
+            spec["paused"] = True
+        elif subject.index == 2:
+            assert self.outage_info is not None
+            spec["snapshot"].update(endpoint=self.outage_info.s3_endpoint, credentialsSecret="outage-s3")
+        elif subject.index == 3:
+            spec["approval"] = {"required": True}
+        return manifest
+
+    def _latest(self, index: int) -> dict[str, Any]:
+        statuses = self.observed[self.subjects[index].namespace].statuses
+        return statuses[-1][1] if statuses else {}
+
+    def _step(self, index: int, name: str) -> dict[str, Any]:
+        return next((step for step in self._latest(index).get("steps", []) if step["name"] == name), {})
+
+    def _drive(self, started: float) -> None:
+        """The scenarios' moves, on the main thread (where the stack's processes are started and stopped)."""
+        custom = k8s.CustomObjectsApi(self.api)
+        next_look = 0.0
+        paused_since: float | None = None
+        while True:
+            if not self.resumed and self._latest(1).get("phase") == "Paused":
+                paused_since = paused_since or time.monotonic()
+                if time.monotonic() - paused_since > 5:
+                    self._patch(custom, 1, {"spec": {"paused": False}})
+                    self.resumed = True
+            if self.outage_state == "up" and self._step(2, "precheck").get("state") == "Succeeded":
+                self.outage.stop()
+                self.outage_state = "down"
+            snapshot = self._step(2, "snapshot")
+            if self.outage_state == "down" and snapshot.get("attempts", 0) >= 3 and snapshot["state"] == "Retrying":
+                self.outage = Stack(self.outage_dir, components=frozenset({"s3"}), binaries=self.binaries)
+                self.outage.start()  # same folder, same port
+                self.outage_state = "back"
+            if not self.rolled_back and self._latest(3).get("phase") == "AwaitingApproval":
+                annotation = {"ferry.dev/rollback": "bench: rolled back while awaiting approval"}
+                self._patch(custom, 3, {"metadata": {"annotations": annotation}})
+                self.rolled_back = True
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + 2
+                if self._all_ended(started):
+                    return
+            time.sleep(0.2)
+
+    def _patch(self, custom: k8s.CustomObjectsApi, index: int, patch: dict[str, Any]) -> None:
+        subject = self.subjects[index]
+        assert subject.ref is not None
+        custom.patch_namespaced_custom_object(GROUP, VERSION, subject.namespace, PLURAL, subject.ref.name, patch)
+
+    def _expectation(self, subject: Subject) -> str:
+        return "nothing left" if subject.index == 3 else "data equal"
+
+    def histories(self) -> list[tuple[str, str, History]]:
+        async def fetch(client: Client) -> list[tuple[str, str, History]]:
+            found = []
+            for name, subject in zip(SCENARIOS, self.subjects, strict=True):
+                assert subject.ref is not None
+                fetched = await client.get_workflow_handle(workflow_id(subject.ref)).fetch_history()
+                found.append((name, subject.final_phase or "?", History.of(fetched)))
+            return found
+
+        return self._temporal(fetch)
+
+
+# --- running them ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def stack_for_runs(workdir: Path) -> Iterator[tuple[Binaries, StackInfo, k8s.ApiClient, Stack]]:
+    binaries = ensure_binaries()
+    with Stack(workdir / "stack", components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
+        kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True)
+        crd_established(
+            lambda: (
+                subprocess.run(
+                    [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"], check=True, capture_output=True, text=True
+                ).stdout
+            ),
+            "migrations.ferry.dev",
+        )
+        api = config.new_client_from_config(config_file=str(info.kubeconfig))
+        with own_temporal(workdir / "temporal", binaries) as temporal:
+            yield binaries, info, api, temporal
+
+
+def table(columns: dict[str, dict[str, str]]) -> str:
+    names = list(dict.fromkeys(name for rows in columns.values() for name in rows))
+    width = max(len(name) for name in names)
+    widths = [max(len(title), *(len(rows.get(name, "")) for name in names)) for title, rows in columns.items()]
+    lines = [" " * width + "".join(f"  {title:>{w}}" for title, w in zip(columns, widths, strict=True))]
+    for name in names:
+        cells = (rows.get(name, "-") for rows in columns.values())
+        lines.append(f"{name:<{width}}" + "".join(f"  {cell:>{w}}" for cell, w in zip(cells, widths, strict=True)))
+    return "\n".join(lines)
+
+
+def fleets(args: argparse.Namespace, workdir: Path) -> int:
+    columns: dict[str, dict[str, str]] = {}
+    problems: list[str] = []
+    with stack_for_runs(workdir) as (_, info, api, temporal):
+        for workers in args.workers:
+            plan = ChaosPlan(migrations=args.migrations, rollbacks=0, deletions=0, kills=0, rows=args.rows,
+                             timeout=args.timeout)  # fmt: skip
+            run = ObservedRun(
+                info, temporal, api, plan, workdir / f"{workers}-workers", workers=workers, component_cwd=args.source
+            )
+            run.workdir.mkdir()
+            try:
+                run.run()
+            finally:
+                cleanup(run)
+            columns[f"{workers} worker{'s' if workers > 1 else ''}"] = run.figures()
+            problems += run.report.problems
+    print(f"\n{args.migrations} Migrations at once ({args.rows} rows each), source: {args.source or 'this checkout'}\n")
+    print(table(columns))
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    print(f"\nlogs of ferry's processes: {workdir}")
+    return 1 if problems else 0
+
+
+def histories(args: argparse.Namespace, workdir: Path) -> int:
+    with stack_for_runs(workdir) as (binaries, info, api, temporal):
+        plan = ChaosPlan(migrations=len(SCENARIOS), rollbacks=0, deletions=0, kills=0, rows=args.rows,
+                         timeout=args.timeout)  # fmt: skip
+        run = ScenarioRun(
+            info, temporal, api, plan, workdir / "scenarios", workers=1, component_cwd=args.source,
+            binaries=binaries, outage_dir=workdir / "outage-s3",
+        )  # fmt: skip
+        run.workdir.mkdir()
+        try:
+            run.run()
+            found = run.histories()
+        finally:
+            cleanup(run)
+            run.outage.stop()
+    print(f"\nhistory of each kind of run, source: {args.source or 'this checkout'}\n")
+    columns = {
+        name: {"final phase": phase, **history.figures()} for name, phase, history in found
+    }  # one column per scenario
+    print(table(columns))
+    for problem in run.report.problems:
+        print(f"PROBLEM: {problem}")
+    return 1 if run.report.problems else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--histories", action="store_true", help="measure the four kinds of run's histories instead")
+    parser.add_argument("--migrations", type=int, default=50)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="one fleet per count, in order")
+    parser.add_argument("--rows", type=int, default=500, help="rows in each source database")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for every Migration to end")
+    parser.add_argument("--source", type=Path, help="a checkout of ferry whose worker and watcher to run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    workdir = Path(tempfile.mkdtemp(prefix="ferry-bench-fleet-"))
+    workdir.chmod(0o755)
+    return histories(args, workdir) if args.histories else fleets(args, workdir)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)

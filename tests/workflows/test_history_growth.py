@@ -1,0 +1,73 @@
+"""What a run's history costs: nothing while it waits, and one status write per step boundary.
+
+A Migration may stay paused, or wait for its approval, for days: the saga waits on a
+condition, never on a timer that wakes it to look again, so its history holds still.
+scripts/bench_fleet.py --histories measures real runs' histories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from ferry.api.migration import Phase, StepName
+from ferry.api.saga import ControlRequest, Signal
+from tests.workflows.conftest import Saga, migration_input, record_history
+from tests.workflows.fakes import MIRROR, FakeSaga
+
+Run = Any
+pytestmark = pytest.mark.timeout(90)
+
+
+async def _settled_length(saga: Saga) -> int:
+    """The history's length once the workflow has nothing under way: no pending activity, and the same length over
+    three looks."""
+    deadline = time.monotonic() + 20
+    lengths: list[int] = []
+    while time.monotonic() < deadline:
+        described = await saga.handle.describe()
+        lengths.append(len((await saga.handle.fetch_history()).events))
+        if described.raw_description.pending_activities or len(set(lengths[-3:])) > 1:
+            lengths = lengths[-1:]
+        elif len(lengths) >= 3:
+            return lengths[-1]
+        await asyncio.sleep(0.3)
+    raise AssertionError("the workflow did not settle")
+
+
+async def test_a_migration_paused_for_a_week_adds_nothing_to_its_history(
+    run_saga: Run, time_skipping: WorkflowEnvironment
+) -> None:
+    saga = await run_saga(FakeSaga(), migration_input(paused=True))
+    await saga.wait_for(
+        "the pause in the status", lambda: bool(saga.fakes.statuses) and saga.fakes.statuses[-1].phase is Phase.PAUSED
+    )
+    before = await _settled_length(saga)
+
+    await time_skipping.sleep(timedelta(days=7))
+
+    assert await _settled_length(saga) == before
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    await record_history(saga, "coalesced-paused-a-week")
+
+
+async def test_a_steps_end_and_the_next_steps_start_are_one_status_write_and_every_event_is_recorded(
+    run_saga: Run,
+) -> None:
+    saga = await run_saga(FakeSaga())
+
+    await saga.handle.result()
+
+    reasons = [event.reason for event in saga.fakes.events]
+    assert reasons.count("StepStarted") == reasons.count("StepSucceeded") == len(StepName)
+    assert [reasons[0], reasons[-1]] == ["Started", "Succeeded"]
+    assert len({event.key for event in saga.fakes.events}) == len(reasons)
+    # Started with the first step's start, each step's end with the next one's start, the last end with Succeeded.
+    assert saga.fakes.calls.count(MIRROR) == len(StepName) + 1
+    await record_history(saga, "coalesced-happy-path")
