@@ -29,7 +29,7 @@ ALERT_METRICS = {
     "ferry_migrations",
     "ferry_migration_step_started_timestamp_seconds",
     "ferry_deletion_pending_since_timestamp_seconds",
-    "ferry_watcher_events_total",
+    "ferry_watcher_temporal_calls_total",
     "ferry_watcher_event_to_start_seconds",
     "ferry_status_patch_seconds",
 }
