@@ -89,6 +89,9 @@ class Inventory:
     def __len__(self) -> int:
         return len(self._summaries)
 
+    def get(self, key: Key) -> Summary | None:
+        return self._summaries.get(key)
+
     def items(self) -> Iterator[tuple[Key, Summary]]:
         return iter(self._summaries.items())
 

@@ -76,6 +76,24 @@ class WatcherMetrics:
             self._deletion_pending.set(since, {"namespace": namespace, "name": name})
         self._running, self._deleting = set(running), set(deleting)
 
+    def changed(self, key: tuple[str, str], summary: Summary | None) -> None:
+        """Sets one Migration's gauges as a watch event shows it (None: gone), so that a running step or a
+        deletion shorter than a resync still shows."""
+        namespace, name = key
+        for running in [entry for entry in self._running if entry[:2] == key]:
+            if summary is None or summary.step != running[2]:
+                self._step_started.set(0.0, {"namespace": namespace, "name": name, "step": running[2]})
+                self._running.discard(running)
+        if summary is not None and summary.step:
+            self._step_started.set(summary.step_started, {"namespace": namespace, "name": name, "step": summary.step})
+            self._running.add((namespace, name, summary.step))
+        if summary is not None and summary.deletion_since:
+            self._deletion_pending.set(summary.deletion_since, {"namespace": namespace, "name": name})
+            self._deleting.add(key)
+        elif key in self._deleting:
+            self._deletion_pending.set(0.0, {"namespace": namespace, "name": name})
+            self._deleting.discard(key)
+
 
 class CountingInterceptor(Interceptor):
     """Counts each call the watcher's Temporal client makes, by its name."""

@@ -30,7 +30,7 @@ from watcher.decisions import handling_order
 from watcher.deletion import DeletionHandler
 from watcher.dispatching import Dispatcher
 from watcher.handling import MigrationHandler
-from watcher.inventory import Inventory, Listed
+from watcher.inventory import Inventory, Listed, key_of
 from watcher.kube import Kube, WatchEvent
 from watcher.leadership import LeaderElector
 from watcher.metrics import CountingInterceptor, WatcherMetrics
@@ -74,6 +74,7 @@ class Watcher:
         if event.migration is not None:
             gone = event.type == "DELETED"
             self._inventory.update(event.migration, gone=gone)
+            self._metrics.changed(key_of(event.migration), self._inventory.get(key_of(event.migration)))
             self._dispatcher.submit(event.migration, gone=gone)
 
     def _on_listing(self, scope: str | None, items: list[Listed]) -> None:

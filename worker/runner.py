@@ -27,6 +27,7 @@ from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry import startup
 from ferry.observability import health, tracing
+from worker.gate import MigrationGate, read_migration
 from worker.interceptors import LogContextInterceptor
 from worker.settings import WorkerSettings
 from workflows.cleanup import RetentionCleanupWorkflow
@@ -85,7 +86,7 @@ def build_worker(
         max_concurrent_local_activities=settings.max_concurrent_status_writes,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
-        interceptors=[LogContextInterceptor()],
+        interceptors=[LogContextInterceptor(), MigrationGate(read_migration(api))],
         identity=f"ferry-worker@{socket.gethostname()}",
     )
 

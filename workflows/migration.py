@@ -60,6 +60,11 @@ class MigrationWorkflow:
         )
         self._saga = Saga(input.ref, input.spec, self.steps, status, self._controls)
 
+    @property
+    def backed_by_migration(self) -> bool:
+        """Read by the worker's gate when it stamps each activity's claim (worker/gate.py)."""
+        return self._saga.backed_by_migration
+
     # --- controls as updates (validated) and as signals ---------------------------------------
 
     @workflow.update(name=Signal.APPROVE.value)

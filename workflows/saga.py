@@ -150,6 +150,9 @@ class Saga:
         self.status = status
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
+        self.backed_by_migration = False
+        """Whether a status write has found this run's Migration alive: from then on the worker's gate lets the run's
+        undos through even if the Migration goes away (worker/gate.py)."""
         self._mirroring = asyncio.Lock()
         self._events = 0
         self._coalescing: bool | None = None
@@ -619,7 +622,9 @@ class Saga:
                 raise
             workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
             return
-        if not mirrored.found:
+        if mirrored.found:
+            self.backed_by_migration = True
+        else:
             self._orphaned()
 
     def _orphaned(self) -> None:

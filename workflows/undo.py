@@ -24,6 +24,13 @@ with workflow.unsafe.imports_passed_through():
 
 @workflow.defn(name=UNDO_WORKFLOW_NAME, failure_exception_types=[ValidationError])
 class MigrationUndoWorkflow:
+    _saga: Saga | None = None
+
+    @property
+    def backed_by_migration(self) -> bool:
+        """Read by the worker's gate when it stamps each activity's claim (worker/gate.py)."""
+        return self._saga is not None and self._saga.backed_by_migration
+
     @workflow.run
     async def run(self, input: UndoMigrationInput) -> MigrationResult:
         info = workflow.info()
@@ -36,4 +43,5 @@ class MigrationUndoWorkflow:
         )
         saga = Saga(input.ref, input.spec, plan.PLAN, status, Controls(approval_required=False))
         saga.started = list(plan.PLAN)
+        self._saga = saga
         return await saga.shielded_roll_back(input.reason)

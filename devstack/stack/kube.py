@@ -29,6 +29,17 @@ NODE_NAME = "ferry-node-0"
 STORAGE_CLASSES = {"standard": True, "fast": False}
 """StorageClasses the stack provides, and whether each is the cluster default."""
 HOST_PATH_PROVISIONER = "kubernetes.io/host-path"
+AUDIT_LOG = "kube-apiserver-audit.log"
+"""In the logs folder: who read or changed which Secret, one JSON line each (the only requests audited)."""
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    resources: [{group: "", resources: [secrets]}]
+  - level: None
+"""
 
 
 @dataclasses.dataclass
@@ -97,6 +108,8 @@ class KubeControlPlane:
     def start_apiserver(self) -> ManagedProcess:
         self.keys.ensure()
         p = self.keys
+        audit_policy = self.folder / "audit-policy.yaml"
+        audit_policy.write_text(AUDIT_POLICY)
         apiserver = self._process(
             "kube-apiserver",
             [
@@ -119,6 +132,10 @@ class KubeControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--event-ttl=24h",
                 f"--cert-dir={self.folder / 'pki'}",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.logs / AUDIT_LOG}",
+                "--audit-log-maxsize=100",
+                "--audit-log-maxbackup=1",
             ],
         )
         apiserver.start()

@@ -1,0 +1,193 @@
+"""The gate every activity passes: no side effect unless a live Migration asked for exactly this run.
+
+The worker holds cluster-wide powers and Temporal accepts any workflow start from whoever
+reaches its frontend, so a workflow's input proves nothing. ferry's workflows attach a
+claim (ferry/api/integrity.py) to each activity they schedule; before any activity runs,
+this gate reads the Migration the claim names and lets the activity through only when
+
+- the run is one of that Migration's own (its saga, its undo or its retention cleanup, by ID),
+- the Migration exists with the claim's UID, and
+- the digest of its live spec equals the claim's (the plan it was started with).
+
+Otherwise the activity fails at once, non-retryable, before it reads a Secret or changes
+anything. Two exceptions keep legitimate runs whole when their Migration goes away under
+them (a finalizer removed by hand, a deletion given up at its deadline): if the run had
+already passed the gate once (`vouched`), its undos go on, so it takes back what it did, and
+so do its status writes (which write only to an object with the claim's UID, and report the
+Migration gone, which makes the run undo what it started). A run that never found its
+Migration acts on nothing. One read of
+the Migration per activity attempt is the price.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+from temporalio import activity, workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import default as default_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    ExecuteWorkflowInput,
+    Interceptor,
+    StartActivityInput,
+    StartLocalActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+
+from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, claim_of, digest, is_undo, workflow_ids
+from ferry.api.migration import GROUP, PLURAL, VERSION, MigrationSpec
+from ferry.api.saga import KubeActivity, MigrationRef, workflow_id
+
+log = logging.getLogger("ferry.worker.gate")
+
+VOUCHED_ATTRIBUTE = "backed_by_migration"
+"""A workflow whose instance has this attribute true has passed the gate once (see workflows/saga.py)."""
+
+ReadMigration = Callable[[MigrationRef], dict[str, Any] | None]
+
+
+def read_migration(api: k8s.ApiClient) -> ReadMigration:
+    """One read of the Migration a claim names, as the API server holds it; None when it does not exist."""
+    custom = k8s.CustomObjectsApi(api)
+
+    def read(ref: MigrationRef) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    return read
+
+
+def refusal(message: str) -> ApplicationError:
+    return ApplicationError(
+        f"refused: {message}. Nothing was done. Migrations run only through the Migration resource "
+        "(kubectl apply); a workflow started by hand, or with an input that is not the Migration's, acts on nothing",
+        type=NOT_BACKED,
+        non_retryable=True,
+    )
+
+
+# --- the workflow side: a claim on every activity ---------------------------------------------
+
+
+def _to_payload(claim: Claim) -> Payload:
+    return default_converter().payload_converter.to_payload(claim.model_dump(mode="json"))
+
+
+def _from_headers(headers: Any) -> Claim | None:
+    payload: Payload | None = headers.get(CLAIM_HEADER) if headers else None
+    if payload is None:
+        return None
+    try:
+        return Claim.model_validate(default_converter().payload_converter.from_payload(payload, dict))
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+class _Claiming(WorkflowOutboundInterceptor):
+    def __init__(self, next: WorkflowOutboundInterceptor, claim: list[Claim | None]) -> None:
+        super().__init__(next)
+        self._claim = claim
+
+    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        input.headers = self._with_claim(input.headers)
+        return self.next.start_activity(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
+        input.headers = self._with_claim(input.headers)
+        return self.next.start_local_activity(input)
+
+    def _with_claim(self, headers: Any) -> Any:
+        claim = self._claim[0]
+        if claim is None:
+            return headers
+        vouched = bool(getattr(workflow.instance(), VOUCHED_ATTRIBUTE, False))
+        return {**headers, CLAIM_HEADER: _to_payload(claim.model_copy(update={"vouched": vouched}))}
+
+
+class _ClaimingWorkflow(WorkflowInboundInterceptor):
+    def __init__(self, next: WorkflowInboundInterceptor) -> None:
+        super().__init__(next)
+        self._claim: list[Claim | None] = [None]
+
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_Claiming(outbound, self._claim))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        self._claim[0] = claim_of(input.args[0]) if input.args else None
+        return await self.next.execute_workflow(input)
+
+
+# --- the activity side: the check -------------------------------------------------------------
+
+
+class _Gate(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, read: ReadMigration) -> None:
+        super().__init__(next)
+        self._read = read
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        info = activity.info()
+        claim = _from_headers(input.headers)
+        if claim is None:
+            raise self._refuse(info, "the call carries no claim of a Migration (it was not scheduled by ferry's saga)")
+        ref = claim.ref
+        if info.workflow_id not in workflow_ids(ref):
+            raise self._refuse(info, f"run {info.workflow_id} is not a run of Migration {ref} ({workflow_id(ref)})")
+        for argument in input.args:
+            called_for = getattr(argument, "ref", None)
+            if isinstance(called_for, MigrationRef) and called_for != ref:
+                raise self._refuse(info, f"the call is about Migration {called_for}, its run about {ref}")
+        live = await asyncio.to_thread(self._read, ref)
+        uid = (live or {}).get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            if claim.vouched and (is_undo(info.activity_type) or info.activity_type == KubeActivity.MIRROR_STATUS):
+                log.info("Migration %s is gone; its run passed the gate before, so %s goes on", ref, info.activity_type)
+                return await self.next.execute_activity(input)
+            what = "does not exist" if live is None else f"is another object now (uid {uid})"
+            raise self._refuse(info, f"Migration {ref} with uid {ref.uid} {what}")
+        assert live is not None
+        try:
+            spec = MigrationSpec.model_validate(live.get("spec") or {})
+        except ValidationError as error:
+            raise self._refuse(info, f"Migration {ref}'s spec does not parse ({error.error_count()} errors)") from None
+        if digest(spec, claim.scope) != claim.digest:
+            raise self._refuse(
+                info,
+                f"the run's input is not Migration {ref}'s spec (the {claim.scope.value} differs from the live "
+                "object's)",
+            )
+        return await self.next.execute_activity(input)
+
+    @staticmethod
+    def _refuse(info: activity.Info, why: str) -> ApplicationError:
+        log.warning("refused activity %s of workflow %s: %s", info.activity_type, info.workflow_id, why)
+        return refusal(why)
+
+
+class MigrationGate(Interceptor):
+    """Claims on the workflow side, checks on the activity side: see the module's docstring."""
+
+    def __init__(self, read: ReadMigration) -> None:
+        self._read = read
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _Gate(next, self._read)
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _ClaimingWorkflow
