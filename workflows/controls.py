@@ -39,6 +39,11 @@ class Controls:
     retry_requested: bool = False
     next_step: str | None = None
     """The step the saga runs next (or is running)."""
+    approval_gate: str | None = None
+    """The step a required approval is asked for before."""
+    writes_stopped: bool = False
+    """The source refuses writes where the saga stands (between freeze and switch-traffic): a pause waits."""
+    pause_held_off: bool = False
     seen: set[str] = dataclasses.field(default_factory=set)
 
     def is_repeat(self, request: ControlRequest | None) -> bool:
@@ -85,9 +90,15 @@ class Controls:
         match control:
             case Signal.APPROVE:
                 self.approved_by = request.by or "unknown"
-                return f"approved{by}; traffic moves when the saga reaches switch-traffic"
+                gate = f" (before {self.approval_gate})" if self.approval_gate else ""
+                return f"approved{by}; the saga goes on past its approval gate{gate}"
             case Signal.PAUSE:
                 self.pause_requested = True
+                if self.writes_stopped:
+                    return (
+                        f"paused{by}: the source refuses writes until switch-traffic, so the saga holds once writes "
+                        "flow again; roll back to stop sooner"
+                    )
                 before = f" before {self.next_step}" if self.next_step else ""
                 return f"paused{by}: the saga holds{before} once the running step (if any) ends"
             case Signal.RESUME:

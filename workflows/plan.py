@@ -112,6 +112,8 @@ FREEZE = Step(
     driver(DriverOperation.FREEZE),
     FreezeResult,
     build=lambda c: FreezeInput(ref=c.ref, driver=c.spec.driver),
+    needs_approval=True,
+    stops_writes=True,
     undo=Undo(
         driver(DriverOperation.UNDO_FREEZE),
         lambda c, done: UndoFreezeInput(
@@ -202,7 +204,7 @@ SWITCH_TRAFFIC = Step(
         ref=c.ref, service=c.spec.source.service, target_stateful_set=c.spec.target.stateful_set
     ),
     guard=NO_WRITES_SINCE_FREEZE,
-    needs_approval=True,
+    resumes_writes=True,
     undo=Undo(
         kube(KubeActivity.UNDO_SWITCH_TRAFFIC),
         lambda c, done: UndoSwitchTrafficInput(

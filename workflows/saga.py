@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         FailurePolicy,
         MigrationSpec,
         Phase,
+        StepName,
         StepState,
     )
     from ferry.api.saga import (
@@ -77,6 +78,10 @@ RETENTION_TIMEOUT = timedelta(minutes=5)
 COALESCED_MIRRORS = "coalesced-status-mirrors"
 """Patch: status writes are local activities beside the saga, one at a time, each carrying every transition made
 since the last."""
+WRITES_FLOW_WHILE_WAITING = "writes-flow-while-waiting"
+"""Patch: the source is never frozen while the saga waits for a person. Approval is asked before the step that stops
+writes; a pause asked for while writes are stopped takes effect once they flow again; a failure under failurePolicy
+Pause while they are stopped undoes the saga back to before that step, then waits (retry starts again from it)."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -150,6 +155,8 @@ class Saga:
         self.status = status
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
+        self.writes_flow_while_waiting = False
+        """Set by the patch WRITES_FLOW_WHILE_WAITING at the start of the run; runs from before keep the old waits."""
         self.backed_by_migration = False
         """Whether a status write has found this run's Migration alive: from then on the worker's gate lets the run's
         undos through even if the Migration goes away (worker/gate.py)."""
@@ -180,12 +187,33 @@ class Saga:
 
     async def forward(self) -> None:
         """Runs every step; raises RollbackRequested, StepFailed or the workflow's cancellation to leave early."""
+        self.writes_flow_while_waiting = workflow.patched(WRITES_FLOW_WHILE_WAITING)
+        self.controls.approval_gate = next((s.name for s in self.steps if self._asks_approval(s)), None)
         await self.transition(Phase.RUNNING, "migration started", "Started")
-        for step in self.steps:
+        index = 0
+        while index < len(self.steps):
+            step = self.steps[index]
             self.controls.next_step = step.name
+            self.controls.writes_stopped = self._writes_stopped_before(step)
             await self._hold_before(step)
-            await self._run_step(step)
+            again = await self._run_step(step)
+            index = self.steps.index(again) if again is not None else index + 1
         self.controls.next_step = None
+
+    def _asks_approval(self, step: Step[Any, Any]) -> bool:
+        if self.writes_flow_while_waiting:
+            return step.needs_approval
+        return step.name == StepName.SWITCH_TRAFFIC  # where runs from before the patch ask for it
+
+    def _writes_stopped_before(self, step: Step[Any, Any]) -> bool:
+        """Whether the source refuses writes while the saga stands before `step` (after the step that stops writes,
+        up to the step that resumes them: the write-downtime window)."""
+        names = [s.name for s in self.steps]
+        stops = [i for i, s in enumerate(self.steps) if s.stops_writes]
+        resumes = [i for i, s in enumerate(self.steps) if s.resumes_writes]
+        if not stops or not resumes:
+            return False
+        return stops[0] < names.index(step.name) <= resumes[0]
 
     async def succeed(self) -> MigrationResult:
         await self._apply_retention_after_success()
@@ -202,7 +230,16 @@ class Saga:
     async def _hold_before(self, step: Step[Any, Any]) -> None:
         """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
         self._raise_if_rollback_requested()
-        if self.controls.pause_requested:
+        if self.controls.pause_requested and self.writes_flow_while_waiting and self.controls.writes_stopped:
+            if not self.controls.pause_held_off:
+                self.controls.pause_held_off = True
+                await self.record(
+                    "pause held off: the source refuses writes until switch-traffic has moved the traffic, and a "
+                    "pause now would keep it so; the saga pauses once writes flow again (roll back to stop sooner)",
+                    "PauseHeldOff",
+                )
+        elif self.controls.pause_requested:
+            self.controls.pause_held_off = False
             self.status.current_step = step.name
             await self.transition(Phase.PAUSED, f"paused before {step.name}; send resume to go on", "Paused")
             await workflow.wait_condition(
@@ -210,7 +247,7 @@ class Saga:
             )
             self._raise_if_rollback_requested()
             await self.transition(Phase.RUNNING, f"resumed before {step.name}", "Resumed")
-        if step.needs_approval and self.spec.approval.required:
+        if self._asks_approval(step) and self.spec.approval.required:
             await self._await_approval(step.name)
         if step.soaks_before and self.spec.soak_seconds:
             self.status.current_step = step.name
@@ -238,8 +275,11 @@ class Saga:
         self.status.approved_by = controls.approved_by
         await self.transition(Phase.RUNNING, f"approved by {controls.approved_by}", "Approved")
 
-    async def _run_step(self, step: Step[Any, Any]) -> None:
-        """Runs `step` until it succeeds, or its failure counts (then the failure policy decides)."""
+    async def _run_step(self, step: Step[Any, Any]) -> Step[Any, Any] | None:
+        """Runs `step` until it succeeds, or its failure counts (then the failure policy decides).
+
+        Returns the step to go on from when it is not the next one (failurePolicy Pause undid the saga back to
+        before the step that stops writes; see `_unstop_writes`)."""
         name = step.name
         if not self._coalesces():
             self.started.append(step)  # from now on its undo runs on the way back, whatever happens
@@ -273,7 +313,7 @@ class Saga:
                 await self.transition(
                     Phase.RUNNING, f"{name}: succeeded", "StepSucceeded", key=f"{name}.{entry.attempts}"
                 )
-                return
+                return None
             permanent = failure is None or is_permanent(failure, step.retry)
             if not permanent and attempt < step.retry.attempts:
                 delay = step.retry.delay(attempt)
@@ -291,6 +331,8 @@ class Saga:
             self._count(name, entry.started_at, "failed")
             tries = f" (after {attempt} attempts)" if attempt > 1 else ""
             self.status.update_step(name, workflow.now(), state=StepState.FAILED, last_error=error)
+            if self.spec.failure_policy is FailurePolicy.PAUSE and self._stops_writes_at(step):
+                return await self._unstop_writes(step, f"{error}{tries}", entry.attempts)
             if self.spec.failure_policy is FailurePolicy.PAUSE:
                 await self._await_decision(name, f"{error}{tries}", entry.attempts)
                 attempt = 0
@@ -363,6 +405,43 @@ class Saga:
                 raise
             return Outcome(error=error, interruption=interruption)
         return Outcome(result=result, interruption=interruption)
+
+    def _stops_writes_at(self, step: Step[Any, Any]) -> bool:
+        """Whether writes may be stopped once `step` has failed: it stops them, or runs while they are stopped."""
+        stops = next((s for s in self.steps if s.stops_writes), None)
+        return self.writes_flow_while_waiting and (step is stops or self._writes_stopped_before(step))
+
+    async def _unstop_writes(self, failed: Step[Any, Any], error: str, attempt: int) -> Step[Any, Any]:
+        """failurePolicy Pause while the source refuses writes: undoes every started step back to (and with) the one
+        that stopped them, newest first, so writes flow while a person decides; returns that step, where a retry
+        starts again (a copy taken before the pause would miss the writes made during it)."""
+        stops = next(s for s in self.steps if s.stops_writes)
+        first = self.steps.index(stops)
+        back = [s for s in reversed(self.started) if self.steps.index(s) >= first]
+        reason = f"{failed.name} failed: {error}"
+        await self.record(
+            f"{reason}; undoing back to before {stops.name}, so the source takes writes while this waits",
+            "StepFailed",
+            EventType.WARNING,
+            key=f"{failed.name}.{attempt}",
+        )
+        for index, step in enumerate(back):
+            call = step.undo_call(self.context)
+            failure = await self._undo(step, call) if call is not None else None
+            if failure is not None:
+                self.controls.stage = Stage.ROLLING_BACK
+                left = [s.name for s in back[index + 1 :]] + [
+                    s.name for s in reversed(self.started) if self.steps.index(s) < first and s.undo is not None
+                ]
+                await self._stop_rollback(reason, step.name, failure, left)
+            self.started.remove(step)
+        await self._await_decision(
+            failed.name,
+            f"{error}; the source takes writes again (undone back to before {stops.name}), so retry runs again from "
+            f"{stops.name}",
+            attempt,
+        )
+        return stops
 
     async def _await_decision(self, step: str, error: str, attempt: int) -> None:
         """failurePolicy Pause: hold until a person sends retry (returns) or rollback (raises)."""

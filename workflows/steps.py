@@ -204,6 +204,10 @@ class Step(Generic[I, R]):
     """A person approves before this step, when the Migration asks for approval."""
     soaks_before: bool = False
     """The Migration's soak time passes before this step."""
+    stops_writes: bool = False
+    """The source refuses writes from this step on (the write-downtime window opens): nobody is waited for after it."""
+    resumes_writes: bool = False
+    """Once this step has succeeded, writes flow again (to the target): the write-downtime window closes."""
 
     def __post_init__(self) -> None:
         if self.undo is None and not self.why_no_undo:

@@ -46,7 +46,7 @@ async def wait_phase(kubectl: Kubectl, ref: MigrationRef, phase: str, within: fl
 
 
 async def at_approval_gate(kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str) -> MigrationRef:
-    """A Migration that requires approval, waiting at its gate before switch-traffic."""
+    """A Migration that requires approval, waiting at its gate before freeze (the source still takes writes)."""
     ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
     await wait_phase(kubectl, ref, "AwaitingApproval")
     return ref

@@ -103,7 +103,7 @@ async def test_rollback_with_the_temporal_cli_undoes_the_completed_steps(
     assert status["message"] == "rolled back: rollback requested by erin: not today"
     states = {step["name"]: step["state"] for step in status["steps"]}
     assert states["provision"] == "Compensated"
-    assert states["freeze"] == "Compensated"
+    assert states["freeze"] == "Pending"  # approval is asked before the source stops taking writes
     assert states["switch-traffic"] == "Pending"
     names = [item.metadata.name for item in k8s.AppsV1Api(kube_api).list_namespaced_stateful_set(namespace).items]
     assert names == ["orders-db"]

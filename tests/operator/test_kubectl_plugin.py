@@ -76,7 +76,7 @@ async def test_an_approval_through_the_plugin_is_signed_by_the_api_servers_user_
     assert listed.returncode == 0, listed.stderr
     header, row = _lines(listed.stdout)
     assert header == ["NAME", "PHASE", "STEP", "STEPS", "AGE", "MESSAGE"]
-    assert row[:4] == [ref.name, "AwaitingApproval", "switch-traffic", "6/8"]
+    assert row[:4] == [ref.name, "AwaitingApproval", "freeze", "2/8"]
 
     everywhere = await plugin("get", "-A", "-o", "json")
     assert (ref.namespace, ref.name) in {
@@ -89,8 +89,8 @@ async def test_an_approval_through_the_plugin_is_signed_by_the_api_servers_user_
     assert shown[0][:2] == ["Migration", f"{namespace}/{ref.name}"]
     assert shown[1][:2] == ["phase:", "AwaitingApproval"]
     assert [line[1] for line in shown[2:4]] == ["precheck", "provision"]
-    assert shown[7][:3] == ["✓", "verify", "Succeeded"]
-    assert shown[8][:2] == ["switch-traffic", "Pending"]
+    assert shown[3][:3] == ["✓", "provision", "Succeeded"]
+    assert shown[4][:2] == ["freeze", "Pending"]
 
     # Nothing failed, so the saga refuses a retry, and says why.
     retried = await plugin("retry", ref.name, "-n", namespace)

@@ -80,12 +80,13 @@ async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
     kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, soakSeconds=3600))
 
-    async def awaiting() -> bool:
-        return await _phase(kubectl, namespace, ref.name) == "AwaitingApproval"
+    async def soaking() -> bool:
+        status = ((await _migration(kubectl, namespace, ref.name)) or {}).get("status") or {}
+        return {step["name"]: step["state"] for step in status.get("steps", [])}.get("switch-traffic") == "Succeeded"
 
-    await eventually("the approval gate", awaiting, within=120)
+    await eventually("the soak after switch-traffic", soaking, within=240)
     assert _stateful_sets(kube_api, namespace) == ["orders-db", "orders-db-16"]
 
     await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
@@ -95,6 +96,7 @@ async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
 
     await eventually("the Migration to be gone", gone, within=120)
     assert _stateful_sets(kube_api, namespace) == ["orders-db"]  # provision was undone
+    assert _selector(kube_api, namespace) == {"app": "orders-db"}  # switch-traffic was undone
     assert _read_only_default(databases) is None  # freeze was undone: writes are allowed again
     listed = stack.s3_client().list_objects_v2(Bucket=bucket)
     assert listed.get("KeyCount", 0) == 0  # the snapshot was undone (afterRollback: Delete)
@@ -103,7 +105,7 @@ async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
     )
     reasons = [event["reason"] for event in json.loads(events.stdout)["items"]]
     assert "WaitingBeforeDeletion" in reasons
-    assert reasons.count("StepCompensated") == 4  # provision, freeze, snapshot, migrate
+    assert reasons.count("StepCompensated") == 5  # provision, freeze, snapshot, migrate, switch-traffic
 
 
 async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(

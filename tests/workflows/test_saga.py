@@ -308,12 +308,14 @@ async def test_a_step_whose_errors_repeat_gives_up_and_rolls_back_without_promis
     assert not any("next attempt" in event.message or "retry" in event.message for event in failed)
 
 
-async def test_required_approval_holds_switch_traffic_until_approved(run_saga: Run) -> None:
+async def test_required_approval_is_asked_before_freeze_so_the_source_takes_writes_while_a_person_decides(
+    run_saga: Run,
+) -> None:
     saga = await run_saga(FakeSaga(), migration_input(approval={"required": True}))
     await saga.wait_for("the approval gate", phase=Phase.AWAITING_APPROVAL.value)
-    assert SWITCH_TRAFFIC not in saga.fakes.calls
-    assert VERIFY in saga.fakes.calls
-    assert (await saga.progress()).current_step == StepName.SWITCH_TRAFFIC
+    assert FREEZE not in saga.fakes.calls
+    assert PROVISION in saga.fakes.calls
+    assert (await saga.progress()).current_step == StepName.FREEZE
 
     await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="alice"))
 
@@ -321,7 +323,7 @@ async def test_required_approval_holds_switch_traffic_until_approved(run_saga: R
     assert result.phase is Phase.SUCCEEDED
     assert saga.final_status.approved_by == "alice"
     assert "Approved" in [event.reason for event in saga.fakes.events]
-    await record_history(saga, "approved")
+    await record_history(saga, "writes-flow-approved")
 
 
 async def test_an_approval_given_early_does_not_hold_the_saga(run_saga: Run) -> None:
@@ -343,8 +345,8 @@ async def test_approval_deadline_passing_rolls_back_under_the_rollback_policy(ru
 
     assert result.phase is Phase.ROLLED_BACK
     assert result.message == "rolled back: no approval within 3600s (onDeadline: RollBack)"
-    assert SWITCH_TRAFFIC not in saga.fakes.calls
-    assert saga.fakes.undo_calls == undos_of(started_until(VERIFY))
+    assert FREEZE not in saga.fakes.calls
+    assert saga.fakes.undo_calls == undos_of(started_until(PROVISION))
 
 
 async def test_approval_deadline_passing_proceeds_under_the_proceed_policy(run_saga: Run) -> None:
@@ -388,26 +390,71 @@ async def test_a_migration_created_paused_waits_before_its_first_step(run_saga: 
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
 
 
-async def test_under_the_pause_policy_a_failed_step_waits_and_retry_runs_it_again(run_saga: Run) -> None:
-    fakes = FakeSaga(fail={SNAPSHOT: InvalidSpec("bucket policy denies writes")}, fail_times={SNAPSHOT: 1})
+async def test_under_the_pause_policy_a_step_failing_before_freeze_waits_and_retry_runs_it_again(
+    run_saga: Run,
+) -> None:
+    fakes = FakeSaga(fail={PROVISION: InvalidSpec("quota exceeded")}, fail_times={PROVISION: 1})
     saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
     await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
     paused = await saga.progress()
-    snapshot = STEP_ACTIVITIES.index(SNAPSHOT)
-    assert paused.steps[snapshot].state is StepState.FAILED
-    assert paused.current_step == StepName.SNAPSHOT
+    provision = STEP_ACTIVITIES.index(PROVISION)
+    assert paused.steps[provision].state is StepState.FAILED
+    assert paused.current_step == StepName.PROVISION
     assert paused.message is not None
-    assert paused.message.startswith("snapshot failed: InvalidSpec: bucket policy denies writes; send retry")
+    assert paused.message.startswith("provision failed: InvalidSpec: quota exceeded; send retry")
     assert saga.fakes.undo_calls == []
 
     await saga.handle.signal(Signal.RETRY.value, ControlRequest(by="dave"))
 
     result = await saga.handle.result()
     assert result.phase is Phase.SUCCEEDED
+    assert saga.fakes.step_calls.count(PROVISION) == 2
+    assert saga.final_status.steps[provision].attempts == 2
+    assert saga.final_status.steps[provision].state is StepState.SUCCEEDED
+
+
+async def test_under_the_pause_policy_a_step_failing_while_writes_are_stopped_unfreezes_the_source_before_waiting(
+    run_saga: Run,
+) -> None:
+    fakes = FakeSaga(fail={SNAPSHOT: InvalidSpec("bucket policy denies writes")}, fail_times={SNAPSHOT: 1})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
+    paused = await saga.progress()
+    assert saga.fakes.undo_calls == undos_of([FREEZE, SNAPSHOT])
+    assert paused.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.COMPENSATED
+    assert paused.current_step == StepName.SNAPSHOT
+    assert paused.message is not None
+    assert paused.message.startswith(
+        "snapshot failed: InvalidSpec: bucket policy denies writes; the source takes writes again (undone back to "
+        "before freeze), so retry runs again from freeze; send retry"
+    )
+
+    await saga.handle.signal(Signal.RETRY.value, ControlRequest(by="dave"))
+
+    result = await saga.handle.result()
+    assert result.phase is Phase.SUCCEEDED
+    assert saga.fakes.step_calls.count(FREEZE) == 2
     assert saga.fakes.step_calls.count(SNAPSHOT) == 2
-    assert saga.final_status.steps[snapshot].attempts == 2
-    assert saga.final_status.steps[snapshot].state is StepState.SUCCEEDED
-    await record_history(saga, "pause-policy-retry")
+    assert saga.fakes.step_calls.count(PROVISION) == 1
+    assert saga.final_status.steps[STEP_ACTIVITIES.index(SNAPSHOT)].state is StepState.SUCCEEDED
+    await record_history(saga, "writes-flow-pause-policy-retry")
+
+
+async def test_a_pause_asked_for_while_writes_are_stopped_takes_effect_once_traffic_has_moved(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT}), migration_input())
+    await saga.wait_for("the snapshot to run", lambda: SNAPSHOT in saga.fakes.calls)
+
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="frank"))
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+
+    paused = await saga.progress()
+    assert paused.current_step == StepName.SCALE_DOWN_OLD
+    assert SWITCH_TRAFFIC in saga.fakes.calls
+    assert SCALE_DOWN_OLD not in saga.fakes.calls
+    assert "PauseHeldOff" in [event.reason for event in saga.fakes.events]
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="frank"))
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
 
 
 async def test_under_the_pause_policy_rollback_undoes_the_started_steps(run_saga: Run) -> None:
