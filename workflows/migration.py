@@ -170,8 +170,7 @@ class MigrationWorkflow:
     async def run(self, input: MigrationInput) -> MigrationResult:
         saga = self._saga
         try:
-            await saga.forward()
-            result = await saga.succeed()
+            result = await saga.succeed() if await saga.forward() else await saga.planned()
         except RollbackRequested as requested:
             result = await saga.shielded_roll_back(str(requested))
         except StepFailed as failed:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ferry.api.migration import MigrationSpec, SnapshotStatus, StepName
+from ferry.api.migration import Estimates, MigrationSpec, PlanStatus, SnapshotStatus, StepName
+from ferry.api.quantity import quantity_bytes
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
@@ -72,6 +73,42 @@ def differences(result: VerifyResult) -> str | None:
     return f"VerificationMismatch: source and target differ in {', '.join(different)}" if different else None
 
 
+FIXED_SECONDS = 10.0
+"""What the plan adds for the steps whose time does not grow with the data (freeze, switch-traffic, scale-down-old)."""
+
+
+def estimate(result: PrecheckResult) -> Estimates | None:
+    """The size-dependent steps' times at the rates the precheck measured; None when a rate is unknown."""
+    rates = result.throughput
+    if rates is None or min(rates.source_read, rates.target_write, rates.upload) <= 0:
+        return None
+    size = result.source_size_bytes
+    snapshot = size / min(rates.source_read, rates.upload)
+    migrate = size / rates.target_write
+    verify = size / rates.source_read  # both sides are read at once
+    downtime = snapshot + migrate + verify + FIXED_SECONDS / 2
+    return Estimates(
+        snapshot_seconds=round(snapshot, 1),
+        migrate_seconds=round(migrate, 1),
+        verify_seconds=round(verify, 1),
+        write_downtime_seconds=round(downtime, 1),
+        total_seconds=round(downtime + FIXED_SECONDS / 2, 1),
+    )
+
+
+def record_plan(result: PrecheckResult, status: SagaStatus) -> None:
+    status.plan = PlanStatus(
+        steps=list(status.order),
+        source_version=result.source_version,
+        target_version=result.target_version,
+        tools_version=result.tools_version,
+        source_size_bytes=result.source_size_bytes,
+        target_storage_bytes=result.target_storage_bytes,
+        throughput=result.throughput,
+        estimates=estimate(result),
+    )
+
+
 def precheck_seconds(spec: MigrationSpec) -> int:
     return spec.timeouts.precheck
 
@@ -89,8 +126,16 @@ PRECHECK = Step(
     StepName.PRECHECK,
     driver(DriverOperation.PRECHECK),
     PrecheckResult,
-    build=lambda c: PrecheckInput(ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot),
+    build=lambda c: PrecheckInput(
+        ref=c.ref,
+        driver=c.spec.driver,
+        snapshot=c.spec.snapshot,
+        target_storage_bytes=quantity_bytes(c.spec.target.storage_size),
+        measure=True,
+    ),
     guard=CLUSTER_READY,
+    changes_nothing=True,
+    report=record_plan,
     undo=None,
     why_no_undo="it only reads (the object it writes to test the bucket is deleted at once)",
     timeout=precheck_seconds,

@@ -185,20 +185,25 @@ class Saga:
 
     # --- the forward path -------------------------------------------------------------------
 
-    async def forward(self) -> None:
-        """Runs every step; raises RollbackRequested, StepFailed or the workflow's cancellation to leave early."""
+    async def forward(self) -> bool:
+        """Runs every step; raises RollbackRequested, StepFailed or the workflow's cancellation to leave early.
+
+        Returns False when a dry run (spec.dryRun) stopped before the first step that changes something."""
         self.writes_flow_while_waiting = workflow.patched(WRITES_FLOW_WHILE_WAITING)
         self.controls.approval_gate = next((s.name for s in self.steps if self._asks_approval(s)), None)
         await self.transition(Phase.RUNNING, "migration started", "Started")
         index = 0
         while index < len(self.steps):
             step = self.steps[index]
+            if self.spec.dry_run and not step.changes_nothing:
+                return False
             self.controls.next_step = step.name
             self.controls.writes_stopped = self._writes_stopped_before(step)
             await self._hold_before(step)
             again = await self._run_step(step)
             index = self.steps.index(again) if again is not None else index + 1
         self.controls.next_step = None
+        return True
 
     def _asks_approval(self, step: Step[Any, Any]) -> bool:
         if self.writes_flow_while_waiting:
@@ -214,6 +219,18 @@ class Saga:
         if not stops or not resumes:
             return False
         return stops[0] < names.index(step.name) <= resumes[0]
+
+    async def planned(self) -> MigrationResult:
+        """Ends a dry run after its checks: nothing was changed, so nothing is undone."""
+        self.controls.stage = Stage.FINISHED
+        self.controls.next_step = None
+        self.status.current_step = None
+        await self.transition(
+            Phase.PLANNED,
+            "planned: every check passed and nothing was changed (spec.dryRun); status.plan says what a run would do",
+            "Planned",
+        )
+        return MigrationResult(phase=Phase.PLANNED, message=self.status.message)
 
     async def succeed(self) -> MigrationResult:
         await self._apply_retention_after_success()

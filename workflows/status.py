@@ -15,6 +15,7 @@ from ferry.api.migration import (
     Condition,
     ConditionStatus,
     Phase,
+    PlanStatus,
     SnapshotStatus,
     StepState,
     StepStatus,
@@ -69,6 +70,7 @@ class SagaStatus:
     """When the saga last moved to a phase (workflow.now()): how long it took to be seen is measured from here."""
     approved_by: str | None = None
     snapshot: SnapshotStatus | None = None
+    plan: PlanStatus | None = None
     order: tuple[str, ...] = STEP_ORDER
     """The steps this run has, in the order they run."""
     steps: dict[str, StepStatus] = dataclasses.field(default_factory=dict)
@@ -90,6 +92,7 @@ class SagaStatus:
             message=model.message or "",
             approved_by=model.approved_by,
             snapshot=model.snapshot,
+            plan=model.plan,
             order=order,
             steps={entry.name: entry for entry in model.steps},
             conditions=conditions,
@@ -128,4 +131,5 @@ class SagaStatus:
             workflow=self.workflow,
             snapshot=self.snapshot,
             approved_by=self.approved_by,
+            plan=self.plan,
         )

@@ -204,6 +204,8 @@ class Step(Generic[I, R]):
     """A person approves before this step, when the Migration asks for approval."""
     soaks_before: bool = False
     """The Migration's soak time passes before this step."""
+    changes_nothing: bool = False
+    """The step only reads (and checks): a dry run (spec.dryRun) runs it, and stops before the first that is not."""
     stops_writes: bool = False
     """The source refuses writes from this step on (the write-downtime window opens): nobody is waited for after it."""
     resumes_writes: bool = False

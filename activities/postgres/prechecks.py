@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator
 
+import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, restoring, tools
+from activities.postgres import database_settings, restoring, throughput, tools
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -32,9 +35,13 @@ from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
+from ferry.api.migration import Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 
+log = logging.getLogger("ferry.activities.precheck")
 PROBE = b"ferry precheck: written and deleted at once\n"
+SIZE_MARGIN = 1.5
+"""The target's volumes must hold this many times the source's data: indexes are rebuilt, WAL is written."""
 SESSION = {"default_transaction_read_only": "on"}
 """precheck only reads: its sessions could not write even by mistake."""
 SERVER = """
@@ -93,8 +100,24 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 f"the source uses extensions that the target's server does not have: {', '.join(missing)}. "
                 f"Install them on the server of {target_db.describe()} (pg_available_extensions lists what it has)."
             )
+    if source and input.target_storage_bytes is not None and source.size * SIZE_MARGIN > input.target_storage_bytes:
+        problems.append(
+            f"the source's data ({_gib(source.size)}) does not fit the target's volumes "
+            f"({_gib(input.target_storage_bytes)}) with the room a restore needs ({SIZE_MARGIN:g} times the data). "
+            "Raise spec.target.storageSize (create the Migration again)."
+        )
+    sample = b""
+    read_rate = write_rate = upload_rate = 0.0
+    if input.measure and source_db and target_db and source and target:
+        try:
+            with connect(source_db, settings, **SESSION) as conn:
+                sample, read_rate = throughput.read_sample(conn)
+            with connect(target_db, settings, **SESSION) as conn:
+                write_rate = throughput.write_rate(conn, sample)
+        except (PermanentError, psycopg.Error) as error:  # a plan without rates is still a plan
+            log.warning("could not measure the databases' rates for the plan: %s", error)
     if credentials:
-        _bucket(input, owner, credentials, settings, problems)
+        upload_rate = _bucket(input, owner, credentials, settings, problems, sample)
     if problems:
         raise PrecheckFailed(_report(problems))
     assert source is not None
@@ -105,7 +128,17 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         target_version=target.version,
         tools_version=tools_version,
         source_size_bytes=source.size,
+        target_storage_bytes=input.target_storage_bytes,
+        throughput=Throughput(
+            source_read=read_rate, target_write=write_rate, upload=upload_rate, sample_bytes=len(sample)
+        )
+        if input.measure
+        else None,
     )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
 
 
 def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
@@ -213,16 +246,27 @@ def _tools(
 
 
 def _bucket(
-    input: PrecheckInput, owner: str, credentials: S3Credentials, settings: DataActivitySettings, problems: Problems
-) -> None:
-    """Writes a tiny object under the Migration's prefix and deletes it."""
+    input: PrecheckInput,
+    owner: str,
+    credentials: S3Credentials,
+    settings: DataActivitySettings,
+    problems: Problems,
+    sample: bytes = b"",
+) -> float:
+    """Writes a small object under the Migration's prefix and deletes it; returns the bytes per second of the write.
+
+    The object is the sample when there is one (the plan's upload rate), else a tiny probe."""
     spec = input.snapshot
     key = f"{spec.prefix}{input.ref.namespace}/{input.ref.name}/{input.ref.uid}/precheck"
     s3 = snapshot_store.client(spec, credentials, settings)
+    body = sample or PROBE
     try:
         with snapshot_store.permanent_failures(s3, spec.bucket, credentials):
-            s3.put_object(Bucket=spec.bucket, Key=key, Body=PROBE)
+            started = time.monotonic()
+            s3.put_object(Bucket=spec.bucket, Key=key, Body=body)
+            elapsed = time.monotonic() - started
             s3.delete_object(Bucket=spec.bucket, Key=key)
+            return throughput.rate(len(body), elapsed)
     except PermanentError as error:
         problems.append(str(error))
     except (S3NotAnswering, BotoCoreError, ClientError) as error:
@@ -230,6 +274,7 @@ def _bucket(
             f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {error}. Check spec.snapshot "
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
+    return 0.0
 
 
 def _report(problems: list[str]) -> str:

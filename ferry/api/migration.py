@@ -130,13 +130,15 @@ class Phase(enum.StrEnum):
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
     ABANDONED = "Abandoned"
+    PLANNED = "Planned"
+    """A dry run (spec.dryRun) finished its checks and wrote status.plan; nothing was changed."""
 
     @property
     def finished(self) -> bool:
         return self in FINISHED_PHASES
 
 
-FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED, Phase.ABANDONED})
+FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED, Phase.ABANDONED, Phase.PLANNED})
 
 
 class StepState(enum.StrEnum):
@@ -300,6 +302,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "failurePolicy",
     "timeouts",
     "soakSeconds",
+    "dryRun",
 )
 """The plan: fixed at creation (a CEL rule enforces it). Only control fields may change."""
 
@@ -319,6 +322,10 @@ class MigrationSpec(ApiModel):
         ge=0,
         le=MAX_SOAK_SECONDS,
         description="Seconds to watch the target serve traffic before scale-down-old, at most 7 days.",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="true: run only the checks, which change nothing, write status.plan and end in phase Planned.",
     )
     paused: bool = Field(
         default=False, description="Control field: true holds the saga before its next step; false lets it go on."
@@ -410,6 +417,44 @@ WATCHER_STATUS_FIELDS = ("controls", "deletion")
 """Status fields the watcher owns; everything else in the status is the saga's."""
 
 
+class Throughput(ApiModel):
+    """Rates the precheck measured with small real transfers, in bytes per second."""
+
+    source_read: float = Field(ge=0, description="Rows read from the source (COPY out).")
+    target_write: float = Field(ge=0, description="Rows written into the target (COPY in, into a temporary table).")
+    upload: float = Field(ge=0, description="An object written to the snapshot bucket (then deleted).")
+    sample_bytes: int = Field(ge=0, description="How many bytes each measurement moved.")
+
+
+class Estimates(ApiModel):
+    """Seconds each size-dependent step should take at the measured rates; rough, and only as good as the sample."""
+
+    snapshot_seconds: float = Field(ge=0)
+    migrate_seconds: float = Field(ge=0)
+    verify_seconds: float = Field(ge=0)
+    write_downtime_seconds: float = Field(
+        ge=0, description="From freeze until traffic has moved: snapshot, migrate and verify, plus a few seconds."
+    )
+    total_seconds: float = Field(
+        ge=0,
+        description="The whole run without waits for people or soak, and without the target's start-up time "
+        "(provision), which the cluster decides.",
+    )
+
+
+class PlanStatus(ApiModel):
+    """What the run will do and what to expect, written once the checks have passed."""
+
+    steps: list[str] = Field(description="The steps that will run, in order.")
+    source_version: str
+    target_version: str
+    tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
+    source_size_bytes: int = Field(ge=0)
+    target_storage_bytes: int | None = Field(default=None, ge=0, description="spec.target.storageSize, in bytes.")
+    throughput: Throughput | None = None
+    estimates: Estimates | None = None
+
+
 class MigrationStatus(ApiModel):
     phase: Phase | None = None
     current_step: str | None = Field(
@@ -426,6 +471,7 @@ class MigrationStatus(ApiModel):
     workflow: WorkflowRef | None = None
     snapshot: SnapshotStatus | None = None
     approved_by: str | None = None
+    plan: PlanStatus | None = None
     controls: ControlsStatus | None = None
     deletion: DeletionStatus | None = None
 

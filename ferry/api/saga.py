@@ -22,6 +22,7 @@ from ferry.api.migration import (
     Phase,
     SnapshotSpec,
     SnapshotStatus,
+    Throughput,
 )
 
 TASK_QUEUE = "ferry"
@@ -228,6 +229,10 @@ class PrecheckInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec
     snapshot: SnapshotSpec
+    target_storage_bytes: int | None = Field(
+        default=None, description="Size of each target volume: the source's data must fit with room to spare."
+    )
+    measure: bool = Field(default=False, description="Measure the rates of a small real transfer, for the plan.")
 
 
 class PrecheckResult(ApiModel):
@@ -237,6 +242,8 @@ class PrecheckResult(ApiModel):
     target_version: str = Field(description="The target server's version.")
     tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
     source_size_bytes: int = Field(description="Size of the source database.")
+    throughput: Throughput | None = Field(default=None, description="Measured when the input asked for it.")
+    target_storage_bytes: int | None = Field(default=None, description="As the input gave it.")
 
 
 class FreezeInput(ApiModel):

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ferry.api.migration import FINISHED_PHASES
+from ferry.api.migration import FINISHED_PHASES, Phase
 from ferry.api.saga import MigrationRef, workflow_id
 from ferry.configuration import arguments
-from ferry.kubectl import controls, history, listing, logs, progress, temporal
+from ferry.kubectl import controls, history, listing, logs, planning, progress, temporal
 from ferry.kubectl.cluster import Cluster, Target, connected
 from ferry.kubectl.errors import EXIT_CODES_HELP, Exit, PluginError, exit_for_phase
 from ferry.kubectl.following import follow, running_heartbeat, warn
@@ -115,6 +115,22 @@ async def _status(args: argparse.Namespace, cluster: Cluster) -> Exit:
 
 def cmd_status(args: argparse.Namespace, cluster: Cluster) -> Exit:
     return asyncio.run(_status(args, cluster))
+
+
+# --- plan --------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace, cluster: Cluster) -> Exit:
+    migration = planning.read_manifest(args.filename)
+    namespace = getattr(args, "namespace", None) or migration["metadata"].get("namespace") or cluster.namespace
+    ended = planning.run(cluster, migration, namespace, args.timeout)
+    name = migration["metadata"]["name"]
+    if args.output:
+        _write(dump(planning.as_data(ended, name), args.output))
+    else:
+        _write("\n".join(planning.lines(ended, name, Colours.for_stream(sys.stdout))))
+    planned = (ended.get("status") or {}).get("phase") == Phase.PLANNED.value
+    return Exit.OK if planned else Exit.NOT_PLANNED
 
 
 # --- controls ------------------------------------------------------------------------------
@@ -227,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     _output(status)
     arguments.add_arguments(status, temporal.TemporalAccess)
     status.set_defaults(run=cmd_status)
+
+    plan = command(
+        "plan", "what a Migration would do, and for how long writes would stop, without changing anything",
+        "Create a copy of the Migration in FILE with spec.dryRun: true under a generated name, wait until ferry "
+        "has checked it (the precheck: everything the steps need, and rates measured with a small sample), print "
+        "status.plan (steps, sizes, the expected write downtime and total time) or the problems found, and delete "
+        "the copy. Exit 0 when ferry planned it, 7 when the checks found problems.",
+    )  # fmt: skip
+    plan.add_argument("-f", "--filename", required=True, help="the Migration's manifest (YAML or JSON; - for stdin)")
+    plan.add_argument("--timeout", type=float, default=600.0,
+                      help="seconds to wait for the checks, and again for the copy to go (default: 600)")  # fmt: skip
+    _output(plan)
+    plan.set_defaults(run=cmd_plan)
 
     for name in controls.CONTROLS:
         control = command(

@@ -17,6 +17,7 @@ class Exit(enum.IntEnum):
     FAILED = 4
     ROLLED_BACK = 5
     ABANDONED = 6
+    NOT_PLANNED = 7
 
 
 MEANINGS = {
@@ -28,6 +29,7 @@ MEANINGS = {
     Exit.FAILED: "the Migration ended Failed (an undo kept failing; its message says what is left)",
     Exit.ROLLED_BACK: "the Migration ended RolledBack",
     Exit.ABANDONED: "the Migration ended Abandoned (its workflow was terminated from outside)",
+    Exit.NOT_PLANNED: "plan: the checks found problems (printed); nothing was changed",
 }
 
 EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code.value}  {MEANINGS[code]}" for code in Exit)

@@ -46,6 +46,7 @@ PHASE_COLOURS = {
     "RolledBack": "yellow",
     "Failed": "red",
     "Abandoned": "red",
+    "Planned": "green",
 }
 
 

@@ -23,6 +23,7 @@ from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
 from ferry.kubectl.errors import Exit
 from tests.conftest import Kubectl
+from tests.end_to_end import migration_manifest
 from tests.operator.conftest import MIGRATION_DONE, at_approval_gate, migration_status
 from tests.terminal import Terminal
 from watcher.settings import WatcherSettings
@@ -194,3 +195,62 @@ def _unwatched(stack: StackInfo, bucket: str) -> dict[str, object]:
     from tests.end_to_end import migration_manifest
 
     return migration_manifest(stack, bucket, name="unwatched")
+
+
+async def test_plan_prints_what_a_migration_would_do_and_leaves_nothing_behind(
+    plugin, kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, tmp_path: Path,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    manifest = tmp_path / "migration.yaml"
+    manifest.write_text(json.dumps(migration_manifest(stack, bucket)))
+
+    planned = await plugin("plan", "-f", str(manifest), "-n", namespace, within=MIGRATION_DONE)
+
+    assert planned.returncode == Exit.OK, planned.stdout + planned.stderr
+    shown = planned.stdout.splitlines()
+    assert shown[0].startswith(f"Plan for Migration {namespace}/orders-db-to-16 (checked as {namespace}/")
+    assert shown[-1] == "nothing was changed"
+    assert "steps    " + " → ".join(STEPS) in shown
+    assert any(
+        re.fullmatch(r"writes stop for about [0-9.]+s \(freeze until traffic has moved\)", line) for line in shown
+    )
+    assert any(line.startswith("measured read ") for line in shown)
+    assert json.loads(kubectl("get", "migrations", "-n", namespace, "-o", "json").stdout)["items"] == []
+    stateful_sets = json.loads(kubectl("get", "statefulsets", "-n", namespace, "-o", "json").stdout)["items"]
+    assert [item["metadata"]["name"] for item in stateful_sets] == ["orders-db"]
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+    as_json = await plugin("plan", "-f", str(manifest), "-n", namespace, "-o", "json", within=MIGRATION_DONE)
+    assert as_json.returncode == Exit.OK, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["phase"] == "Planned"
+    assert data["plan"]["steps"] == STEPS
+    assert data["plan"]["sourceSizeBytes"] > 0
+    assert data["plan"]["estimates"]["writeDowntimeSeconds"] > 0
+
+
+async def test_plan_of_a_migration_that_cannot_work_lists_every_problem_and_exits_7(
+    plugin, kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: int, tmp_path: Path,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    driver = {"type": "postgresql", "sourceSecret": "no-such-secret", "targetSecret": "no-such-target"}
+    manifest = tmp_path / "migration.yaml"
+    manifest.write_text(json.dumps(migration_manifest(stack, bucket, driver=driver)))
+
+    refused = await plugin("plan", "-f", str(manifest), "-n", namespace, within=MIGRATION_DONE)
+
+    assert refused.returncode == Exit.NOT_PLANNED, refused.stdout + refused.stderr
+    assert refused.stdout.startswith(f"No plan for Migration {namespace}/orders-db-to-16")
+    assert "no-such-secret" in refused.stdout
+    assert "no-such-target" in refused.stdout
+    assert json.loads(kubectl("get", "migrations", "-n", namespace, "-o", "json").stdout)["items"] == []
+
+
+async def test_plan_refuses_a_file_without_exactly_one_migration(plugin, namespace: str, tmp_path: Path) -> None:
+    manifest = tmp_path / "two.yaml"
+    manifest.write_text("kind: ConfigMap\napiVersion: v1\nmetadata: {name: x}\n")
+
+    refused = await plugin("plan", "-f", str(manifest), "-n", namespace)
+
+    assert refused.returncode == Exit.ERROR
+    assert refused.stderr == f"error: {manifest} holds 0 Migrations (kind: Migration): plan takes exactly one\n"

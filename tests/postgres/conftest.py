@@ -115,8 +115,8 @@ class Steps:
     def key(self) -> str:
         return snapshot_key(self.ref, self.snapshot_spec)
 
-    def precheck(self) -> PrecheckResult:
-        call = PrecheckInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec)
+    def precheck(self, **changes: Any) -> PrecheckResult:
+        call = PrecheckInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, **changes)
         return self.env.run(self.postgres.precheck, call)
 
     def freeze(self) -> FreezeResult:

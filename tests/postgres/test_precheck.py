@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -36,8 +37,13 @@ def _connection(endpoint: PostgresEndpoint, **changes: str) -> dict[str, str]:
 
 def _problems(steps: Steps) -> list[str]:
     """The numbered problems of the PrecheckFailed that precheck raises."""
+    return _problems_of(steps)
+
+
+def _problems_of(steps: Steps, **changes: Any) -> list[str]:
+    """The numbered problems of the PrecheckFailed that precheck raises for an input with these changes."""
     with pytest.raises(PrecheckFailed) as raised:
-        steps.precheck()
+        steps.precheck(**changes)
     message = str(raised.value)
     assert "changed nothing" in message
     listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
@@ -289,3 +295,31 @@ def test_precheck_reports_every_problem_at_once(
     ]:
         assert what in message.split(f"({number}) ", 1)[1].split(f"({number + 1}) ", 1)[0]
     assert message.endswith("Fix them, then retry the step (failurePolicy Pause) or create the Migration again.")
+
+
+def test_precheck_for_a_plan_measures_real_rates_and_leaves_nothing_behind(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_shop(databases.source, customers=2_000, orders=20_000)
+
+    result = steps.precheck(measure=True, target_storage_bytes=2**30)
+
+    rates = result.throughput
+    assert rates is not None
+    assert rates.sample_bytes > 100_000
+    assert rates.source_read > 0
+    assert rates.target_write > 0
+    assert rates.upload > 0
+    assert result.target_storage_bytes == 2**30
+    with connect(databases.target) as conn:
+        assert conn.execute("select count(*) from pg_class where relname = 'ferry_precheck_probe'").fetchone() == (0,)
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the sample object is gone"
+
+
+def test_precheck_names_target_volumes_too_small_for_the_sources_data(steps: Steps, databases: Databases) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+
+    (problem,) = _problems_of(steps, target_storage_bytes=1024)
+
+    assert "does not fit the target's volumes (0.00 GiB)" in problem
+    assert "Raise spec.target.storageSize" in problem

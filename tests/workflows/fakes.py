@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio import activity
 
-from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName
+from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName, Throughput
 from ferry.api.saga import (
     CheckFrozenResult,
     CheckUnwrittenResult,
@@ -65,7 +65,12 @@ MIRROR = KubeActivity.MIRROR_STATUS.value
 
 SAMPLE_RESULTS: dict[StepName, ApiModel] = {
     StepName.PRECHECK: PrecheckResult(
-        source_version="15.18", target_version="15.18", tools_version="15.18", source_size_bytes=8192
+        source_version="15.18",
+        target_version="18.1",
+        tools_version="18.1",
+        source_size_bytes=8192,
+        target_storage_bytes=2**30,
+        throughput=Throughput(source_read=4096, target_write=2048, upload=8192, sample_bytes=1024),
     ),
     StepName.PROVISION: ProvisionResult(stateful_set="orders-db-16", service="orders-db-16", ready_replicas=1),
     StepName.FREEZE: FreezeResult(previous_setting="off", fence=FenceMark(writes=42, catalog="c0ffee")),

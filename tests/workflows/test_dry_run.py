@@ -1,0 +1,57 @@
+"""A dry run (spec.dryRun) runs the checks, writes the plan and ends Planned, having changed nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ferry.api.migration import STEP_ORDER, Phase, StepState
+from tests.workflows.conftest import migration_input
+from tests.workflows.fakes import CHECK_CLUSTER, MIRROR, PRECHECK, FakeSaga
+
+Run = Any
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_a_dry_run_runs_only_the_checks_and_ends_planned_with_the_plan(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(), migration_input(dryRun=True, approval={"required": True}))
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.PLANNED
+    assert [call for call in saga.fakes.calls if call != MIRROR] == [CHECK_CLUSTER, PRECHECK]
+    assert saga.fakes.undo_calls == []
+    final = saga.final_status
+    assert final.phase is Phase.PLANNED
+    assert final.current_step is None
+    assert final.message is not None
+    assert final.message.startswith("planned: every check passed and nothing was changed")
+    assert [(step.name, step.state) for step in final.steps][:2] == [
+        ("precheck", StepState.SUCCEEDED),
+        ("provision", StepState.PENDING),
+    ]
+    plan = final.plan
+    assert plan is not None
+    assert plan.steps == list(STEP_ORDER)
+    assert (plan.source_version, plan.target_version, plan.source_size_bytes) == ("15.18", "18.1", 8192)
+    assert plan.target_storage_bytes == 2**30
+    assert plan.estimates is not None
+    # 8192 bytes: snapshot at min(read 4096, upload 8192) = 2 s, migrate at 2048 = 4 s, verify at 4096 = 2 s.
+    assert (plan.estimates.snapshot_seconds, plan.estimates.migrate_seconds, plan.estimates.verify_seconds) == (
+        2.0,
+        4.0,
+        2.0,
+    )
+    assert plan.estimates.write_downtime_seconds == 13.0
+    assert plan.estimates.total_seconds == 18.0
+
+
+async def test_a_run_that_is_not_dry_writes_the_same_plan_and_goes_on(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(), migration_input())
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.SUCCEEDED
+    assert saga.final_status.plan is not None
+    assert saga.final_status.plan.estimates is not None
