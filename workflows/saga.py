@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         StepName,
         StepState,
+        WriteDowntimeStatus,
     )
     from ferry.api.saga import (
         ControlRequest,
@@ -174,6 +175,9 @@ class Saga:
         )
         self._step_outcomes = meter.create_counter(metrics.STEPS, "Saga steps finished, by outcome")
         self._compensations = meter.create_counter(metrics.COMPENSATIONS, "Undos run, by outcome")
+        self._write_downtime = meter.create_histogram_float(
+            metrics.WRITE_DOWNTIME, "From the freeze's start until writes flowed again, by how", "s"
+        )
 
     @property
     def ref(self) -> MigrationRef:
@@ -313,6 +317,8 @@ class Saga:
                 started_at=previous.started_at if retrying else workflow.now(),
             )
             self.status.current_step = name
+            if step.stops_writes:
+                self._writes_stop()
             await self.transition(
                 Phase.RUNNING,
                 f"{name}: running (attempt {entry.attempts})",
@@ -327,6 +333,8 @@ class Saga:
             if error is None:
                 self._count(name, entry.started_at, "succeeded")
                 self.status.update_step(name, workflow.now(), state=StepState.SUCCEEDED, last_error=None)
+                if step.resumes_writes:
+                    self._writes_flow("traffic moved")
                 await self.transition(
                     Phase.RUNNING, f"{name}: succeeded", "StepSucceeded", key=f"{name}.{entry.attempts}"
                 )
@@ -422,6 +430,22 @@ class Saga:
                 raise
             return Outcome(error=error, interruption=interruption)
         return Outcome(result=result, interruption=interruption)
+
+    def _writes_stop(self) -> None:
+        """Opens the write-downtime window (once: a retry of the freeze is part of the same window)."""
+        window = self.status.write_downtime
+        if window is None or window.ended_at is not None:
+            self.status.write_downtime = WriteDowntimeStatus(started_at=workflow.now())
+
+    def _writes_flow(self, how: str) -> None:
+        """Closes the write-downtime window, in the status and in the metric."""
+        window = self.status.write_downtime
+        if window is None or window.ended_at is not None:
+            return
+        now = workflow.now()
+        seconds = max(0.0, (now - window.started_at).total_seconds())
+        self.status.write_downtime = window.model_copy(update={"ended_at": now, "seconds": seconds, "ended_by": how})
+        self._write_downtime.record(seconds, {"outcome": "moved" if how == "traffic moved" else "undone"})
 
     def _stops_writes_at(self, step: Step[Any, Any]) -> bool:
         """Whether writes may be stopped once `step` has failed: it stops them, or runs while they are stopped."""
@@ -623,6 +647,8 @@ class Saga:
                 await workflow.sleep(delay)
                 continue
             step.undone(result, self.status)
+            if step.stops_writes:
+                self._writes_flow("freeze undone")
             self._compensations.add(1, {"step": name, "outcome": "succeeded"})
             self.status.update_step(name, workflow.now(), state=StepState.COMPENSATED)
             await self.record(f"undid {name}", "StepCompensated", key=str(name))

@@ -20,6 +20,7 @@ from ferry.api.migration import (
     StepState,
     StepStatus,
     WorkflowRef,
+    WriteDowntimeStatus,
 )
 from ferry.api.migration import MigrationStatus as StatusModel
 
@@ -71,6 +72,7 @@ class SagaStatus:
     approved_by: str | None = None
     snapshot: SnapshotStatus | None = None
     plan: PlanStatus | None = None
+    write_downtime: WriteDowntimeStatus | None = None
     order: tuple[str, ...] = STEP_ORDER
     """The steps this run has, in the order they run."""
     steps: dict[str, StepStatus] = dataclasses.field(default_factory=dict)
@@ -93,6 +95,7 @@ class SagaStatus:
             approved_by=model.approved_by,
             snapshot=model.snapshot,
             plan=model.plan,
+            write_downtime=model.write_downtime,
             order=order,
             steps={entry.name: entry for entry in model.steps},
             conditions=conditions,
@@ -132,4 +135,5 @@ class SagaStatus:
             snapshot=self.snapshot,
             approved_by=self.approved_by,
             plan=self.plan,
+            write_downtime=self.write_downtime,
         )

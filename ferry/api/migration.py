@@ -376,6 +376,16 @@ class WorkflowRef(ApiModel):
     url: str | None = Field(default=None, description="The run in the Temporal Web UI.")
 
 
+class WriteDowntimeStatus(ApiModel):
+    """The write-downtime window: from the start of the step that stops the source's writes until writes flow again,
+    to the target (traffic moved) or to the source (the freeze undone)."""
+
+    started_at: datetime
+    ended_at: datetime | None = None
+    seconds: float | None = Field(default=None, ge=0, description="Its length, once it has ended.")
+    ended_by: str | None = Field(default=None, description="How writes flowed again: traffic moved, or freeze undone.")
+
+
 class SnapshotStatus(ApiModel):
     location: str = Field(description="s3://bucket/key of the snapshot object, for people.")
     bucket: str | None = Field(default=None, description="Bucket of the snapshot object.")
@@ -472,6 +482,7 @@ class MigrationStatus(ApiModel):
     snapshot: SnapshotStatus | None = None
     approved_by: str | None = None
     plan: PlanStatus | None = None
+    write_downtime: WriteDowntimeStatus | None = None
     controls: ControlsStatus | None = None
     deletion: DeletionStatus | None = None
 

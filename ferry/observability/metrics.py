@@ -34,10 +34,12 @@ STEP_STARTED = "ferry_migration_step_started_timestamp_seconds"
 """Gauge {namespace, name, step}: when the running step of a Migration started (for "stuck" alerts)."""
 DELETION_PENDING = "ferry_deletion_pending_since_timestamp_seconds"
 """Gauge {namespace, name}: since when a deleted Migration waits for its undo or cleanup."""
+WRITE_DOWNTIME = "ferry_write_downtime_seconds"
+"""Histogram {outcome: moved|undone}: from the freeze's start until traffic moved, or until the freeze was undone."""
 
 _LONG = [0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600]
 _SHORT = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
-BUCKETS = {STEP_DURATION: _LONG, EVENT_TO_START: _SHORT, STATUS_PATCH: _SHORT}
+BUCKETS = {STEP_DURATION: _LONG, WRITE_DOWNTIME: _LONG, EVENT_TO_START: _SHORT, STATUS_PATCH: _SHORT}
 
 
 def prometheus_runtime(bind_address: str, component: str) -> Runtime:

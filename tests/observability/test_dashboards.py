@@ -61,7 +61,7 @@ def test_the_dashboard_has_a_panel_for_each_thing_operators_watch() -> None:
     assert {
         "ferry_migrations",  # Migrations by phase
         "ferry_step_duration_seconds_bucket",  # step durations
-        "ferry_step_duration_seconds_sum",  # the write-downtime window, approximately
+        "ferry_write_downtime_seconds_bucket",  # the write-downtime window
         "ferry_compensations_total",
         "ferry_status_patch_seconds_bucket",
         "ferry_watcher_event_to_start_seconds_bucket",

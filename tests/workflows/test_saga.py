@@ -612,3 +612,29 @@ async def test_a_run_whose_migration_disappears_midway_undoes_what_it_started(ru
     assert "the Migration is gone" in result.message
     assert MIGRATE not in fakes.step_calls
     assert fakes.undo_calls == undos_of(started_until(SNAPSHOT))
+
+
+async def test_the_write_downtime_window_runs_from_the_freezes_start_until_traffic_has_moved(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(), migration_input())
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+    final = saga.final_status
+    window = final.write_downtime
+    assert window is not None
+    assert window.started_at == final.steps[STEP_ACTIVITIES.index(FREEZE)].started_at
+    assert window.ended_at == final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)].finished_at
+    assert window.ended_by == "traffic moved"
+    assert window.seconds == (window.ended_at - window.started_at).total_seconds()
+
+
+async def test_a_rollback_ends_the_write_downtime_window_when_the_freeze_is_undone(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(fail={VERIFY: InvalidSpec("row counts differ")}), migration_input())
+
+    with pytest.raises(WorkflowFailureError):
+        await saga.handle.result()
+
+    final = saga.final_status
+    assert final.write_downtime is not None
+    assert final.write_downtime.ended_at == final.steps[STEP_ACTIVITIES.index(FREEZE)].finished_at
+    assert final.write_downtime.ended_by == "freeze undone"
