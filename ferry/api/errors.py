@@ -57,6 +57,10 @@ class WritesOnTarget(PermanentError):
     """The target took writes since traffic moved to it: switching traffic back would lose them, so it stays."""
 
 
+class ReplicationBroken(PermanentError):
+    """Mode Online: the target keeps failing to apply the source's changes, e.g. after a schema change on the source."""
+
+
 NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     InvalidSpec,
     MissingSecret,
@@ -69,5 +73,6 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     PrecheckFailed,
     WritesAfterFreeze,
     WritesOnTarget,
+    ReplicationBroken,
 )
 NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

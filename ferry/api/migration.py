@@ -103,7 +103,7 @@ PositiveQuantity = Annotated[
 
 
 class StepName(enum.StrEnum):
-    """The saga's steps, in the order they run."""
+    """The saga's steps, of both modes; STEP_ORDER and ONLINE_STEP_ORDER say in which order each mode runs them."""
 
     PRECHECK = "precheck"
     PROVISION = "provision"
@@ -113,9 +113,35 @@ class StepName(enum.StrEnum):
     VERIFY = "verify"
     SWITCH_TRAFFIC = "switch-traffic"
     SCALE_DOWN_OLD = "scale-down-old"
+    REPLICATE = "replicate"
+    CATCH_UP = "catch-up"
 
 
-STEP_ORDER: tuple[StepName, ...] = tuple(StepName)
+STEP_ORDER: tuple[StepName, ...] = (
+    StepName.PRECHECK,
+    StepName.PROVISION,
+    StepName.FREEZE,
+    StepName.SNAPSHOT,
+    StepName.MIGRATE,
+    StepName.VERIFY,
+    StepName.SWITCH_TRAFFIC,
+    StepName.SCALE_DOWN_OLD,
+)
+"""The steps of mode Snapshot (the default), in the order they run: the copy is made while writes are stopped."""
+
+ONLINE_STEP_ORDER: tuple[StepName, ...] = (
+    StepName.PRECHECK,
+    StepName.PROVISION,
+    StepName.SNAPSHOT,
+    StepName.REPLICATE,
+    StepName.FREEZE,
+    StepName.CATCH_UP,
+    StepName.VERIFY,
+    StepName.SWITCH_TRAFFIC,
+    StepName.SCALE_DOWN_OLD,
+)
+"""The steps of mode Online, in the order they run: the copy is made by logical replication while the source takes
+writes, and only its last bytes are applied while writes are stopped."""
 
 
 class Phase(enum.StrEnum):
@@ -233,12 +259,45 @@ class DriverType(enum.StrEnum):
     POSTGRESQL = "postgresql"
 
 
+class DriverMode(enum.StrEnum):
+    """How the data is copied, and so how long the source refuses writes."""
+
+    SNAPSHOT = "Snapshot"
+    """Freeze the source, dump it to S3, restore the dump into the target: writes stop for the whole copy."""
+    ONLINE = "Online"
+    """Copy by logical replication while the source takes writes; writes stop only while the last changes are
+    applied and verify compares both sides."""
+
+
+def step_order(mode: DriverMode) -> tuple[StepName, ...]:
+    """The steps a Migration of `mode` runs, in order."""
+    return ONLINE_STEP_ORDER if mode is DriverMode.ONLINE else STEP_ORDER
+
+
 class DriverSpec(ApiModel):
     """How to reach the data: Secrets with keys host, port, username, password and database."""
 
     type: DriverType = Field(default=DriverType.POSTGRESQL, description="The data driver.")
-    source_secret: SecretName = Field(description="Secret holding the connection to the source database.")
+    source_secret: SecretName = Field(
+        description="Secret holding the connection to the source database. Mode Online also reads the optional keys "
+        "replicationHost and replicationPort: where the target's server reaches the source (default: host and port)."
+    )
     target_secret: SecretName = Field(description="Secret holding the connection to the target database.")
+    mode: DriverMode = Field(
+        default=DriverMode.SNAPSHOT,
+        description="Snapshot: copy while the source is frozen. Online: copy by logical replication while the source "
+        "takes writes, then freeze only to apply the last changes and verify (see the README's table of steps).",
+    )
+    allow_replica_identity_full: bool = Field(
+        default=False,
+        description="Online: tables without a primary key or replica identity get REPLICA IDENTITY FULL while "
+        "replicating (restored afterwards) instead of being refused by the precheck.",
+    )
+    max_lag: PositiveQuantity = Field(
+        default="16Mi",
+        description="Online: replicate ends once the target is at most this far behind the source, in bytes of WAL "
+        "(a quantity, e.g. 16Mi); catch-up applies the rest while writes are stopped.",
+    )
 
 
 class RetentionSpec(ApiModel):
@@ -287,6 +346,12 @@ class StepTimeouts(ApiModel):
     verify: int = Field(default=1800, ge=10, le=MAX_STEP_SECONDS)
     switch_traffic: int = Field(default=300, ge=10, le=MAX_STEP_SECONDS)
     scale_down_old: int = Field(default=600, ge=10, le=MAX_STEP_SECONDS)
+    replicate: int = Field(
+        default=7200, ge=10, le=MAX_STEP_SECONDS, description="Online: the initial copy of every table, and the lag."
+    )
+    catch_up: int = Field(
+        default=600, ge=10, le=MAX_STEP_SECONDS, description="Online: applying the last changes, writes stopped."
+    )
 
     def for_step(self, step: str) -> int:
         value: int = getattr(self, step.replace("-", "_"))
@@ -440,10 +505,15 @@ class Estimates(ApiModel):
     """Seconds each size-dependent step should take at the measured rates; rough, and only as good as the sample."""
 
     snapshot_seconds: float = Field(ge=0)
-    migrate_seconds: float = Field(ge=0)
+    migrate_seconds: float = Field(ge=0, description="0 in mode Online, which has no migrate step.")
     verify_seconds: float = Field(ge=0)
+    replicate_seconds: float | None = Field(
+        default=None, ge=0, description="Online: the initial copy of every table (None in mode Snapshot)."
+    )
     write_downtime_seconds: float = Field(
-        ge=0, description="From freeze until traffic has moved: snapshot, migrate and verify, plus a few seconds."
+        ge=0,
+        description="From freeze until traffic has moved. Snapshot: snapshot, migrate and verify, plus a few seconds. "
+        "Online: verify, plus a few seconds for catch-up.",
     )
     total_seconds: float = Field(
         ge=0,
@@ -465,6 +535,29 @@ class PlanStatus(ApiModel):
     estimates: Estimates | None = None
 
 
+class ReplicationStatus(ApiModel):
+    """Mode Online: the logical replication from source to target, as replicate and catch-up last saw it."""
+
+    publication: str = Field(description="The publication on the source (named after the Migration's uid).")
+    subscription: str = Field(description="The subscription on the target, and the replication slot on the source.")
+    tables: int = Field(ge=0, description="Tables the subscription copies.")
+    tables_synced: int = Field(ge=0, description="Tables whose initial copy had finished when replicate ended.")
+    lag_bytes: int = Field(
+        ge=0, description="Bytes of the source's WAL the target had not applied when replicate ended."
+    )
+    replica_identity_full: list[str] = Field(
+        default_factory=list, description="Tables given REPLICA IDENTITY FULL while replicating (spec.driver)."
+    )
+    frozen_lsn: str | None = Field(
+        default=None, description="The source's WAL position after the freeze: catch-up waited until the target had it."
+    )
+    applied_lsn: str | None = Field(default=None, description="Where the target had applied to when catch-up ended.")
+    sequences: int | None = Field(default=None, ge=0, description="Sequences catch-up set from the source's values.")
+    ended: bool = Field(
+        default=False, description="Whether the subscription, the slot and the publication are gone (catch-up, undo)."
+    )
+
+
 class MigrationStatus(ApiModel):
     phase: Phase | None = None
     current_step: str | None = Field(
@@ -483,6 +576,7 @@ class MigrationStatus(ApiModel):
     approved_by: str | None = None
     plan: PlanStatus | None = None
     write_downtime: WriteDowntimeStatus | None = None
+    replication: ReplicationStatus | None = None
     controls: ControlsStatus | None = None
     deletion: DeletionStatus | None = None
 

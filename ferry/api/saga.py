@@ -209,6 +209,10 @@ class DriverOperation(enum.StrEnum):
     UNDO_MIGRATE = "undo_migrate"
     VERIFY = "verify"
     CHECK_UNWRITTEN = "check_unwritten"
+    REPLICATE = "replicate"
+    UNDO_REPLICATE = "undo_replicate"
+    CATCH_UP = "catch_up"
+    UNDO_CATCH_UP = "undo_catch_up"
 
 
 def driver_activity(driver: str, operation: DriverOperation) -> str:
@@ -399,6 +403,58 @@ class CheckUnwrittenInput(ApiModel):
 class CheckUnwrittenResult(ApiModel):
     compared: bool = Field(description="False when the target holds no mark of this Migration: nothing to compare.")
     fence: FenceMark | None = Field(default=None, description="The target as the check found it: equal to the mark.")
+
+
+class ReplicateInput(ApiModel):
+    """Mode Online: copy the schema, then replicate the source into the target until the lag is small."""
+
+    ref: MigrationRef
+    driver: DriverSpec
+
+
+class ReplicateResult(ApiModel):
+    publication: str = Field(description="The publication on the source.")
+    subscription: str = Field(description="The subscription on the target; its replication slot has the same name.")
+    tables: int = Field(description="Tables the subscription copies.")
+    tables_synced: int = Field(description="Tables whose initial copy had finished (all of them, on success).")
+    lag_bytes: int = Field(description="Bytes of the source's WAL the target had not yet confirmed, at the end.")
+    replica_identity_full: list[str] = Field(
+        default_factory=list, description="Tables given REPLICA IDENTITY FULL for the replication (restored after)."
+    )
+    schema_copied: bool = Field(
+        default=True, description="False when a retry found its subscription and went on with it."
+    )
+
+
+class EndReplicationInput(ApiModel):
+    """Ends this Migration's replication: subscription, slots, publication, replica identities; the undo of replicate
+    also empties the target of the schema it copied."""
+
+    ref: MigrationRef
+    driver: DriverSpec
+
+
+class EndReplicationResult(ApiModel):
+    ended: bool = Field(description="Whether anything of this Migration's replication was there, now removed.")
+    emptied: bool = Field(default=False, description="Whether the target held this Migration's copy, now removed.")
+
+
+class CatchUpInput(ApiModel):
+    """Mode Online, writes stopped: wait until the target has every change, copy the sequences, end the replication."""
+
+    ref: MigrationRef
+    driver: DriverSpec
+
+
+class CatchUpResult(ApiModel):
+    frozen_lsn: str = Field(description="The source's WAL position read after the freeze.")
+    applied_lsn: str | None = Field(
+        default=None,
+        description="What the target had confirmed when catch-up stopped waiting; None when a retry found the "
+        "replication already ended by an earlier attempt.",
+    )
+    sequences: int = Field(description="Sequences set on the target from the source's values.")
+    waited_seconds: float = Field(default=0.0, description="How long the target took to apply the last changes.")
 
 
 class UndoMigrationInput(ApiModel):
