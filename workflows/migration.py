@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError, is_cancelled_exception
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from ferry.api.migration import EventType, MigrationStatus, WorkflowRef
+    from ferry.api.migration import DriverMode, EventType, MigrationStatus, WorkflowRef
     from ferry.api.saga import (
         PROGRESS_QUERY,
         WORKFLOW_NAME,
@@ -46,19 +46,23 @@ with workflow.unsafe.imports_passed_through():
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
 class MigrationWorkflow:
     steps: ClassVar[tuple[Step[Any, Any], ...]] = plan.PLAN
-    """The plan this workflow runs; a subclass may run another (a test adds a step this way)."""
+    """The plan this workflow runs in mode Snapshot; a subclass may run another (a test adds a step this way)."""
+    online_steps: ClassVar[tuple[Step[Any, Any], ...]] = plan.ONLINE_PLAN
+    """The plan this workflow runs in mode Online (spec.driver.mode)."""
 
     @workflow.init
     def __init__(self, input: MigrationInput) -> None:
         info = workflow.info()
         self._controls = Controls(approval_required=input.spec.approval.required)
         self._controls.pause_requested = input.spec.paused
+        # The input never changes, so the choice is the same at every replay.
+        steps = self.online_steps if input.spec.driver.mode is DriverMode.ONLINE else self.steps
         status = SagaStatus(
             workflow=WorkflowRef(namespace=info.namespace, id=info.workflow_id, run_id=info.run_id),
             generation=input.generation,
-            order=tuple(step.name for step in self.steps),
+            order=tuple(step.name for step in steps),
         )
-        self._saga = Saga(input.ref, input.spec, self.steps, status, self._controls)
+        self._saga = Saga(input.ref, input.spec, steps, status, self._controls)
 
     @property
     def backed_by_migration(self) -> bool:

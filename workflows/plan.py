@@ -3,21 +3,36 @@
 This table is the one place to read what the saga does. A new step is a new entry here
 (and its activities, registered by the worker); the loop in workflows/saga.py needs no
 change. Data-driver activities resolve to `<driver>.<operation>` from the spec, so one
-plan serves every driver.
+plan serves every driver. There is one plan per mode (spec.driver.mode): PLAN copies
+while the source is frozen, ONLINE_PLAN replicates before the freeze and only catches
+up after it; `plan_for` picks one from the spec.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from ferry.api.migration import Estimates, MigrationSpec, PlanStatus, SnapshotStatus, StepName
+from ferry.api.migration import (
+    DriverMode,
+    Estimates,
+    MigrationSpec,
+    PlanStatus,
+    ReplicationStatus,
+    SnapshotStatus,
+    StepName,
+)
 from ferry.api.quantity import quantity_bytes
 from ferry.api.saga import (
+    CatchUpInput,
+    CatchUpResult,
     CheckFrozenInput,
     CheckFrozenResult,
     CheckUnwrittenInput,
     CheckUnwrittenResult,
     DriverOperation,
+    EndReplicationInput,
+    EndReplicationResult,
     FreezeInput,
     FreezeResult,
     KubeActivity,
@@ -27,6 +42,8 @@ from ferry.api.saga import (
     PrecheckResult,
     ProvisionInput,
     ProvisionResult,
+    ReplicateInput,
+    ReplicateResult,
     ScaleDownOldInput,
     ScaleDownOldResult,
     SnapshotInput,
@@ -107,6 +124,60 @@ def record_plan(result: PrecheckResult, status: SagaStatus) -> None:
         throughput=result.throughput,
         estimates=estimate(result),
     )
+
+
+def estimate_online(result: PrecheckResult) -> Estimates | None:
+    """Online: the snapshot and the initial copy run while the source takes writes; only catch-up and verify do not."""
+    rates = result.throughput
+    if rates is None or min(rates.source_read, rates.target_write, rates.upload) <= 0:
+        return None
+    size = result.source_size_bytes
+    snapshot = size / min(rates.source_read, rates.upload)
+    replicate = size / min(rates.source_read, rates.target_write)
+    verify = size / rates.source_read
+    downtime = verify + FIXED_SECONDS / 2
+    return Estimates(
+        snapshot_seconds=round(snapshot, 1),
+        migrate_seconds=0.0,
+        verify_seconds=round(verify, 1),
+        replicate_seconds=round(replicate, 1),
+        write_downtime_seconds=round(downtime, 1),
+        total_seconds=round(snapshot + replicate + downtime + FIXED_SECONDS / 2, 1),
+    )
+
+
+def record_online_plan(result: PrecheckResult, status: SagaStatus) -> None:
+    record_plan(result, status)
+    assert status.plan is not None
+    status.plan = status.plan.model_copy(update={"estimates": estimate_online(result)})
+
+
+def record_replication(result: ReplicateResult, status: SagaStatus) -> None:
+    status.replication = ReplicationStatus(
+        publication=result.publication,
+        subscription=result.subscription,
+        tables=result.tables,
+        tables_synced=result.tables_synced,
+        lag_bytes=result.lag_bytes,
+        replica_identity_full=result.replica_identity_full,
+    )
+
+
+def record_caught_up(result: CatchUpResult, status: SagaStatus) -> None:
+    if status.replication is not None:
+        status.replication = status.replication.model_copy(
+            update={
+                "frozen_lsn": result.frozen_lsn,
+                "applied_lsn": result.applied_lsn,
+                "sequences": result.sequences,
+                "ended": True,
+            }
+        )
+
+
+def record_replication_ended(result: EndReplicationResult, status: SagaStatus) -> None:
+    if status.replication is not None:
+        status.replication = status.replication.model_copy(update={"ended": True})
 
 
 def precheck_seconds(spec: MigrationSpec) -> int:
@@ -287,4 +358,62 @@ PLAN: tuple[Step[Any, Any], ...] = (
     SWITCH_TRAFFIC,
     SCALE_DOWN_OLD,
 )
-"""The steps in the order they run; undone in reverse."""
+"""Mode Snapshot (the default): the steps in the order they run; undone in reverse."""
+
+# --- mode Online ---------------------------------------------------------------------------
+
+ONLINE_PRECHECK = dataclasses.replace(PRECHECK, report=record_online_plan)
+"""The same checks, and those of logical replication (spec.driver.mode reaches the driver); the plan's estimates
+count only catch-up and verify in the write-downtime window."""
+
+
+REPLICATE = Step(
+    StepName.REPLICATE,
+    driver(DriverOperation.REPLICATE),
+    ReplicateResult,
+    build=lambda c: ReplicateInput(ref=c.ref, driver=c.spec.driver),
+    report=record_replication,
+    starts_the_copy=True,
+    undo=Undo(
+        driver(DriverOperation.UNDO_REPLICATE),
+        lambda c, _: EndReplicationInput(ref=c.ref, driver=c.spec.driver),
+        result=EndReplicationResult,
+        report=record_replication_ended,
+    ),
+)
+"""Copies the schema, publishes the source, subscribes the target, and waits until the target is nearly caught up."""
+
+CATCH_UP = Step(
+    StepName.CATCH_UP,
+    driver(DriverOperation.CATCH_UP),
+    CatchUpResult,
+    build=lambda c: CatchUpInput(ref=c.ref, driver=c.spec.driver),
+    report=record_caught_up,
+    undo=Undo(
+        driver(DriverOperation.UNDO_CATCH_UP),
+        lambda c, _: EndReplicationInput(ref=c.ref, driver=c.spec.driver),
+        result=EndReplicationResult,
+        report=record_replication_ended,
+    ),
+)
+"""Waits, writes stopped, until the target has applied everything up to the freeze; copies the sequences; ends the
+replication. Its undo ends the replication too, whatever catch-up got to (replicate's undo then empties the target)."""
+
+ONLINE_PLAN: tuple[Step[Any, Any], ...] = (
+    ONLINE_PRECHECK,
+    PROVISION,
+    SNAPSHOT,
+    REPLICATE,
+    FREEZE,
+    CATCH_UP,
+    VERIFY,
+    SWITCH_TRAFFIC,
+    SCALE_DOWN_OLD,
+)
+"""Mode Online: the recovery snapshot and the replication run while the source takes writes; the freeze (and the
+approval before it) comes once the target is nearly caught up. Undone in reverse, as PLAN."""
+
+
+def plan_for(spec: MigrationSpec) -> tuple[Step[Any, Any], ...]:
+    """The plan of the Migration's mode."""
+    return ONLINE_PLAN if spec.driver.mode is DriverMode.ONLINE else PLAN

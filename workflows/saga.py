@@ -455,13 +455,16 @@ class Saga:
     async def _unstop_writes(self, failed: Step[Any, Any], error: str, attempt: int) -> Step[Any, Any]:
         """failurePolicy Pause while the source refuses writes: undoes every started step back to (and with) the one
         that stopped them, newest first, so writes flow while a person decides; returns that step, where a retry
-        starts again (a copy taken before the pause would miss the writes made during it)."""
-        stops = next(s for s in self.steps if s.stops_writes)
-        first = self.steps.index(stops)
+        starts again (a copy taken before the pause would miss the writes made during it). A plan whose copy starts
+        before that step (Step.starts_the_copy) is undone back to the copy's start instead, and retried from there."""
+        restart = next((s for s in self.steps if s.starts_the_copy), None) or next(
+            s for s in self.steps if s.stops_writes
+        )
+        first = self.steps.index(restart)
         back = [s for s in reversed(self.started) if self.steps.index(s) >= first]
         reason = f"{failed.name} failed: {error}"
         await self.record(
-            f"{reason}; undoing back to before {stops.name}, so the source takes writes while this waits",
+            f"{reason}; undoing back to before {restart.name}, so the source takes writes while this waits",
             "StepFailed",
             EventType.WARNING,
             key=f"{failed.name}.{attempt}",
@@ -478,11 +481,11 @@ class Saga:
             self.started.remove(step)
         await self._await_decision(
             failed.name,
-            f"{error}; the source takes writes again (undone back to before {stops.name}), so retry runs again from "
-            f"{stops.name}",
+            f"{error}; the source takes writes again (undone back to before {restart.name}), so retry runs again from "
+            f"{restart.name}",
             attempt,
         )
-        return stops
+        return restart
 
     async def _await_decision(self, step: str, error: str, attempt: int) -> None:
         """failurePolicy Pause: hold until a person sends retry (returns) or rollback (raises)."""

@@ -16,6 +16,7 @@ from ferry.api.migration import (
     ConditionStatus,
     Phase,
     PlanStatus,
+    ReplicationStatus,
     SnapshotStatus,
     StepState,
     StepStatus,
@@ -73,6 +74,7 @@ class SagaStatus:
     snapshot: SnapshotStatus | None = None
     plan: PlanStatus | None = None
     write_downtime: WriteDowntimeStatus | None = None
+    replication: ReplicationStatus | None = None
     order: tuple[str, ...] = STEP_ORDER
     """The steps this run has, in the order they run."""
     steps: dict[str, StepStatus] = dataclasses.field(default_factory=dict)
@@ -96,6 +98,7 @@ class SagaStatus:
             snapshot=model.snapshot,
             plan=model.plan,
             write_downtime=model.write_downtime,
+            replication=model.replication,
             order=order,
             steps={entry.name: entry for entry in model.steps},
             conditions=conditions,
@@ -136,4 +139,5 @@ class SagaStatus:
             approved_by=self.approved_by,
             plan=self.plan,
             write_downtime=self.write_downtime,
+            replication=self.replication,
         )

@@ -210,6 +210,11 @@ class Step(Generic[I, R]):
     """The source refuses writes from this step on (the write-downtime window opens): nobody is waited for after it."""
     resumes_writes: bool = False
     """Once this step has succeeded, writes flow again (to the target): the write-downtime window closes."""
+    starts_the_copy: bool = False
+    """The copy that the write-downtime window finishes starts here, before the step that stops writes (Online's
+    replicate). A failure under failurePolicy Pause while writes are stopped then undoes back to this step, not only
+    to the one that stops writes, and a retry runs again from here: what the steps in between did ends with their
+    undos (the replication, with catch-up's), so it cannot be picked up again from the freeze."""
 
     def __post_init__(self) -> None:
         if self.undo is None and not self.why_no_undo:

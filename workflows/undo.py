@@ -35,13 +35,14 @@ class MigrationUndoWorkflow:
     async def run(self, input: UndoMigrationInput) -> MigrationResult:
         info = workflow.info()
         here = WorkflowRef(namespace=info.namespace, id=info.workflow_id, run_id=info.run_id)
-        order = tuple(step.name for step in plan.PLAN)
+        steps = plan.plan_for(input.spec)
+        order = tuple(step.name for step in steps)
         status = (
             SagaStatus.resumed_from(input.status, here, input.generation, order)
             if input.status is not None
             else SagaStatus(workflow=here, generation=input.generation, order=order)
         )
-        saga = Saga(input.ref, input.spec, plan.PLAN, status, Controls(approval_required=False))
-        saga.started = list(plan.PLAN)
+        saga = Saga(input.ref, input.spec, steps, status, Controls(approval_required=False))
+        saga.started = list(steps)
         self._saga = saga
         return await saga.shielded_roll_back(input.reason)

@@ -19,8 +19,11 @@ from temporalio import activity
 
 from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName, Throughput
 from ferry.api.saga import (
+    CatchUpResult,
     CheckFrozenResult,
     CheckUnwrittenResult,
+    DriverOperation,
+    EndReplicationResult,
     EventRecord,
     FenceMark,
     FreezeResult,
@@ -30,6 +33,7 @@ from ferry.api.saga import (
     MirrorStatusResult,
     PrecheckResult,
     ProvisionResult,
+    ReplicateResult,
     ScaleDownOldResult,
     SnapshotResult,
     SnapshotStoreActivity,
@@ -40,7 +44,7 @@ from ferry.api.saga import (
 )
 from tests import samples
 from workflows import plan
-from workflows.steps import ActivityName, Step
+from workflows.steps import ActivityName, Step, driver
 
 SPEC = MigrationSpec.model_validate(samples.migration("orders-db-to-16")["spec"])
 
@@ -60,6 +64,10 @@ SCALE_DOWN_OLD = name_of(plan.SCALE_DOWN_OLD.activity)
 CHECK_FROZEN = name_of(plan.NO_WRITES_SINCE_FREEZE.activity)
 CHECK_UNWRITTEN = name_of(plan.NO_WRITES_ON_TARGET.activity)
 CHECK_CLUSTER = name_of(plan.CLUSTER_READY.activity)
+REPLICATE = name_of(plan.REPLICATE.activity)
+CATCH_UP = name_of(plan.CATCH_UP.activity)
+UNDO_REPLICATE = name_of(driver(DriverOperation.UNDO_REPLICATE))
+UNDO_CATCH_UP = name_of(driver(DriverOperation.UNDO_CATCH_UP))
 DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
 MIRROR = KubeActivity.MIRROR_STATUS.value
 
@@ -86,6 +94,10 @@ SAMPLE_RESULTS: dict[StepName, ApiModel] = {
     ),
     StepName.SWITCH_TRAFFIC: SwitchTrafficResult(previous_selector={"app": "orders-db"}, endpoints=["orders-db-16-0"]),
     StepName.SCALE_DOWN_OLD: ScaleDownOldResult(previous_replicas=2),
+    StepName.REPLICATE: ReplicateResult(
+        publication="ferry_0f1e", subscription="ferry_0f1e", tables=3, tables_synced=3, lag_bytes=4096
+    ),
+    StepName.CATCH_UP: CatchUpResult(frozen_lsn="0/3000060", applied_lsn="0/3000060", sequences=2, waited_seconds=0.4),
 }
 """A plausible result of each step, of the type its plan entry declares."""
 
@@ -93,6 +105,8 @@ OTHER_RESULTS: dict[str, ApiModel] = {
     CHECK_FROZEN: CheckFrozenResult(),
     CHECK_UNWRITTEN: CheckUnwrittenResult(compared=True),
     SnapshotStoreActivity.UNDO_SNAPSHOT.value: UndoSnapshotResult(deleted=True),
+    UNDO_REPLICATE: EndReplicationResult(ended=True, emptied=True),
+    UNDO_CATCH_UP: EndReplicationResult(ended=True),
 }
 
 
