@@ -25,6 +25,9 @@ from devstack.stack.processes import ManagedProcess, as_user
 from devstack.stack.readiness import LOOPBACK, PortBook, wait_until
 
 SUPERUSER = "postgres"
+LOGICAL_REPLICATION = ("-c", "wal_level=logical", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10")
+"""Server settings of the `source` instance, so that Migrations of mode Online can replicate from it. The `target`
+keeps the default wal_level (replica), which tests use to see the precheck refuse a source without logical."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +150,7 @@ class PostgresInstance:
                 "unix_socket_directories=",
                 "-c",
                 "max_connections=200",
+                *(LOGICAL_REPLICATION if self.name == "source" else ()),
             ],
             user=self.user.name if self.user else None,
             cwd=self.data.parent,  # ferry's own folder may be closed to the server's user
