@@ -20,6 +20,9 @@ from activities import kube_calls
 from ferry.api.errors import InvalidSpec, MissingSecret
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
+REPLICATION_KEYS = ("replicationHost", "replicationPort")
+"""Optional keys of a source Secret: where the target's server reaches the source for logical replication (mode
+Online), when that is not where the worker reaches it, e.g. the source's Service in the cluster."""
 S3_KEYS = ("accessKeyId", "secretAccessKey")
 REDACTED = "[redacted]"
 
@@ -35,6 +38,10 @@ class DatabaseConnection:
     database: str
     secret: str
     """namespace/name of the Secret, for messages."""
+    replication_host: str | None = None
+    """Where the target's server reaches this database for logical replication (default: host)."""
+    replication_port: int | None = None
+    """The port there (default: port)."""
 
     def describe(self) -> str:
         return f"database {self.database!r} on {self.host}:{self.port} (user {self.username!r}, Secret {self.secret})"
@@ -70,7 +77,7 @@ class SecretReader:
 
     def database(self, namespace: str, name: str, field: str) -> DatabaseConnection:
         """The connection a database Secret describes; `field` names where the Migration refers to it."""
-        data = self._read(namespace, name, field, DATABASE_KEYS)
+        data = self._read(namespace, name, field, DATABASE_KEYS, optional=REPLICATION_KEYS)
         try:
             port = int(data["port"])
         except ValueError:
@@ -85,6 +92,8 @@ class SecretReader:
             password=data["password"],
             database=data["database"],
             secret=f"{namespace}/{name}",
+            replication_host=data.get("replicationHost") or None,
+            replication_port=_replication_port(data.get("replicationPort"), f"{namespace}/{name}", field),
         )
 
     def s3_credentials(self, namespace: str, name: str) -> S3Credentials:
@@ -95,7 +104,9 @@ class SecretReader:
             secret=f"{namespace}/{name}",
         )
 
-    def _read(self, namespace: str, name: str, field: str, keys: tuple[str, ...]) -> dict[str, str]:
+    def _read(
+        self, namespace: str, name: str, field: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> dict[str, str]:
         try:
             secret = self._core.read_namespaced_secret(name, namespace)
         except ApiException as error:
@@ -117,7 +128,19 @@ class SecretReader:
                 f"{field}: Secret {namespace}/{name} has no key {', '.join(repr(key) for key in missing)}. "
                 f"Add {'it' if len(missing) == 1 else 'them'}; the Secret needs {', '.join(keys)}."
             )
-        return {key: base64.b64decode(encoded[key]).decode() for key in keys}
+        return {key: base64.b64decode(encoded[key]).decode() for key in (*keys, *optional) if key in encoded}
+
+
+def _replication_port(value: str | None, secret: str, field: str) -> int | None:
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidSpec(
+            f"{field}: key 'replicationPort' of Secret {secret} is not a port number; set it to the port where the "
+            "target's server reaches the source, or remove it to use key 'port'."
+        ) from None
 
 
 def secrets_from(api_client: k8s.ApiClient | None, fixed: Secrets | None) -> Secrets:

@@ -103,3 +103,10 @@ class DataActivitySettings:
 
     heartbeat_interval: Annotated[float, Field(gt=0)] = 5.0
     """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""
+
+    replication_poll_interval: Annotated[float, Field(gt=0)] = 1.0
+    """Seconds between two looks at the logical replication's progress (mode Online: replicate and catch-up)."""
+
+    replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
+    """Seconds the target may go without applying anything while it reports errors applying the source's changes,
+    before replicate or catch-up fails for good with ReplicationBroken (mode Online)."""

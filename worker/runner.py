@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
 from activities.postgres.activities import PostgresActivities
+from activities.postgres.replicating import ReplicationActivities
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry import startup
@@ -45,6 +46,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
     cluster = ClusterActivities(api, settings.kube_activities)
     status = StatusActivities(api, settings.kube_activities)
     postgres = PostgresActivities(api, settings.data_activities)
+    replication = ReplicationActivities(api, settings.data_activities)
     snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
         cluster.check_cluster,
@@ -64,6 +66,10 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         postgres.undo_migrate,
         postgres.verify,
         postgres.check_unwritten,
+        replication.replicate,
+        replication.undo_replicate,
+        replication.catch_up,
+        replication.undo_catch_up,
         snapshots.undo_snapshot,
         snapshots.delete_snapshot,
     ]

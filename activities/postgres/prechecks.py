@@ -20,7 +20,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, restoring, throughput, tools
+from activities.postgres import database_settings, replication_checks, restoring, throughput, tools
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -35,7 +35,7 @@ from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
-from ferry.api.migration import Throughput
+from ferry.api.migration import DriverMode, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 
 log = logging.getLogger("ferry.activities.precheck")
@@ -100,6 +100,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 f"the source uses extensions that the target's server does not have: {', '.join(missing)}. "
                 f"Install them on the server of {target_db.describe()} (pg_available_extensions lists what it has)."
             )
+    if source_db and target_db and source and target and driver.mode is DriverMode.ONLINE:
+        replication_checks.check(source_db, target_db, settings, driver, ref.uid, problems)
     if source and input.target_storage_bytes is not None and source.size * SIZE_MARGIN > input.target_storage_bytes:
         problems.append(
             f"the source's data ({_gib(source.size)}) does not fit the target's volumes "

@@ -18,11 +18,12 @@ from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres.activities import PostgresActivities
+from activities.postgres.replicating import ReplicationActivities
 from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import DriverSpec, SnapshotSpec
+from ferry.api.migration import DriverMode, DriverSpec, SnapshotSpec
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
@@ -46,6 +47,7 @@ from ferry.api.saga import (
     snapshot_key,
 )
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET
+from tests.postgres.online import OnlineSteps
 
 
 @pytest.fixture
@@ -158,6 +160,22 @@ def steps(
 ) -> Steps:
     driver = DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET)
     return Steps(activity_env, postgres, ref, driver, snapshot_spec)
+
+
+@pytest.fixture
+def online(
+    activity_env: ActivityEnvironment,
+    postgres: PostgresActivities,
+    kube_api: k8s.ApiClient,
+    data_settings: DataActivitySettings,
+    ref: MigrationRef,
+    snapshot_spec: SnapshotSpec,
+) -> OnlineSteps:
+    """The driver's steps of a Migration of mode Online; stalls count after 5 s instead of a minute."""
+    settings = dataclasses.replace(data_settings, replication_poll_interval=0.2, replication_stall_timeout=5.0)
+    replication = ReplicationActivities(kube_api, settings)
+    driver = DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET, mode=DriverMode.ONLINE)
+    return OnlineSteps(activity_env, postgres, replication, ref, driver, snapshot_spec)
 
 
 def create_secret(kube_api: k8s.ApiClient, namespace: str, name: str, data: dict[str, str]) -> None:

@@ -1,0 +1,374 @@
+"""The PostgreSQL driver's activities of mode Online: postgresql.replicate, .catch_up, and their undos.
+
+replicate copies the schema into the target (schema_copy), publishes the source, makes
+the replication slot, subscribes the target with the initial copy of every table, and
+waits until every table is copied and the target is less than spec.driver.maxLag behind.
+The source takes writes all along. catch_up runs once the freeze has stopped them: it
+reads where the source's WAL ends, waits until the target has confirmed everything up to
+there, copies the sequences (see sequences) and ends the replication. The undos end the
+replication too, and undo_replicate empties the target of what replicate put there.
+
+Ending the replication (`_end`) is one idempotent sequence, the same in catch_up and in
+both undos: record the subscription in the publication's record, drop the subscription
+on the target without touching the source (see subscription), drop this replication's
+slots on the source (the subscription's and any table synchronization slot the record
+names), give tables their replica identity back, and drop the publication last, with the
+record. Interrupted anywhere, it finds what is left the next time, so no slot survives a
+completed undo: a slot left behind would keep the source's WAL forever.
+
+Like the other driver activities, they read the Secrets when they start, and are defined
+with `no_thread_cancel_exception`: a cancellation reaches them through `Heartbeats`,
+which cancels a query that waits (creating the slot) or kills pg_dump and pg_restore;
+the waits look at the cancellation between two polls.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from kubernetes import client as k8s
+from temporalio import activity
+
+from activities.heartbeats import Heartbeats
+from activities.postgres import replication, restoring, schema_copy, sequences, subscription
+from activities.postgres.activities import WRITABLE, owner
+from activities.postgres.connection import Connection, connect, privileged
+from activities.secrets import DatabaseConnection, Secrets, secrets_from
+from activities.settings import DataActivitySettings
+from ferry.api.errors import InvalidSpec, ReplicationBroken
+from ferry.api.migration import DriverType
+from ferry.api.quantity import quantity_bytes
+from ferry.api.saga import (
+    CatchUpInput,
+    CatchUpResult,
+    DriverOperation,
+    EndReplicationInput,
+    EndReplicationResult,
+    MigrationRef,
+    ReplicateInput,
+    ReplicateResult,
+    driver_activity,
+)
+
+
+def _name(operation: DriverOperation) -> str:
+    return driver_activity(DriverType.POSTGRESQL.value, operation)
+
+
+class Stall:
+    """Notices a replication that reports errors and has applied nothing for `limit` seconds."""
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._errors: int | None = None
+        self._position: object = None
+        self._since = time.monotonic()
+
+    def seconds(self, position: object, errors: int) -> float | None:
+        """How long nothing moved, once that is longer than the limit and errors were reported meanwhile."""
+        now = time.monotonic()
+        if self._errors is None:
+            self._errors = errors
+        if position != self._position:
+            self._position, self._since, self._errors = position, now, errors
+            return None
+        stalled = now - self._since
+        return stalled if errors > self._errors and stalled > self._limit else None
+
+
+def _broken(db: DatabaseConnection, stalled: float, errors: int, doing: str) -> ReplicationBroken:
+    return ReplicationBroken(
+        f"the target {db.describe()} has applied nothing for {stalled:.0f}s while {doing}, and its replication "
+        f"workers have failed {errors} times so far (pg_stat_subscription_stats). The usual cause is a schema change "
+        "on the source (logical replication does not carry DDL: a column the target lacks), or a row the target "
+        "refuses; the target server's log names it. Roll back (the source keeps every write), undo the cause or "
+        "apply the same change where needed, and migrate again."
+    )
+
+
+class ReplicationActivities:
+    """Mode Online of the PostgreSQL data driver, reading connections from the Secrets the Migration names."""
+
+    def __init__(
+        self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
+    ) -> None:
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        self._secrets = secrets_from(api_client, secrets)
+        self._settings = settings
+
+    # --- replicate ---------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.REPLICATE), no_thread_cancel_exception=True)
+    def replicate(self, input: ReplicateInput) -> ReplicateResult:
+        """Copies the schema, replicates every table into the target, and returns once the target is nearly caught up.
+
+        Idempotent: everything it makes is named after the Migration's uid. A retry that
+        finds the subscription goes on waiting with it (never a second slot or
+        subscription); one that finds the subscription without its slot ends that
+        replication and starts again; one that finds none starts from an empty target
+        (see restoring.prepare_target: an earlier attempt's schema is removed first).
+        """
+        ref, driver = input.ref, input.driver
+        source, target = self._databases(ref, driver.source_secret, driver.target_secret)
+        name = replication.name(ref.uid)
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._connect(source) as src,
+            self._connect(target) as tgt,
+        ):
+            _lacking_identity(src, source, driver.allow_replica_identity_full)  # refused before anything is made
+            found = subscription.find(tgt, name)
+            if found is not None and not replication.has_slot(src, name):
+                activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
+                self._end(src, tgt, source, target, name, heartbeats)
+                found = None
+            schema_copied = found is None
+            if found is None:
+                with privileged(target, "drop and create schemas"):
+                    restoring.prepare_target(tgt, target, owner(ref))
+                size = schema_copy.copy(source, target, self._settings, heartbeats)
+                activity.logger.info(
+                    "copied the schema of %s into %s (%d bytes)", source.describe(), target.describe(), size
+                )
+            full = self._publish(src, source, name, ref, input.driver.allow_replica_identity_full, heartbeats)
+            with privileged(target, "create a subscription"):
+                if found is None:
+                    found = subscription.create(tgt, name, source, self._settings)
+                elif not found.enabled:
+                    subscription.enable(tgt, name)
+            self._record_subscription(src, tgt, name, found)
+            progress, lag = self._wait_until_close(
+                src, tgt, target, name, found, quantity_bytes(driver.max_lag), heartbeats
+            )
+        activity.logger.info(
+            "replicating %s into %s: %d tables copied, %d bytes behind", source.describe(), target.describe(),
+            progress.ready, lag,
+        )  # fmt: skip
+        return ReplicateResult(
+            publication=name,
+            subscription=name,
+            tables=progress.tables,
+            tables_synced=progress.ready,
+            lag_bytes=lag,
+            replica_identity_full=full,
+            schema_copied=schema_copied,
+        )
+
+    def _publish(
+        self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,
+        heartbeats: Heartbeats,
+    ) -> list[str]:  # fmt: skip
+        """The publication (with ferry's record), replica identities, the slot; returns the tables given FULL."""
+        with privileged(db, "publish the tables and create a replication slot"):
+            row = src.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
+            record = replication.publish(src, name, owner(ref), every_table=bool(row and row[0]))
+            replication.give_full_identity(src, name, record, _lacking_identity(src, db, allow_full))
+            heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions
+            try:
+                if replication.create_slot(src, name):
+                    activity.logger.info("created replication slot %s on %s", name, db.describe())
+            except psycopg.errors.QueryCanceled:
+                heartbeats.raise_if_cancelled("creating the replication slot")
+                raise
+        return sorted(record.replica_identity)
+
+    def _record_subscription(
+        self, src: Connection, tgt: Connection, name: str, found: subscription.Subscription
+    ) -> None:
+        """Keeps the subscription's oid and the target's identifier in the record: they name its sync slots."""
+        record = replication.read_record(src, name)
+        system = subscription.system_identifier(tgt)
+        if record is not None and (record.subscription_oid, record.target_system) != (found.oid, system):
+            record.subscription_oid, record.target_system = found.oid, system
+            replication.write_record(src, name, record)
+
+    def _wait_until_close(
+        self, src: Connection, tgt: Connection, target: DatabaseConnection, name: str,
+        found: subscription.Subscription, threshold: int, heartbeats: Heartbeats,
+    ) -> tuple[subscription.Progress, int]:  # fmt: skip
+        """Polls until every table is copied and the lag is at most `threshold` bytes; returns both."""
+        stall = Stall(self._settings.replication_stall_timeout)
+        while True:
+            progress = subscription.progress(tgt, found)
+            behind = replication.lag(src, name)
+            if behind is None:
+                raise RuntimeError(
+                    f"the replication slot {name} is gone from the source; the next attempt starts again"
+                )
+            lag, confirmed = behind
+            heartbeats.progress(tables=progress.tables, tables_synced=progress.ready, lag_bytes=lag)
+            if progress.ready == progress.tables and lag <= threshold:
+                return progress, lag
+            stalled = stall.seconds((progress.ready, confirmed), progress.errors)
+            if stalled is not None:
+                raise _broken(target, stalled, progress.errors, "copying the tables and following the source")
+            self._pause(heartbeats, "waiting for the replication")
+
+    # --- catch_up ----------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.CATCH_UP), no_thread_cancel_exception=True)
+    def catch_up(self, input: CatchUpInput) -> CatchUpResult:
+        """With the source frozen: waits until the target has every change, copies the sequences, ends the replication.
+
+        Idempotent: the position waited for is read anew (a later one is as good); the
+        sequences are set again from the frozen source; ending the replication finds
+        what is left of it. A retry that finds no subscription follows an attempt that
+        ended it, which it does only after the target had caught up; verify compares
+        every row anyway.
+        """
+        ref = input.ref
+        source, target = self._databases(ref, input.driver.source_secret, input.driver.target_secret)
+        name = replication.name(ref.uid)
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._connect(source) as src,
+            self._connect(target) as tgt,
+        ):
+            frozen = replication.position(src)
+            found = subscription.find(tgt, name)
+            applied, waited = None, 0.0
+            if found is None:
+                activity.logger.warning(
+                    "no subscription %s on %s: an earlier attempt ended the replication once the target had caught up",
+                    name, target.describe(),
+                )  # fmt: skip
+            else:
+                if not found.enabled:
+                    subscription.enable(tgt, name)
+                started = time.monotonic()
+                applied = self._wait_until_applied(src, tgt, target, name, found, frozen, heartbeats)
+                waited = time.monotonic() - started
+            with privileged(target, "set the sequences"):
+                copied = sequences.copy(src, tgt)
+            self._end(src, tgt, source, target, name, heartbeats)
+        activity.logger.info(
+            "%s has every change up to %s (it waited %.1fs); set %d sequences; the replication ended",
+            target.describe(), frozen, waited, copied,
+        )  # fmt: skip
+        return CatchUpResult(frozen_lsn=frozen, applied_lsn=applied, sequences=copied, waited_seconds=round(waited, 3))
+
+    def _wait_until_applied(
+        self, src: Connection, tgt: Connection, target: DatabaseConnection, name: str,
+        found: subscription.Subscription, lsn: str, heartbeats: Heartbeats,
+    ) -> str:  # fmt: skip
+        """Polls until the slot's consumer confirmed `lsn`; returns what it confirmed."""
+        stall = Stall(self._settings.replication_stall_timeout)
+        while True:
+            left = replication.still_to_apply(src, name, lsn)
+            if left is None:
+                raise ReplicationBroken(
+                    f"the replication slot {name} is gone from the source, so the target cannot get the last changes. "
+                    "Roll back (the source keeps every write) and migrate again."
+                )
+            remaining, confirmed = left
+            heartbeats.progress(frozen_lsn=lsn, lsn_to_apply_bytes=remaining)
+            if remaining == 0:
+                return confirmed
+            errors = subscription.progress(tgt, found).errors
+            stalled = stall.seconds(confirmed, errors)
+            if stalled is not None:
+                raise _broken(target, stalled, errors, "applying the last changes")
+            self._pause(heartbeats, "waiting for the target to catch up")
+
+    # --- the undos ---------------------------------------------------------------------------
+
+    @activity.defn(name=_name(DriverOperation.UNDO_REPLICATE), no_thread_cancel_exception=True)
+    def undo_replicate(self, input: EndReplicationInput) -> EndReplicationResult:
+        """Ends the replication (see `_end`), then empties the target of the schema and rows replicate put there.
+
+        Idempotent, and safe after a replicate that never ran or half ran: each part finds
+        what is there by name, and the target is emptied only while it holds this
+        Migration's marker (see restoring.remove).
+        """
+        source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
+        name = replication.name(input.ref.uid)
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._connect(source) as src,
+            self._connect(target) as tgt,
+        ):
+            ended = self._end(src, tgt, source, target, name, heartbeats)
+            with privileged(target, "drop schemas and change the database's settings"):
+                emptied = restoring.remove(tgt, target, owner(input.ref))
+        activity.logger.info("undid replicate: replication %s, target %s", _done(ended), _done(emptied, "emptied"))
+        return EndReplicationResult(ended=ended, emptied=emptied)
+
+    @activity.defn(name=_name(DriverOperation.UNDO_CATCH_UP), no_thread_cancel_exception=True)
+    def undo_catch_up(self, input: EndReplicationInput) -> EndReplicationResult:
+        """Ends the replication, whatever catch-up got to (see `_end`); replicate's undo then empties the target.
+
+        Idempotent: nothing left of the replication means nothing to do.
+        """
+        source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
+        name = replication.name(input.ref.uid)
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._connect(source) as src,
+            self._connect(target) as tgt,
+        ):
+            ended = self._end(src, tgt, source, target, name, heartbeats)
+        activity.logger.info("undid catch-up: replication %s", _done(ended))
+        return EndReplicationResult(ended=ended)
+
+    def _end(
+        self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection, name: str,
+        heartbeats: Heartbeats,
+    ) -> bool:  # fmt: skip
+        """Ends this Migration's replication, in an order that leaves an interrupted end something to find; True when
+        anything of it was there."""
+        record = replication.read_record(src, name)
+        found = subscription.find(tgt, name)
+        ended = False
+        if found is not None:
+            if record is not None:
+                with privileged(source, "keep ferry's record on the publication"):
+                    self._record_subscription(src, tgt, name, found)
+                record = replication.read_record(src, name)
+            with privileged(target, "drop the subscription"):
+                subscription.drop(tgt, name)
+            ended = True
+        with privileged(source, "drop replication slots and the publication"):
+            leftover = replication.slots(src, name, record)
+            if leftover:
+                replication.drop_slots(src, leftover, lambda: heartbeats.progress(dropping_slots=leftover))
+                ended = True
+            if record is not None:
+                restored = replication.restore_identities(src, record)
+                if restored:
+                    activity.logger.info("gave back their replica identity to %s", ", ".join(restored))
+            ended = replication.drop_publication(src, name) or ended
+        return ended
+
+    # --- shared ------------------------------------------------------------------------------
+
+    def _pause(self, heartbeats: Heartbeats, doing: str) -> None:
+        activity.wait_for_cancelled_sync(self._settings.replication_poll_interval)
+        heartbeats.raise_if_cancelled(doing)
+
+    def _databases(
+        self, ref: MigrationRef, source_secret: str, target_secret: str
+    ) -> tuple[DatabaseConnection, DatabaseConnection]:
+        return (
+            self._secrets.database(ref.namespace, source_secret, "spec.driver.sourceSecret"),
+            self._secrets.database(ref.namespace, target_secret, "spec.driver.targetSecret"),
+        )
+
+    def _connect(self, db: DatabaseConnection) -> Connection:
+        return connect(db, self._settings, **WRITABLE)
+
+
+def _lacking_identity(conn: Connection, db: DatabaseConnection, allow_full: bool) -> dict[str, str]:
+    """The tables replicate must give REPLICA IDENTITY FULL; InvalidSpec when there are some and the spec says no."""
+    lacking = replication.lacking_identity(conn)
+    if lacking and not allow_full:
+        raise InvalidSpec(
+            f"these tables of {db.describe()} have no primary key and no replica identity, so the source would "
+            f"refuse their updates and deletes while replicating: {', '.join(lacking)}. Give them one, or set "
+            "spec.driver.allowReplicaIdentityFull: true."
+        )
+    return lacking
+
+
+def _done(happened: bool, what: str = "ended") -> str:
+    return what if happened else "already gone"

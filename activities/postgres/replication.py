@@ -1,0 +1,282 @@
+"""The source's side of mode Online's logical replication: the publication, ferry's record of it, the slots.
+
+Everything ferry creates for a Migration's replication has one name, made from the
+Migration's uid (`name`): the publication and the replication slot on the source, the
+subscription on the target. Any attempt and any undo finds them by that name, so a retry
+never makes a second one, and an undo needs no step result.
+
+The publication carries ferry's record of the replication as its comment, in JSON
+(`Record`): which Migration it serves, which tables replicate gave REPLICA IDENTITY FULL
+and what their identity was before, and which subscription copies from it (the
+subscription's oid and the target server's system identifier). The last two name the
+table synchronization slots that the subscription's initial copy makes on the source
+(pg_<subscription oid>_sync_<table oid>_<system identifier>): a subscription dropped
+without reaching the source leaves them, and they would keep WAL forever. Each part of
+the record is written before what it records is done, and the publication is dropped
+last, so an undo interrupted anywhere still finds everything to undo.
+
+A slot is dropped only once no walsender uses it: its walsender is terminated first (the
+subscription is already gone or disabled then, so nothing reconnects).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from activities.postgres.connection import Connection
+
+PLUGIN = "pgoutput"
+DROP_ROUNDS = 20
+"""Rounds of ending walsenders and dropping slots before giving up (the next attempt tries again)."""
+USER_TABLES = """
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where n.nspname !~ '^pg_' and n.nspname <> 'information_schema' and c.relpersistence <> 't'
+and not exists (select from pg_depend d where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.deptype = 'e')
+"""
+"""The tables a publication of every table carries: user tables that no extension owns, temporary ones left out."""
+LACKING_IDENTITY = f"""
+select format('%I.%I', n.nspname, c.relname), c.relreplident {USER_TABLES}
+and c.relkind = 'r' and c.relpersistence = 'p' and (
+    c.relreplident = 'n'
+    or (c.relreplident = 'd' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisprimary))
+    or (c.relreplident = 'i' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisreplident))
+)
+order by 1
+"""
+"""Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity."""
+
+
+def name(uid: str) -> str:
+    """The publication's, the slot's and the subscription's name for a Migration's uid (63 characters at most)."""
+    return "ferry_" + re.sub(r"[^a-z0-9]", "", uid.lower())
+
+
+@dataclasses.dataclass
+class Record:
+    """ferry's record of a replication, kept as the comment of its publication."""
+
+    owner: str
+    """The Migration (namespace/name/uid) the replication serves."""
+    replica_identity: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Tables given REPLICA IDENTITY FULL, and their relreplident before ('d' default, 'n' nothing)."""
+    subscription_oid: int | None = None
+    """The oid of the subscription on the target, which names its table synchronization slots."""
+    target_system: str | None = None
+    """The target server's system identifier, the last part of those slots' names."""
+
+    def sync_slots(self) -> str | None:
+        """A regular expression matching the subscription's table synchronization slots, once the record knows it."""
+        if self.subscription_oid is None or self.target_system is None:
+            return None
+        return f"^pg_{self.subscription_oid}_sync_[0-9]+_{self.target_system}$"
+
+
+def exists(conn: Connection, publication: str) -> bool:
+    return conn.execute("select from pg_publication where pubname = %s", (publication,)).fetchone() is not None
+
+
+def read_record(conn: Connection, publication: str) -> Record | None:
+    """The record the publication carries; None without a publication (or without a record of ferry's)."""
+    row = conn.execute(
+        "select obj_description(oid, 'pg_publication') from pg_publication where pubname = %s", (publication,)
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    try:
+        fields = json.loads(row[0])
+        return Record(
+            owner=str(fields["owner"]),
+            replica_identity={str(k): str(v) for k, v in fields.get("replica_identity", {}).items()},
+            subscription_oid=fields.get("subscription_oid"),
+            target_system=fields.get("target_system"),
+        )
+    except (ValueError, KeyError, AttributeError):
+        return None
+
+
+def write_record(conn: Connection, publication: str, record: Record) -> None:
+    text = json.dumps(dataclasses.asdict(record), sort_keys=True)
+    conn.execute(sql.SQL("comment on publication {} is {}").format(sql.Identifier(publication), sql.Literal(text)))
+
+
+def publish(conn: Connection, publication: str, owner: str, every_table: bool) -> Record:
+    """Creates the publication with its record, unless it is there; returns the record.
+
+    `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE
+    with every user table there is now, which the user must own (the precheck says so).
+    """
+    record = read_record(conn, publication)
+    if record is not None:
+        return record
+    record = Record(owner=owner)
+    with conn.transaction():
+        # The publication and its record are made in one transaction: one without a record is not from an attempt.
+        if exists(conn, publication):
+            raise RuntimeError(f"publication {publication} exists without ferry's record: drop it, then retry")
+        if every_table:
+            conn.execute(sql.SQL("create publication {} for all tables").format(sql.Identifier(publication)))
+        else:
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    f"select format('%I.%I', n.nspname, c.relname) {USER_TABLES} "
+                    "and c.relkind in ('r', 'p') and not c.relispartition order by 1"
+                )
+            ]
+            listed = sql.SQL(", ").join(sql.SQL(table) for table in tables)  # quoted by format('%I.%I')
+            statement = (
+                sql.SQL("create publication {} for table {}").format(sql.Identifier(publication), listed)
+                if tables
+                else sql.SQL("create publication {}").format(sql.Identifier(publication))
+            )
+            conn.execute(statement)
+        write_record(conn, publication, record)
+    return record
+
+
+def lacking_identity(conn: Connection) -> dict[str, str]:
+    """Tables that have no primary key and no replica identity, with their relreplident."""
+    return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
+
+
+def give_full_identity(conn: Connection, publication: str, record: Record, tables: dict[str, str]) -> None:
+    """REPLICA IDENTITY FULL for `tables`, recorded (with what they had) before the change, in one transaction."""
+    if not tables:
+        return
+    with conn.transaction():
+        record.replica_identity.update({t: v for t, v in tables.items() if t not in record.replica_identity})
+        write_record(conn, publication, record)
+        for table in tables:
+            _set_identity(conn, table, "full")
+
+
+def restore_identities(conn: Connection, record: Record) -> list[str]:
+    """Gives the recorded tables their identity back (those still FULL); returns them."""
+    restored = []
+    with conn.transaction():
+        for table, before in sorted(record.replica_identity.items()):
+            if _identity(conn, table) != "f":
+                continue  # dropped since, or changed by someone else: theirs now
+            _set_identity(conn, table, "nothing" if before == "n" else "default")
+            restored.append(table)
+    return restored
+
+
+def _identity(conn: Connection, table: str) -> str | None:
+    row = conn.execute("select relreplident from pg_class where oid = to_regclass(%s)", (table,)).fetchone()
+    return str(row[0]) if row is not None else None
+
+
+def _set_identity(conn: Connection, table: str, identity: str) -> None:
+    """ALTER TABLE ... REPLICA IDENTITY, the table's name read back from the catalog rather than from the record."""
+    row = conn.execute(
+        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+        "where c.oid = to_regclass(%s)",
+        (table,),
+    ).fetchone()
+    if row is None:
+        return
+    conn.execute(
+        sql.SQL("alter table {} replica identity {}").format(sql.Identifier(row[0], row[1]), sql.SQL(identity))
+    )
+
+
+def drop_publication(conn: Connection, publication: str) -> bool:
+    if not exists(conn, publication):
+        return False
+    conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(publication)))
+    return True
+
+
+# --- slots ---------------------------------------------------------------------------------
+
+
+def has_slot(conn: Connection, slot: str) -> bool:
+    return conn.execute("select from pg_replication_slots where slot_name = %s", (slot,)).fetchone() is not None
+
+
+def create_slot(conn: Connection, slot: str) -> bool:
+    """Creates the logical slot unless it is there; True when this call created it.
+
+    PostgreSQL waits for the transactions running on the source to end before the slot is
+    ready: a session idle in a transaction holds it up (cancel the query to stop the wait).
+    """
+    if has_slot(conn, slot):
+        return False
+    conn.execute("select pg_create_logical_replication_slot(%s, %s)", (slot, PLUGIN))
+    return True
+
+
+def slots(conn: Connection, slot: str, record: Record | None) -> list[str]:
+    """This replication's slots on the source: the subscription's, and its table synchronization slots."""
+    pattern = record.sync_slots() if record is not None else None
+    rows = conn.execute(
+        "select slot_name from pg_replication_slots where slot_name = %s or slot_name ~ %s order by 1",
+        (slot, pattern or "^$"),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def drop_slots(conn: Connection, names: list[str], between_rounds: Callable[[], None]) -> None:
+    """Ends the walsenders using the slots, then drops them; raises RuntimeError if they stay."""
+    left = list(names)
+    for _ in range(DROP_ROUNDS):
+        rows = conn.execute(
+            "select slot_name, active_pid from pg_replication_slots where slot_name = any(%s)", (left,)
+        ).fetchall()
+        left = []
+        for slot, pid in rows:
+            if pid is not None:
+                conn.execute("select pg_terminate_backend(%s, 5000)", (pid,))
+            try:
+                conn.execute("select pg_drop_replication_slot(%s)", (slot,))
+            except psycopg.errors.ObjectInUse:  # its walsender has not exited yet: next round
+                left.append(slot)
+            except psycopg.errors.UndefinedObject:  # gone meanwhile
+                pass
+        if not left:
+            return
+        between_rounds()
+        time.sleep(0.5)
+    raise RuntimeError(f"the replication slots {', '.join(left)} stayed in use after {DROP_ROUNDS} rounds")
+
+
+# --- positions -----------------------------------------------------------------------------
+
+
+def lag(conn: Connection, slot: str) -> tuple[int, str] | None:
+    """(bytes of WAL the slot's consumer has not confirmed, what it confirmed); None without the slot."""
+    row = conn.execute(
+        "select greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, "
+        "confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return int(row[0] or 0), str(row[1])
+
+
+def position(conn: Connection) -> str:
+    """Where the source's WAL ends now: every transaction it acknowledged committed before this position."""
+    row = conn.execute("select pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def still_to_apply(conn: Connection, slot: str, lsn: str) -> tuple[int, str] | None:
+    """(bytes of WAL up to `lsn` the slot's consumer has not confirmed, what it confirmed); None without the slot."""
+    row = conn.execute(
+        "select greatest(pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn), 0)::bigint, confirmed_flush_lsn::text "
+        "from pg_replication_slots where slot_name = %s",
+        (lsn, slot),
+    ).fetchone()
+    if row is None:
+        return None
+    return int(row[0]), str(row[1])

@@ -1,0 +1,150 @@
+"""What mode Online needs of both databases, checked by the precheck before anything changes.
+
+Logical replication asks more of the source than a dump does, and some of it can only be
+changed with a restart or by the application's owners, so every gap is a problem of the
+precheck, listed with the others, each saying what to change:
+- wal_level must be logical (a server setting that only a restart changes);
+- free replication slots and WAL senders: one of each for the subscription, and one more
+  per table synchronization worker the target runs at once during the initial copy
+  (its max_sync_workers_per_subscription);
+- the Secret's user must be a superuser, or have REPLICATION (the target's server
+  connects as it) and own every table (a publication of every table needs a superuser;
+  otherwise ferry lists the tables, which needs their owner);
+- every table needs a primary key or a replica identity, or the source refuses to
+  publish its updates and deletes (unless spec.driver.allowReplicaIdentityFull, which
+  replicate then sets to FULL for the time of the replication);
+- no unlogged tables (their changes are not in the WAL) and no large objects (not
+  replicated): mode Snapshot moves both;
+- the target's user must be allowed to create a subscription (a superuser, or from
+  PostgreSQL 16 a member of pg_create_subscription with CREATE on the database).
+"""
+
+from __future__ import annotations
+
+from activities.postgres import replication
+from activities.postgres.connection import Connection, connect
+from activities.secrets import DatabaseConnection
+from activities.settings import DataActivitySettings
+from ferry.api.errors import PermanentError
+from ferry.api.migration import DriverSpec
+
+SHOWN = 10
+"""Tables named in one problem."""
+SOURCE = """
+select current_setting('wal_level'), current_setting('max_replication_slots')::int,
+    current_setting('max_wal_senders')::int,
+    (select count(*) from pg_replication_slots where slot_name <> %(slot)s),
+    (select count(*) from pg_stat_activity where backend_type = 'walsender' and application_name <> %(slot)s),
+    r.rolsuper, r.rolreplication
+from pg_roles r where r.rolname = current_user
+"""
+NOT_OWNED = f"""
+select format('%I.%I', n.nspname, c.relname) {replication.USER_TABLES}
+and c.relkind in ('r', 'p') and not pg_has_role(current_user, c.relowner, 'USAGE') order by 1
+"""
+UNLOGGED = f"""
+select format('%I.%I', n.nspname, c.relname) {replication.USER_TABLES}
+and c.relkind in ('r', 'p') and c.relpersistence = 'u' order by 1
+"""
+TARGET = """
+select r.rolsuper,
+    exists (select from pg_roles g
+        where g.rolname = 'pg_create_subscription' and pg_has_role(current_user, g.oid, 'USAGE'))
+    and has_database_privilege(current_database(), 'CREATE'),
+    current_setting('max_sync_workers_per_subscription')::int
+from pg_roles r where r.rolname = current_user
+"""
+
+
+def check(
+    source: DatabaseConnection,
+    target: DatabaseConnection,
+    settings: DataActivitySettings,
+    driver: DriverSpec,
+    uid: str,
+    problems: list[str],
+) -> None:
+    """Adds every problem mode Online would meet on either database; reads only."""
+    try:
+        with connect(target, settings, default_transaction_read_only="on") as conn:
+            needed = check_target(conn, target, problems)
+        with connect(source, settings, default_transaction_read_only="on") as conn:
+            check_source(conn, source, driver, replication.name(uid), needed, problems)
+    except PermanentError as error:  # the general checks have said so already
+        problems.append(str(error))
+
+
+def check_target(conn: Connection, db: DatabaseConnection, problems: list[str]) -> int:
+    """Adds the target's problems; returns how many slots and WAL senders the source must have free."""
+    row = conn.execute(TARGET).fetchone()
+    assert row is not None
+    superuser, may_subscribe, workers = row
+    if not (superuser or may_subscribe):
+        problems.append(
+            f"the user in Secret {db.secret} may not create a subscription in {db.describe()} (mode Online): use "
+            "a superuser, or on PostgreSQL 16 and later GRANT pg_create_subscription TO that user and give it CREATE "
+            "on the database."
+        )
+    return 1 + int(workers)
+
+
+def check_source(
+    conn: Connection, db: DatabaseConnection, driver: DriverSpec, slot: str, needed: int, problems: list[str]
+) -> None:
+    """Adds the source's problems, if any."""
+    row = conn.execute(SOURCE, {"slot": slot}).fetchone()
+    assert row is not None
+    wal_level, max_slots, max_senders, slots_used, senders_used, superuser, may_replicate = row
+    if wal_level != "logical":
+        problems.append(
+            f"the server of {db.describe()} has wal_level={wal_level}; mode Online needs wal_level=logical. Set it "
+            "(ALTER SYSTEM SET wal_level = logical, or in postgresql.conf) and restart that server: wal_level only "
+            "changes with a restart. Or use mode Snapshot."
+        )
+    free_slots, free_senders = max_slots - slots_used, max_senders - senders_used
+    if free_slots < needed or free_senders < needed:
+        problems.append(
+            f"the server of {db.describe()} has {free_slots} free replication slots and {free_senders} free WAL "
+            f"senders; mode Online needs {needed} of each (one for the subscription, one per table the target copies "
+            f"at once). Raise max_replication_slots (now {max_slots}) and max_wal_senders (now {max_senders}) and "
+            "restart that server, or drop unused slots (pg_replication_slots)."
+        )
+    if not (superuser or may_replicate):
+        problems.append(
+            f"the user in Secret {db.secret} has no REPLICATION attribute, and the target's server connects to "
+            f"{db.describe()} as that user to replicate (mode Online). ALTER ROLE {db.username} REPLICATION, or use "
+            "a superuser."
+        )
+    if not superuser:
+        not_owned = [name for (name,) in conn.execute(NOT_OWNED)]
+        if not_owned:
+            problems.append(
+                f"the user in Secret {db.secret} is not a superuser, so ferry publishes the tables of "
+                f"{db.describe()} by name, which needs their owner; it does not own {_listed(not_owned)}. Use a "
+                "superuser (who may publish every table), or the tables' owner."
+            )
+    lacking = replication.lacking_identity(conn)
+    if lacking and not driver.allow_replica_identity_full:
+        problems.append(
+            f"these tables of {db.describe()} have no primary key and no replica identity, so the source cannot "
+            f"replicate their updates and deletes: {_listed(list(lacking))}. Give them a primary key (or ALTER TABLE "
+            "... REPLICA IDENTITY USING INDEX), or set spec.driver.allowReplicaIdentityFull: true to have ferry set "
+            "REPLICA IDENTITY FULL while replicating (slower updates and deletes; restored afterwards), or use mode "
+            "Snapshot."
+        )
+    unlogged = [name for (name,) in conn.execute(UNLOGGED)]
+    if unlogged:
+        problems.append(
+            f"these tables of {db.describe()} are unlogged, and logical replication only carries what the WAL "
+            f"holds: {_listed(unlogged)}. ALTER TABLE ... SET LOGGED, or use mode Snapshot."
+        )
+    if conn.execute("select from pg_largeobject_metadata limit 1").fetchone() is not None:
+        problems.append(
+            f"{db.describe()} has large objects, which logical replication does not carry. Use mode Snapshot, or move "
+            "them into bytea columns."
+        )
+
+
+def _listed(tables: list[str]) -> str:
+    more = f" and {len(tables) - SHOWN} more" if len(tables) > SHOWN else ""
+    return ", ".join(tables[:SHOWN]) + more

@@ -1,0 +1,212 @@
+"""The precheck of mode Online refuses, before anything changes, what logical replication cannot do, saying what to do.
+
+Each refusal is listed with every other problem of the precheck (one round of fixing is
+enough). The stack's source instance runs with wal_level=logical; its target instance
+does not, so a "source" Secret pointing into the target instance shows that refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from kubernetes import client as k8s
+
+from devstack.stack.postgres import PostgresEndpoint
+from ferry.api.errors import PrecheckFailed
+from ferry.api.migration import DriverMode
+from tests.end_to_end import Databases
+from tests.postgres.conftest import create_secret
+from tests.postgres.data import connect, connection_of, create_shop, database_owner, database_settings
+from tests.postgres.online import NOTHING, OnlineSteps, leftovers
+
+OTHER = "other-db"
+
+
+def _problems(online: OnlineSteps, **changes: Any) -> list[str]:
+    """The numbered problems of the PrecheckFailed that the precheck raises."""
+    with pytest.raises(PrecheckFailed) as raised:
+        online.precheck(**changes)
+    message = str(raised.value)
+    assert "changed nothing" in message
+    listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
+    problems = []
+    for number in range(2, 20):
+        head, _, rest = listed.partition(f" ({number}) ")
+        problems.append(head)
+        if not rest:
+            break
+        listed = rest
+    return problems
+
+
+def _with(online: OnlineSteps, **driver: Any) -> OnlineSteps:
+    online.driver = online.driver.model_copy(update=driver)
+    return online
+
+
+@contextlib.contextmanager
+def _free_slots_taken(source: PostgresEndpoint, leave: int) -> Iterator[None]:
+    """Physical slots (they count against max_replication_slots too) until only `leave` are free; dropped after."""
+    with connect(source) as conn:
+        row = conn.execute(
+            "select current_setting('max_replication_slots')::int - (select count(*) from pg_replication_slots)"
+        ).fetchone()
+        assert row is not None
+        taken = [f"t_taken_{number}" for number in range(max(0, row[0] - leave))]
+        for slot in taken:
+            conn.execute("select pg_create_physical_replication_slot(%s)", (slot,))
+    try:
+        yield
+    finally:
+        with connect(source) as conn:
+            for slot in taken:
+                conn.execute("select pg_drop_replication_slot(%s)", (slot,))
+
+
+@contextlib.contextmanager
+def _free_senders_taken(source: PostgresEndpoint, leave: int) -> Iterator[None]:
+    """Idle replication connections, each a WAL sender, until only `leave` senders are free."""
+    with connect(source) as conn:
+        row = conn.execute(
+            "select current_setting('max_wal_senders')::int "
+            "- (select count(*) from pg_stat_activity where backend_type = 'walsender')"
+        ).fetchone()
+    assert row is not None
+    senders = [
+        psycopg.connect(source.dsn, replication="database", autocommit=True) for _ in range(max(0, row[0] - leave))
+    ]
+    try:
+        yield
+    finally:
+        for sender in senders:
+            sender.close()
+
+
+def test_the_precheck_of_a_sound_online_migration_passes_and_changes_nothing(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+
+    result = online.precheck()
+
+    assert result.source_version.startswith("15.")
+    assert leftovers(databases) == NOTHING
+    assert database_settings(databases.source) == []
+
+
+def test_a_source_without_wal_level_logical_is_refused_naming_the_setting_and_the_restart(
+    online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The stack's target instance keeps wal_level=replica: a source Secret pointing there meets the refusal."""
+    create_shop(databases.target, customers=10, orders=10)
+    empty = _empty_database(databases.target)
+    with empty as other:
+        create_secret(kube_api, namespace, OTHER, connection_of(databases.target))
+        create_secret(kube_api, namespace, "empty-target", connection_of(other))
+        online.driver = online.driver.model_copy(update={"source_secret": OTHER, "target_secret": "empty-target"})
+
+        (problem,) = _problems(online)
+
+    assert "has wal_level=replica; mode Online needs wal_level=logical" in problem
+    assert "ALTER SYSTEM SET wal_level = logical" in problem
+    assert "and restart that server: wal_level only changes with a restart. Or use mode Snapshot." in problem
+
+
+def test_too_few_free_replication_slots_and_wal_senders_are_refused_with_how_many_are_needed(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=10, orders=10)
+    # The subscription's slot and sender, and one per table the target copies at once (2 by default): 3 of each.
+    with _free_slots_taken(databases.source, leave=2), _free_senders_taken(databases.source, leave=2):
+        (problem,) = _problems(online)
+
+    assert "has 2 free replication slots and 2 free WAL senders; mode Online needs 3 of each" in problem
+    assert "Raise max_replication_slots (now 10) and max_wal_senders (now 10) and restart that server" in problem
+
+
+def test_a_user_without_replication_who_does_not_own_the_tables_is_refused(
+    online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    create_shop(databases.source, customers=10, orders=10)  # the tables belong to postgres
+    with database_owner(databases.source) as owner:
+        create_secret(kube_api, namespace, OTHER, connection_of(owner))
+        online.driver = online.driver.model_copy(update={"source_secret": OTHER})
+
+        problems = _problems(online)
+
+    assert len(problems) == 2
+    assert problems[0].startswith(f"the user in Secret {namespace}/{OTHER} has no REPLICATION attribute")
+    assert problems[0].endswith(f"ALTER ROLE {owner.user} REPLICATION, or use a superuser.")
+    assert "it does not own audit.log, shop.customers, shop.orders." in problems[1]
+
+
+def test_a_target_user_that_may_not_create_a_subscription_is_refused(
+    online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.target) as owner:
+        create_secret(kube_api, namespace, OTHER, connection_of(owner))
+        online.driver = online.driver.model_copy(update={"target_secret": OTHER})
+
+        (problem,) = _problems(online)
+
+    assert problem.startswith(f"the user in Secret {namespace}/{OTHER} may not create a subscription in database")
+    assert "GRANT pg_create_subscription TO that user" in problem
+
+
+def test_tables_without_a_key_are_refused_by_name_unless_replica_identity_full_is_allowed(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text)")
+        conn.execute("create table public.tags (tag text primary key)")
+        conn.execute("create table public.visits (at timestamptz)")
+        conn.execute("alter table public.tags replica identity nothing")
+
+    (problem,) = _problems(online)
+
+    assert "have no primary key and no replica identity" in problem
+    assert ": public.notes, public.tags, public.visits." in problem
+    assert "set spec.driver.allowReplicaIdentityFull: true" in problem
+    _with(online, allow_replica_identity_full=True).precheck()
+
+
+def test_unlogged_tables_and_large_objects_are_refused_with_the_other_problems(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create unlogged table public.cache (key text primary key, value text)")
+        conn.execute("select lo_from_bytea(0, 'a large object')")
+        conn.execute("create table public.notes (body text)")
+
+    problems = _problems(online)
+
+    assert len(problems) == 3, "every problem at once"
+    assert "public.notes" in problems[0]
+    assert "are unlogged, and logical replication only carries what the WAL holds: public.cache." in problems[1]
+    assert "ALTER TABLE ... SET LOGGED, or use mode Snapshot." in problems[1]
+    assert "has large objects, which logical replication does not carry. Use mode Snapshot" in problems[2]
+
+
+def test_mode_snapshot_asks_none_of_this(online: OnlineSteps, databases: Databases) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create unlogged table public.cache (key text primary key, value text)")
+        conn.execute("create table public.notes (body text)")
+
+    _with(online, mode=DriverMode.SNAPSHOT).precheck()
+
+
+@contextlib.contextmanager
+def _empty_database(admin: PostgresEndpoint) -> Iterator[PostgresEndpoint]:
+    """Another empty database in the same instance, dropped after."""
+    name = f"{admin.database}_empty"
+    with connect(admin) as conn:
+        conn.execute(f'create database "{name}"')
+    try:
+        yield PostgresEndpoint(admin.host, admin.port, admin.user, admin.password, name)
+    finally:
+        with connect(admin) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')

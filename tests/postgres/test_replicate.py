@@ -1,0 +1,325 @@
+"""Mode Online's replicate and catch-up against the stack's real PostgreSQL: nothing lost, nothing left behind.
+
+The source instance runs with wal_level=logical (devstack/stack/postgres.py); the target's
+server subscribes to it over TCP. Each test looks where a person would: rows in both
+databases, and the slots, publications and subscriptions left (tests/postgres/online.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.postgres import replication, restoring, subscription
+from activities.settings import DataActivitySettings
+from devstack.stack.postgres import PostgresEndpoint
+from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
+from ferry.api.saga import ReplicateInput
+from tests.end_to_end import Databases
+from tests.postgres.data import connect, contents, create_shop, database_settings
+from tests.postgres.online import NOTHING, OnlineSteps, leftovers, replica_identity, slots
+
+MIB = 2**20
+
+
+def _target_is_empty(databases: Databases) -> bool:
+    with connect(databases.target) as conn:
+        return not conn.execute(restoring.CONTENTS).fetchall() and database_settings(databases.target) == []
+
+
+def _sequences(endpoint: PostgresEndpoint) -> dict[str, object]:
+    """Each sequence's last value and is_called, which decide the next value handed out."""
+    with connect(endpoint) as conn:
+        names = [row[0] for row in conn.execute("select format('%I.%I', schemaname, sequencename) from pg_sequences")]
+        return {name: conn.execute(f"select last_value, is_called from {name}").fetchone() for name in names}
+
+
+def test_replicate_copies_the_schema_and_every_row_and_catch_up_brings_the_last_writes_and_the_sequences(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=200, orders=3_000)
+
+    replicated = online.replicate()
+
+    assert (replicated.tables, replicated.tables_synced) == (3, 3)
+    assert replicated.lag_bytes <= 16 * MIB
+    assert replicated.schema_copied
+    assert contents(databases.target) == contents(databases.source), "the initial copy has every row"
+    assert leftovers(databases) == {
+        "slots": [online.name],
+        "publications": [online.name],
+        "subscriptions": [online.name],
+    }
+    with connect(databases.source) as conn:  # the source takes writes while it replicates
+        conn.execute("insert into shop.customers (email, created_at) values ('late@example.com', now())")
+        conn.execute("update shop.orders set total = total + 1 where id <= 100")
+        conn.execute("delete from audit.log where order_id <= 300")
+        conn.execute("select nextval('audit.ticket_seq')")
+    frozen = online.freeze()
+
+    caught_up = online.catch_up()
+
+    assert caught_up.applied_lsn is not None
+    assert caught_up.sequences == 3
+    assert contents(databases.target) == contents(databases.source), "the writes made while replicating arrived"
+    assert _sequences(databases.target) == _sequences(databases.source)
+    assert leftovers(databases) == NOTHING, "catch-up ended the replication"
+    online.verify()  # raises VerificationMismatch on any difference of rows, schema or sequences
+    online.check_frozen(frozen)  # ending the replication on the frozen source is no write after the freeze
+    online.undo_freeze()
+
+
+def test_replicate_run_again_goes_on_with_its_own_slot_and_subscription_and_its_undo_leaves_nothing(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+
+    again = online.replicate()
+
+    assert not again.schema_copied, "the retry found its subscription"
+    assert leftovers(databases) == {
+        "slots": [online.name],
+        "publications": [online.name],
+        "subscriptions": [online.name],
+    }
+    undone = online.undo_replicate()
+    assert (undone.ended, undone.emptied) == (True, True)
+    assert leftovers(databases) == NOTHING
+    assert _target_is_empty(databases)
+    assert online.undo_replicate().ended is False, "an undo run again finds nothing to do"
+
+
+def test_a_replicate_that_finds_its_slot_gone_starts_again_with_one_slot_and_one_subscription(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.target) as conn:
+        conn.execute(f"alter subscription {online.name} disable")
+    with connect(databases.source) as conn:
+        replication.drop_slots(conn, [online.name], lambda: None)
+
+    again = online.replicate()
+
+    assert again.schema_copied
+    assert leftovers(databases) == {
+        "slots": [online.name],
+        "publications": [online.name],
+        "subscriptions": [online.name],
+    }
+    assert contents(databases.target) == contents(databases.source)
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+
+
+def test_undoing_replicate_in_the_middle_of_the_initial_copy_leaves_no_slot_behind(
+    online: OnlineSteps, databases: Databases, data_settings: DataActivitySettings
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.big (id int primary key, note text not null)")
+        conn.execute("insert into public.big select i, md5(i::text) from generate_series(1, 1500000) as i")
+    failures: list[BaseException] = []
+    cancelling = ActivityEnvironment()
+
+    def replicate() -> None:
+        try:
+            cancelling.run(online.replication.replicate, ReplicateInput(ref=online.ref, driver=online.driver))
+        except BaseException as error:  # noqa: BLE001 - cancelled, as the saga would cancel it
+            failures.append(error)
+
+    running = threading.Thread(target=replicate)
+    running.start()
+    deadline = time.monotonic() + 60
+    while not any("_sync_" in slot for slot in slots(databases.source)):
+        assert time.monotonic() < deadline, f"no table synchronization slot appeared: {slots(databases.source)}"
+        time.sleep(0.02)
+    cancelling.cancel()
+    running.join(60)
+
+    assert [type(failure) for failure in failures] == [CancelledError], "replicate stopped in the middle of the copy"
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+    assert _target_is_empty(databases)
+
+
+def test_the_undo_drops_a_table_synchronization_slot_that_a_dropped_subscription_left_on_the_source(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """What DROP SUBSCRIPTION leaves when it cannot reach the source during a copy: a sync slot, named after it."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.target) as conn:
+        found = subscription.find(conn, online.name)
+        system = subscription.system_identifier(conn)
+        assert found is not None
+        relid = conn.execute("select 'shop.orders'::regclass::oid").fetchone()
+    assert relid is not None
+    orphan = f"pg_{found.oid}_sync_{relid[0]}_{system}"
+    with connect(databases.source) as conn:
+        conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (orphan,))
+    with connect(databases.target) as conn:  # someone dropped the subscription half way, as its undo would
+        conn.execute(f"alter subscription {online.name} disable")
+        conn.execute(f"alter subscription {online.name} set (slot_name = none)")
+        conn.execute(f"drop subscription {online.name}")
+    assert sorted(slots(databases.source)) == sorted([online.name, orphan])
+
+    online.undo_replicate()
+
+    assert leftovers(databases) == NOTHING
+
+
+def test_catch_up_run_again_after_it_ended_the_replication_sets_the_sequences_and_finds_nothing_to_end(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    online.freeze()
+    online.catch_up()
+
+    again = online.catch_up()
+
+    assert again.applied_lsn is None
+    assert again.sequences == 3
+    assert leftovers(databases) == NOTHING
+    online.verify()
+    online.undo_freeze()
+
+
+def test_a_table_without_a_key_is_refused_unless_the_spec_allows_replica_identity_full(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text not null)")
+        conn.execute("insert into public.notes select 'note ' || i from generate_series(1, 50) as i")
+
+    with pytest.raises(InvalidSpec, match=r"public\.notes"):
+        online.replicate()
+    assert leftovers(databases) == NOTHING, "refused before anything was made"
+    assert _target_is_empty(databases)
+    assert replica_identity(databases.source, "public.notes") == "d"
+
+
+def test_replica_identity_full_carries_updates_and_deletes_of_a_table_without_a_key_and_is_given_back(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text not null)")
+        conn.execute("insert into public.notes select 'note ' || i from generate_series(1, 50) as i")
+    online.driver = online.driver.model_copy(update={"allow_replica_identity_full": True})
+
+    replicated = online.replicate()
+
+    assert replicated.replica_identity_full == ["public.notes"]
+    assert replica_identity(databases.source, "public.notes") == "f"
+    with connect(databases.source) as conn:
+        conn.execute("update public.notes set body = body || ' (edited)' where body like 'note 1%'")
+        conn.execute("delete from public.notes where body = 'note 2'")
+    online.freeze()
+    online.catch_up()
+    assert contents(databases.target) == contents(databases.source)
+    assert replica_identity(databases.source, "public.notes") == "d", "given back once the replication ended"
+    online.verify()
+    online.undo_freeze()
+
+
+def test_the_undo_gives_back_the_replica_identity_it_set(online: OnlineSteps, databases: Databases) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text not null)")
+        conn.execute("alter table public.notes replica identity nothing")
+    online.driver = online.driver.model_copy(update={"allow_replica_identity_full": True})
+    online.replicate()
+    assert replica_identity(databases.source, "public.notes") == "f"
+
+    online.undo_replicate()
+
+    assert replica_identity(databases.source, "public.notes") == "n"
+    assert leftovers(databases) == NOTHING
+
+
+def test_ddl_on_the_source_while_replicating_is_not_replicated_and_verify_names_it(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.source) as conn:
+        conn.execute("create index orders_by_total on shop.orders (total)")
+    online.freeze()
+    online.catch_up()
+
+    with pytest.raises(VerificationMismatch) as mismatch:
+        online.verify()
+
+    assert "index shop.orders_by_total (missing in the target)" in str(mismatch.value)
+    online.undo_catch_up()
+    online.undo_freeze()
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+    assert _target_is_empty(databases)
+    with connect(databases.source) as conn:
+        conn.execute("insert into shop.customers (email, created_at) values ('after@example.com', now())")
+
+
+def test_a_column_added_on_the_source_and_written_stops_catch_up_with_replication_broken(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.source) as conn:
+        conn.execute("alter table shop.customers add column nickname text")
+        conn.execute("insert into shop.customers (email, created_at, nickname) values ('x@example.com', now(), 'x')")
+    online.freeze()
+
+    with pytest.raises(ReplicationBroken) as broken:
+        online.catch_up()
+
+    assert "schema change on the source" in str(broken.value)
+    assert "Roll back" in str(broken.value)
+    online.undo_catch_up()
+    online.undo_freeze()
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+    assert _target_is_empty(databases)
+
+
+def test_the_subscription_connects_where_the_secret_says_the_target_reaches_the_source(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """replicationHost and replicationPort: here a port nothing listens on, so subscribing fails, saying where."""
+    from activities.secrets import DatabaseConnection
+
+    create_shop(databases.source, customers=10, orders=10)
+    source = databases.source
+    unreachable = DatabaseConnection(
+        source.host, source.port, source.user, source.password, source.database, "t/source",
+        replication_host="127.0.0.1", replication_port=1,
+    )  # fmt: skip
+    with connect(databases.target) as conn, pytest.raises(InvalidSpec) as refused:
+        subscription.create(conn, online.name, unreachable, DataActivitySettings(connect_timeout=2))
+
+    assert "could not connect to the source at 127.0.0.1:1" in str(refused.value)
+    assert "replicationHost" in str(refused.value)
+    assert source.password not in str(refused.value)
+    with connect(databases.target) as conn:
+        assert subscription.find(conn, online.name) is None
+
+
+def test_a_slot_cannot_outlive_the_undo_even_when_the_subscription_is_still_enabled(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.source) as conn:  # the walsender is busy: the undo must end it before dropping the slot
+        row = conn.execute("select active from pg_replication_slots where slot_name = %s", (online.name,)).fetchone()
+    assert row == (True,)
+
+    online.undo_replicate()
+
+    assert leftovers(databases) == NOTHING
+    with pytest.raises(psycopg.errors.UndefinedObject), connect(databases.source) as conn:
+        conn.execute("select pg_drop_replication_slot(%s)", (online.name,))
