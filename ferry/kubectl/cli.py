@@ -109,7 +109,7 @@ async def _status(args: argparse.Namespace, cluster: Cluster) -> Exit:
     else:
         status = obj.get("status") or {}
         heartbeat = await running_heartbeat(client, obj)
-        _write("\n".join(progress.lines(status, heartbeat, datetime.now(UTC), colours)))
+        _write("\n".join(progress.lines(status, heartbeat, datetime.now(UTC), colours, progress.order_of(obj))))
     return exit_for_phase((obj.get("status") or {}).get("phase"))
 
 

@@ -25,7 +25,7 @@ from ferry.kubectl import temporal
 from ferry.kubectl.cluster import Cluster
 from ferry.kubectl.errors import PluginError
 from ferry.kubectl.output import Colours
-from ferry.kubectl.progress import Display
+from ferry.kubectl.progress import Display, order_of
 
 FINISHED = {phase.value for phase in FINISHED_PHASES}
 TICK = 1.0
@@ -119,7 +119,7 @@ def _events(response: Any) -> Iterator[tuple[str, dict[str, Any]]]:
 
 async def follow(cluster: Cluster, obj: dict[str, Any], client: Client | None, out: TextIO) -> dict[str, Any]:
     """Shows the Migration's table until it reaches a final phase; returns its last version."""
-    display = Display(out, interactive=out.isatty(), colours=Colours.for_stream(out))
+    display = Display(out, interactive=out.isatty(), colours=Colours.for_stream(out), order=order_of(obj))
     loop = asyncio.get_running_loop()
     changes: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 

@@ -19,12 +19,13 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
-from ferry.api.migration import STEP_ORDER
+from ferry.api.migration import StepName
 from ferry.api.saga import KubeActivity
 
 BOOKKEEPING = {KubeActivity.MIRROR_STATUS.value}
 """Activities that only write the status: left out unless asked for."""
-_STEPS = {step.value.replace("-", "_"): step.value for step in STEP_ORDER}
+_STEPS = {step.value.replace("-", "_"): step.value for step in StepName}
+"""Every step of either mode, by the operation its activity is named after (catch_up: catch-up)."""
 
 
 @dataclasses.dataclass

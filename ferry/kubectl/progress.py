@@ -11,10 +11,11 @@ a phase or a step's state changes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from ferry.api.migration import STEP_ORDER
+from ferry.api.migration import STEP_ORDER, DriverMode, step_order
 from ferry.kubectl.output import Colours
 
 BAR_WIDTH = 24
@@ -112,6 +113,11 @@ def detail(step: str, heartbeat: dict[str, Any] | None, elapsed: float | None = 
         return " ".join(part for part in (bar(read, size), megabytes(read), left) if part)
     if step == "verify":
         return f"tables checked: source {heartbeat.get('source_tables', 0)}, target {heartbeat.get('target_tables', 0)}"
+    if step == "replicate" and "lag_bytes" in heartbeat:
+        copied, tables = heartbeat.get("tables_synced", 0), heartbeat.get("tables", 0)
+        return f"tables copied {copied}/{tables}, {megabytes(heartbeat['lag_bytes'])} behind the source"
+    if step == "catch-up" and "lsn_to_apply_bytes" in heartbeat:
+        return f"{megabytes(heartbeat['lsn_to_apply_bytes'])} still to apply (up to {heartbeat.get('frozen_lsn', '?')})"
     if "waiting_for" in heartbeat:
         return f"waiting for {heartbeat['waiting_for']}"
     return ""
@@ -122,17 +128,28 @@ def phase_line(status: dict[str, Any], colours: Colours = Colours.NONE) -> str:
     return f"phase: {colours.paint(phase, PHASE_COLOURS.get(phase))}  {status.get('message') or ''}".rstrip()
 
 
+def order_of(migration: dict[str, Any]) -> tuple[str, ...]:
+    """The steps a Migration object runs, by its spec's mode: what to show before its status lists them."""
+    mode = ((migration.get("spec") or {}).get("driver") or {}).get("mode")
+    return step_order(DriverMode.ONLINE if mode == DriverMode.ONLINE.value else DriverMode.SNAPSHOT)
+
+
 def step_lines(
-    status: dict[str, Any], heartbeat: dict[str, Any] | None, now: datetime | None, colours: Colours = Colours.NONE
+    status: dict[str, Any],
+    heartbeat: dict[str, Any] | None,
+    now: datetime | None,
+    colours: Colours = Colours.NONE,
+    order: Sequence[str] = STEP_ORDER,
 ) -> list[str]:
     """One line per step: mark, name, state, time, attempts when more than one, and a note.
 
-    The note is the running step's progress, a retrying step's last error, or an undo's attempts.
+    The steps are those the status lists (the run's own), else `order`. The note is the
+    running step's progress, a retrying step's last error, or an undo's attempts.
     """
     steps = {step["name"]: step for step in status.get("steps") or []}
     current = status.get("currentStep")
     lines = []
-    for name in steps or STEP_ORDER:
+    for name in steps or order:
         step = steps.get(name, {"state": "Pending"})
         state = step.get("state", "Pending")
         took = seconds(step, now) if now else None
@@ -149,10 +166,14 @@ def step_lines(
 
 
 def lines(
-    status: dict[str, Any], heartbeat: dict[str, Any] | None, now: datetime | None, colours: Colours = Colours.NONE
+    status: dict[str, Any],
+    heartbeat: dict[str, Any] | None,
+    now: datetime | None,
+    colours: Colours = Colours.NONE,
+    order: Sequence[str] = STEP_ORDER,
 ) -> list[str]:
     """The whole table: the phase and its message, then every step."""
-    return [phase_line(status, colours), *step_lines(status, heartbeat, now, colours)]
+    return [phase_line(status, colours), *step_lines(status, heartbeat, now, colours, order)]
 
 
 @dataclasses.dataclass
@@ -162,19 +183,21 @@ class Display:
     out: TextIO
     interactive: bool
     colours: Colours = Colours.NONE
+    order: Sequence[str] = STEP_ORDER
+    """The steps shown while the status lists none yet (see `order_of`)."""
     _drawn: int = 0
     _seen: set[str] = dataclasses.field(default_factory=set)
 
     def render(self, status: dict[str, Any], heartbeat: dict[str, Any] | None, now: datetime) -> None:
         if self.interactive:
-            table = lines(status, heartbeat, now, self.colours)
+            table = lines(status, heartbeat, now, self.colours, self.order)
             if self._drawn:
                 self.out.write(f"\x1b[{self._drawn}F\x1b[J")
             self.out.write("\n".join(table) + "\n")
             self._drawn = len(table)
         else:
             # A log of what changed: one line per new phase or step state.
-            for line in lines(status, None, None):
+            for line in lines(status, None, None, order=self.order):
                 key = " ".join(line.split()[:3])
                 if key not in self._seen:
                     self._seen.add(key)

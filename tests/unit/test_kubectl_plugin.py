@@ -75,6 +75,31 @@ def test_a_snapshot_shows_bytes_without_a_total_and_a_retrying_step_its_last_err
     assert shown[2].endswith("(attempt 2)  last error: connection refused")
 
 
+def test_an_online_migration_shows_its_own_steps_and_the_replications_progress() -> None:
+    online = {"spec": {"driver": {"mode": "Online"}}}
+    pending = progress.lines({}, None, None, order=progress.order_of(online))
+    assert [line.split()[0] for line in pending[1:]] == [
+        "precheck", "provision", "snapshot", "replicate", "freeze", "catch-up", "verify", "switch-traffic",
+        "scale-down-old",
+    ]  # fmt: skip
+    assert progress.order_of({"spec": {"driver": {}}})[2] == "freeze", "mode Snapshot by default"
+    status = {
+        "phase": "Running",
+        "currentStep": "replicate",
+        "steps": [{"name": "replicate", "state": "Running", "attempts": 1, "startedAt": _at(0)}],
+    }
+
+    replicating = progress.lines(status, {"tables": 5, "tables_synced": 3, "lag_bytes": 42_000_000}, T0)
+    catching_up = progress.lines(
+        {**status, "currentStep": "catch-up", "steps": [{**status["steps"][0], "name": "catch-up"}]},  # type: ignore[dict-item]
+        {"frozen_lsn": "0/3000060", "lsn_to_apply_bytes": 1_500_000},
+        T0,
+    )
+
+    assert replicating[1].endswith("tables copied 3/5, 42.0 MB behind the source")
+    assert catching_up[1].endswith("1.5 MB still to apply (up to 0/3000060)")
+
+
 def test_durations_stay_short_enough_for_a_column() -> None:
     assert [progress.duration(s) for s in (4.24, 185, 3725)] == ["4.2s", "3m05s", "1h02m"]
     assert progress.time_left(0, 100, 10) == ""  # no rate yet
@@ -205,6 +230,8 @@ def test_history_lists_each_attempt_with_its_times_and_outcome_without_status_wr
                activity_task_completed_event_attributes={"scheduled_event_id": 9}),
         _scheduled(11, "check_frozen", 5),
         _scheduled(12, "postgresql.undo_freeze", 6),
+        _scheduled(13, "postgresql.catch_up", 7),
+        _scheduled(14, "postgresql.undo_replicate", 8),
     ]  # fmt: skip
 
     rows = history.rows(events)
@@ -214,6 +241,8 @@ def test_history_lists_each_attempt_with_its_times_and_outcome_without_status_wr
         ("undo", "undo_provision", "provision", "Completed", ""),
         ("check", "check_frozen", None, "Scheduled", ""),
         ("undo", "postgresql.undo_freeze", "freeze", "Scheduled", ""),
+        ("step", "postgresql.catch_up", "catch-up", "Scheduled", ""),
+        ("undo", "postgresql.undo_replicate", "replicate", "Scheduled", ""),
     ]
     assert rows[0].as_dict()["started"] == "2026-11-22T12:00:01.100000Z"
     cells = history.table_rows(rows)
