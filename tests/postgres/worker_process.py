@@ -1,11 +1,14 @@
-"""A worker of the snapshot activity, in a process of its own, that SIGKILLs itself in the middle of an upload.
+"""A worker of one data activity, in a process of its own, that SIGKILLs itself in the middle of it.
 
 test_outages runs it to show that another worker finishes the snapshot. It kills itself
 at its first heartbeat reporting uploaded bytes: by then S3 holds an unfinished
 multipart upload and pg_dump is still writing, which is the moment under test; a kill
-from outside could not be timed that precisely.
+from outside could not be timed that precisely. With --activity replicate it dies at the
+first heartbeat reporting the replication's lag (the subscription and its slot exist,
+the initial copy runs), with catch_up at the first reporting what is still to apply
+(test_online_outages).
 
-    python -m tests.postgres.worker_process --state-dir DIR --task-queue QUEUE --bindir DIR
+    python -m tests.postgres.worker_process --state-dir DIR --task-queue QUEUE --bindir DIR [--activity NAME]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import concurrent.futures
 import os
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,20 +27,26 @@ from kubernetes import config as k8s_config
 from temporalio.worker import Worker
 
 from activities.postgres.activities import PostgresActivities
+from activities.postgres.replicating import ReplicationActivities
 from activities.settings import MIB, DataActivitySettings
 from devstack.stack.stack import StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 
 IDENTITY = "doomed-worker"
+DEATHS = {"snapshot": "uploaded_bytes", "replicate": "lag_bytes", "catch_up": "lsn_to_apply_bytes"}
+"""The heartbeat detail whose first report kills the worker, by activity."""
 
 
-def _die_once_uploading(details: dict[str, Any]) -> None:
-    if details.get("uploaded_bytes", 0) > 0:
-        os.kill(os.getpid(), signal.SIGKILL)
+def _die_once(key: str) -> Callable[[dict[str, Any]], None]:
+    def hook(details: dict[str, Any]) -> None:
+        if key in details and (key != "uploaded_bytes" or details[key] > 0):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
 
 
-async def _run(info: StackInfo, task_queue: str, bindir: Path) -> None:
+async def _run(info: StackInfo, task_queue: str, bindir: Path, doomed: str = "snapshot") -> None:
     assert info.temporal_address is not None
     client = await connect_temporal(
         TemporalSettings(address=info.temporal_address, namespace=info.temporal_namespace or "default")
@@ -44,13 +54,15 @@ async def _run(info: StackInfo, task_queue: str, bindir: Path) -> None:
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
     settings = DataActivitySettings(postgres_bindir=bindir, part_size=5 * MIB, upload_concurrency=2)
     postgres = PostgresActivities(api, settings)
+    replication = ReplicationActivities(api, settings)
+    activity = {"snapshot": postgres.snapshot, "replicate": replication.replicate, "catch_up": replication.catch_up}
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as executor:
         worker = Worker(
             client,
             task_queue=task_queue,
-            activities=[postgres.snapshot],
+            activities=[activity[doomed]],
             activity_executor=executor,
-            interceptors=[OnHeartbeat(_die_once_uploading)],
+            interceptors=[OnHeartbeat(_die_once(DEATHS[doomed]))],
             max_heartbeat_throttle_interval=timedelta(seconds=1),
             identity=IDENTITY,
         )
@@ -62,8 +74,9 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--task-queue", required=True)
     parser.add_argument("--bindir", type=Path, required=True)
+    parser.add_argument("--activity", choices=sorted(DEATHS), default="snapshot")
     args = parser.parse_args()
-    asyncio.run(_run(StackInfo.load(args.state_dir), args.task_queue, args.bindir))
+    asyncio.run(_run(StackInfo.load(args.state_dir), args.task_queue, args.bindir, args.activity))
 
 
 if __name__ == "__main__":
