@@ -40,6 +40,8 @@ class Writer:
     once per session; 'held-open': one session for the whole run, never reconnecting."""
     first: int
     acknowledged: list[int] = dataclasses.field(default_factory=list)
+    acknowledged_at: list[float] = dataclasses.field(default_factory=list)
+    """When the server acknowledged each of them (time.time())."""
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -77,6 +79,7 @@ class Writer:
                 conn = None
                 continue
             self.acknowledged.append(number)
+            self.acknowledged_at.append(time.time())
             time.sleep(0.005)
         if conn is not None:
             conn.close()
