@@ -220,11 +220,12 @@ def test_replica_identity_full_carries_updates_and_deletes_of_a_table_without_a_
     with connect(databases.source) as conn:
         conn.execute("update public.notes set body = body || ' (edited)' where body like 'note 1%'")
         conn.execute("delete from public.notes where body = 'note 2'")
-    online.freeze()
+    frozen = online.freeze()
     online.catch_up()
     assert contents(databases.target) == contents(databases.source)
     assert replica_identity(databases.source, "public.notes") == "d", "given back once the replication ended"
     online.verify()
+    online.check_frozen(frozen)  # giving the identity back on the frozen source is no write after the freeze
     online.undo_freeze()
 
 
