@@ -33,6 +33,7 @@ from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
 from ferry.api.saga import PrecheckInput, PrecheckResult
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 PROBE = b"ferry precheck: written and deleted at once\n"
 SESSION = {"default_transaction_read_only": "on"}
@@ -226,8 +227,9 @@ def _bucket(
     except PermanentError as error:
         problems.append(str(error))
     except (S3NotAnswering, BotoCoreError, ClientError) as error:
+        said = scrub(str(error), EXCERPT_LIMIT)
         problems.append(
-            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {error}. Check spec.snapshot "
+            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {said}. Check spec.snapshot "
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
 

@@ -10,7 +10,8 @@ The child's environment is built from nothing (see `environment`): it inherits n
 the worker's variables, which hold the worker's own credentials (FERRY_TEMPORAL_API_KEY,
 cloud credentials) and PG* settings meant for nobody but the worker. A thread reads its
 stderr, keeping the tail, so a chatty tool never blocks on a full pipe; that tail is
-scrubbed of the password before it becomes part of a message.
+scrubbed of the password and of every value the server quoted (ferry.api.scrubbing)
+before it becomes part of a message.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from psycopg.conninfo import make_conninfo
 from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 TOOLS = ("pg_dump", "pg_restore")
 DEBIAN_FOLDERS = Path("/usr/lib/postgresql")
@@ -146,10 +148,9 @@ class Tool:
         return code
 
     def failure(self, code: int) -> str:
-        """What the tool said before it exited with `code`, without the password."""
-        said = " | ".join(line for line in self._stderr if line) or "(no output)"
-        said = re.sub(r"\s+", " ", said)
-        return self._db.redact(f"{self.name} exited with code {code}: {said}")
+        """What the tool said before it exited with `code`: no password, no value the server quoted, one line."""
+        said = scrub(self._db.redact("\n".join(self._stderr)), EXCERPT_LIMIT) or "(no output)"
+        return f"{self.name} exited with code {code}: {said}"
 
     def __enter__(self) -> Tool:
         return self
