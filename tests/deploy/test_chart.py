@@ -56,6 +56,12 @@ def _selectors_hold(objects: list[dict[str, Any]]) -> None:
     for service in (obj for obj in objects if obj["kind"] == "Service"):
         for name, spec in deployments.items():
             assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items(), name
+    for policy in (obj for obj in objects if obj["kind"] == "NetworkPolicy"):
+        wanted = policy["spec"]["podSelector"]["matchLabels"].items()
+        selected = [
+            name for name, spec in deployments.items() if wanted <= spec["template"]["metadata"]["labels"].items()
+        ]
+        assert selected == [policy["metadata"]["name"]], policy["metadata"]["name"]
     for monitor in (obj for obj in objects if obj["kind"] == "ServiceMonitor"):
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
         assert [obj for obj in objects if obj["kind"] == "Service" and wanted <= obj["metadata"]["labels"].items()]
@@ -71,6 +77,8 @@ def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj.get("spec", {})
     if obj["kind"] in {"Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"}:
         spec.pop("selector")
+    if obj["kind"] == "NetworkPolicy":
+        spec.pop("podSelector")
     if obj["kind"] == "Deployment":
         del spec["template"]["metadata"]
         for constraint in spec["template"]["spec"]["topologySpreadConstraints"]:
@@ -175,6 +183,26 @@ def test_a_secret_access_other_than_namespaces_or_cluster_stops_the_chart(helm: 
 
     assert result.returncode != 0
     assert 'worker.secretAccess is "everywhere": it is namespaces' in result.stderr
+
+
+def test_the_network_policies_follow_their_values_and_go_when_disabled(helm: Path) -> None:
+    def policies(*values: str) -> dict[str, dict[str, Any]]:
+        objects = rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, *values))
+        return {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "NetworkPolicy"}
+
+    changed = policies(
+        "networkPolicy.databases.ports={6432}",
+        "networkPolicy.databases.to[0].ipBlock.cidr=10.20.0.0/16",
+        "networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    )
+
+    assert policies("networkPolicy.enabled=false") == {}
+    assert {"ports": [{"port": 6432, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]} in changed[
+        "ferry-worker"
+    ]["egress"]
+    assert all(5432 not in [port["port"] for port in rule["ports"]] for rule in changed["ferry-worker"]["egress"])
+    for spec in changed.values():
+        assert spec["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
 
 
 def test_another_lease_name_changes_the_watchers_flag_and_its_role_together(helm: Path) -> None:
