@@ -105,8 +105,9 @@ class SecretReader:
                 ) from None
             if error.status == 403:
                 raise MissingSecret(
-                    f"{field}: ferry's worker may not read Secret {namespace}/{name}; allow its service account "
-                    f"to get Secrets in namespace {namespace}."
+                    f"{field}: ferry's worker may not read Secret {namespace}/{name}: it reads Secrets only in the "
+                    f"namespaces it is given. Add {namespace} to them (the chart's worker.secretNamespaces, or "
+                    f"`ferry rbac --secret-namespaces` for deploy/rbac/worker_secrets.yaml) and apply."
                 ) from None
             # Only the status line: an API error's body is not something to carry into a record.
             raise RuntimeError(f"could not read Secret {namespace}/{name}: {error.status} {error.reason}") from None

@@ -8,6 +8,7 @@ and its Service in its namespace, and ferry's worker polling its own task queue.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -139,6 +140,24 @@ async def start_migration(
         id=workflow_id(ref),
         task_queue=task_queue,
     )
+
+
+def readable_history(history_json: str) -> str:
+    """A history as JSON, with every payload's data decoded: the JSON form keeps payloads in base64."""
+    decoded: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                decoded.append(base64.b64decode(node["data"]).decode(errors="replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(json.loads(history_json))
+    return "\n".join([history_json, *decoded])
 
 
 def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:

@@ -7,8 +7,9 @@ so a person looks at it instead of Temporal retrying for an hour. Every wait is
 bounded: an attempt gives up after connect_timeout even when the server accepted the
 connection and never answered, and TCP keepalives with tcp_user_timeout end a
 connection whose server vanished in the middle of a query (see `parameters`). Every message is
-scrubbed of the password: libpq's messages do not contain it today, but they are
-about to become status and Events, and that must hold whatever libpq says.
+scrubbed of the password (libpq's messages do not contain it today, but they are
+about to become status and Events, and that must hold whatever libpq says) and of the
+values the server quoted (ferry.api.scrubbing).
 
 Errors are raised `from None`: a chained psycopg error would travel into the
 workflow's history unscrubbed.
@@ -28,6 +29,7 @@ from temporalio.exceptions import CancelledError
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, DatabaseUnreachable, InvalidSpec
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 APPLICATION_NAME = "ferry"
 """application_name of ferry's sessions, as pg_stat_activity shows them."""
@@ -88,7 +90,7 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
                 autocommit=True,
             )
         except psycopg.OperationalError as error:
-            last_error = db.redact(str(error))
+            last_error = said(db, error)
         _raise_if_permanent(db, last_error)
         activity.logger.info(
             "could not connect to %s (attempt %d of %d): %s",
@@ -128,13 +130,18 @@ def privileged(db: DatabaseConnection, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as error:
-        said = db.redact(str(error))
+        refused = said(db, error)
         remedy = (
             f"As a superuser, GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {db.username} (since PostgreSQL 15, "
             "only superusers may keep ferry's markers in a database otherwise), or use a superuser."
-            if "permission denied to set parameter" in said
+            if "permission denied to set parameter" in refused
             else "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
         )
         raise BadCredentials(
-            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {said}. {remedy}"
+            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {refused}. {remedy}"
         ) from None
+
+
+def said(db: DatabaseConnection, error: psycopg.Error) -> str:
+    """What the server or libpq said, for a message: without the password and the values it quoted, on one line."""
+    return scrub(db.redact(str(error)), EXCERPT_LIMIT)

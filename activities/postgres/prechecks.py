@@ -37,6 +37,7 @@ from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
 from ferry.api.migration import Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 log = logging.getLogger("ferry.activities.precheck")
 PROBE = b"ferry precheck: written and deleted at once\n"
@@ -270,8 +271,9 @@ def _bucket(
     except PermanentError as error:
         problems.append(str(error))
     except (S3NotAnswering, BotoCoreError, ClientError) as error:
+        said = scrub(str(error), EXCERPT_LIMIT)
         problems.append(
-            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {error}. Check spec.snapshot "
+            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {said}. Check spec.snapshot "
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
     return 0.0

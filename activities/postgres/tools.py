@@ -4,10 +4,14 @@ The password reaches the child in PGPASSWORD, and the rest of the connection in 
 PGPORT, PGUSER and PGDATABASE: nothing secret is on a command line, where `ps` shows
 it. The command line carries only `conninfo`: the database name, quoted so that it is
 never read as a connection string, and the parameters that bound every wait
-(connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables. The child inherits none
-of the worker's own PG* variables. A thread reads its stderr, keeping the tail, so a
-chatty tool never blocks on a full pipe; that tail is scrubbed of the password before
-it becomes part of a message.
+(connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables.
+
+The child's environment is built from nothing (see `environment`): it inherits none of
+the worker's variables, which hold the worker's own credentials (FERRY_TEMPORAL_API_KEY,
+cloud credentials) and PG* settings meant for nobody but the worker. A thread reads its
+stderr, keeping the tail, so a chatty tool never blocks on a full pipe; that tail is
+scrubbed of the password and of every value the server quoted (ferry.api.scrubbing)
+before it becomes part of a message.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from psycopg.conninfo import make_conninfo
 from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 TOOLS = ("pg_dump", "pg_restore")
 DEBIAN_FOLDERS = Path("/usr/lib/postgresql")
 STDERR_LINES = 20
+MESSAGES = {"LC_MESSAGES": "C"}
+"""The tools' messages in English whatever the worker's locale: ferry reads them ("permission denied")."""
 
 
 def find_bindir(configured: Path | None) -> Path:
@@ -57,7 +64,7 @@ def version(bindir: Path, tool: str) -> str:
     """The version `tool --version` reports, e.g. 15.18; raises RuntimeError when it cannot tell."""
     try:
         said = subprocess.run(
-            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True
+            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True, env=MESSAGES
         ).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise RuntimeError(f"could not run {bindir / tool} --version: {error}") from None
@@ -78,18 +85,25 @@ def conninfo(db: DatabaseConnection, settings: DataActivitySettings) -> str:
 
 
 def environment(db: DatabaseConnection, settings: DataActivitySettings) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("PG")}
-    env.update(
-        PGHOST=db.host,
-        PGPORT=str(db.port),
-        PGUSER=db.username,
-        PGPASSWORD=db.password,
-        PGDATABASE=db.database,
-        PGAPPNAME=APPLICATION_NAME,
-        PGCONNECT_TIMEOUT=str(settings.connect_timeout),
-        LC_MESSAGES="C",
-    )
-    return env
+    """Everything a tool's process gets in its environment: the connection, and English messages.
+
+    Nothing else, and nothing of the worker's. The tools need no PATH (they are started
+    by their full path and start nothing themselves), no HOME (PGPASSWORD makes a
+    .pgpass unnecessary; libpq finds the user's home from the password database should
+    it look for certificates), no TZ (COPY writes timestamps with their offset) and no
+    LANG (the session's encoding is the database's). What the worker's own environment
+    held stays out of reach of a tool, and of anything a tool might run or print.
+    """
+    return {
+        **MESSAGES,
+        "PGHOST": db.host,
+        "PGPORT": str(db.port),
+        "PGUSER": db.username,
+        "PGPASSWORD": db.password,
+        "PGDATABASE": db.database,
+        "PGAPPNAME": APPLICATION_NAME,
+        "PGCONNECT_TIMEOUT": str(settings.connect_timeout),
+    }
 
 
 class Tool:
@@ -134,10 +148,9 @@ class Tool:
         return code
 
     def failure(self, code: int) -> str:
-        """What the tool said before it exited with `code`, without the password."""
-        said = " | ".join(line for line in self._stderr if line) or "(no output)"
-        said = re.sub(r"\s+", " ", said)
-        return self._db.redact(f"{self.name} exited with code {code}: {said}")
+        """What the tool said before it exited with `code`: no password, no value the server quoted, one line."""
+        said = scrub(self._db.redact("\n".join(self._stderr)), EXCERPT_LIMIT) or "(no output)"
+        return f"{self.name} exited with code {code}: {said}"
 
     def __enter__(self) -> Tool:
         return self

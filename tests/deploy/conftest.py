@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ HELM_RELEASE = "ferry-helm"
 deploy/'s, whose cluster-wide roles are named after the release "ferry"."""
 
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+GrantSecrets = Callable[[str], None]
+"""(namespace) -> the installation's worker may read Secrets there, granted the way that installation grants it."""
 
 
 @pytest.fixture(scope="session")
@@ -128,3 +132,27 @@ def installation(request: pytest.FixtureRequest) -> Installation:
     how = getattr(request, "param", "kustomize")
     found: Installation = request.getfixturevalue(f"{how}_installation")
     return found
+
+
+@pytest.fixture
+def grant_secrets(request: pytest.FixtureRequest, installation: Installation, kubectl: Kubectl) -> GrantSecrets:
+    """Lists a namespace for the worker's Secrets: `ferry rbac` for deploy/, worker.secretNamespaces for the chart.
+
+    The grants live in that namespace, and go with it.
+    """
+
+    def grant(namespace: str) -> None:
+        if installation.how == "helm":
+            helm: Path = request.getfixturevalue("helm")
+            listed = f"worker.secretNamespaces={{{namespace}}}"
+            rendered = rendering.parse(rendering.helm_template(helm, HELM_RELEASE, installation.namespace, listed))
+            grants = [obj for obj in rendered if obj["metadata"].get("namespace") == namespace]
+            text = json.dumps({"apiVersion": "v1", "kind": "List", "items": grants})
+        else:
+            text = rendering.run_tool(
+                sys.executable, "-m", "ferry.cli", "rbac", f"--secret-namespaces={namespace}",
+                f"--namespace={installation.namespace}",
+            )  # fmt: skip
+        kubectl("apply", "--server-side", "-f", "-", stdin=text)
+
+    return grant

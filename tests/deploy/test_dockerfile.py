@@ -18,7 +18,9 @@ from tests.deploy.files import (
     dockerfile,
     documents,
     exec_form,
+    in_build_context,
     pyproject,
+    repository_files,
     stage_env,
     subcommands,
     variables_read_by,
@@ -113,7 +115,28 @@ def test_the_image_runs_as_the_non_root_user_the_deployments_expect() -> None:
         assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid))
 
 
-def test_the_build_context_leaves_out_the_local_environment_and_stack() -> None:
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+def test_the_build_context_holds_ferrys_packages_and_the_files_that_build_them_and_nothing_else() -> None:
+    sent = [path for path in repository_files() if in_build_context(path)]
+    packages = pyproject()["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
 
-    assert {".venv", ".ferry", ".git"} <= ignored
+    assert {path.split("/")[0] for path in sent} == {*packages, "pyproject.toml", "uv.lock", "README.md"}
+    assert {path.split("/")[0] for path in sent} == _copied_into_build_stage()
+    assert "ferry/cli.py" in sent
+    assert not [path for path in sent if "__pycache__" in path]
+
+
+@pytest.mark.parametrize("left_out", ["devstack", "tests", "scripts", "deploy", "docs", ".venv", ".ferry", ".git"])
+def test_the_local_stack_the_tests_and_the_local_environment_never_reach_the_builder(left_out: str) -> None:
+    present = [path for path in repository_files() if path.split("/")[0] == left_out]
+
+    assert present, f"{left_out} is in the checkout, so this checks something"
+    assert not [path for path in present if in_build_context(path)]
+
+
+def test_no_stage_copies_the_local_stack_and_the_image_copies_only_the_built_environment() -> None:
+    image = dockerfile()
+    copied = [arguments.split() for stage in image.stages for name, arguments in stage if name == "COPY"]
+    final = [arguments.split() for name, arguments in image.final if name == "COPY"]
+
+    assert not [words for words in copied if any(word.startswith(("devstack", "tests", "scripts")) for word in words)]
+    assert final == [["--from=build", "/opt/ferry", "/opt/ferry"]]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from activities.secrets import DATABASE_KEYS, S3_KEYS
+from ferry import rbac
 from ferry.api.migration import MigrationSpec
 from tests.conftest import Kubectl
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, settings, subcommands, variables_read_by
@@ -74,6 +75,18 @@ def test_deploy_applies_to_the_api_server_with_every_object(
         ("ServiceAccount", "ferry-worker"),
         ("ServiceAccount", "ferry-watcher"),
     } <= kinds
+
+
+def test_the_worker_reads_secrets_in_no_namespace_until_one_is_listed_and_the_list_is_ferry_rbacs_output() -> None:
+    committed = DEPLOY / "rbac" / "worker_secrets.yaml"
+    listed = sorted({doc["metadata"]["namespace"] for doc in documents(committed) if "namespace" in doc["metadata"]})
+    roles = [doc for doc in documents(DEPLOY / "rbac") if "rules" in doc]
+
+    assert listed == [], "deploy/ lists no namespace: each cluster names its own"
+    assert committed.read_text() == rbac.manifest_yaml(listed), "run `make rbac SECRET_NAMESPACES=...`"
+    assert not [
+        role["metadata"]["name"] for role in roles if any("secrets" in rule["resources"] for rule in role["rules"])
+    ]
 
 
 def test_the_deployments_pass_the_restricted_pod_security_standard(

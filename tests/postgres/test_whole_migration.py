@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import json
@@ -26,6 +25,7 @@ from tests.end_to_end import (
     Databases,
     apply_migration,
     migration_manifest,
+    readable_history,
     start_migration,
     worker_settings,
 )
@@ -39,24 +39,6 @@ SAGA_TIMEOUT = 240
 def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     migration: dict[str, Any] = json.loads(kubectl("get", "migration", name, "-n", namespace, "-o", "json").stdout)
     return migration
-
-
-def _readable(history_json: str) -> str:
-    """A history as JSON, with every payload's data decoded: the JSON form keeps payloads in base64."""
-    decoded: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "metadata" in node and isinstance(node.get("data"), str):
-                decoded.append(base64.b64decode(node["data"]).decode(errors="replace"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(json.loads(history_json))
-    return "\n".join([history_json, *decoded])
 
 
 async def _attempts(handle: WorkflowHandle[Any, Any], activity_type: str) -> list[int]:
@@ -99,7 +81,7 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
     assert result["phase"] == "Succeeded"
     assert contents(databases.target) == contents(databases.source)
     records = {
-        "workflow history": _readable((await handle.fetch_history()).to_json()),
+        "workflow history": readable_history((await handle.fetch_history()).to_json()),
         "logs": caplog.text,
         "Migration": json.dumps(_migration(kubectl, namespace, ref.name)),
         "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
