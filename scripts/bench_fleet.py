@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import logging
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,9 +47,8 @@ from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
 from scripts.history_stats import History
 from tests.chaos.harness import GROUP, PLURAL, VERSION, ChaosPlan, ChaosRun, Subject, cleanup, own_temporal
-from tests.cluster import crd_established
+from tests.cluster import install_crd
 
-CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
 SLOTS = "temporal_worker_task_slots_used"
 MEANS = {
     "status write (read, apply, Events)": "ferry_status_patch_seconds",
@@ -328,16 +326,7 @@ class ScenarioRun(ObservedRun):
 def stack_for_runs(workdir: Path) -> Iterator[tuple[Binaries, StackInfo, k8s.ApiClient, Stack]]:
     binaries = ensure_binaries()
     with Stack(workdir / "stack", components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
-        kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True)
-        crd_established(
-            lambda: (
-                subprocess.run(
-                    [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"], check=True, capture_output=True, text=True
-                ).stdout
-            ),
-            "migrations.ferry.dev",
-        )
+        install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
         api = config.new_client_from_config(config_file=str(info.kubeconfig))
         with own_temporal(workdir / "temporal", binaries) as temporal:
             yield binaries, info, api, temporal

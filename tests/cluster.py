@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kubernetes import client as k8s
 
@@ -20,6 +22,22 @@ def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+MIGRATION_CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
+
+
+def install_crd(kubectl: Sequence[str], crd: Path = MIGRATION_CRD, name: str = "migrations.ferry.dev") -> None:
+    """Applies a CRD with `kubectl` (the binary and its connection flags) and waits until it is Established."""
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
+    crd_established(
+        lambda: (
+            subprocess.run(
+                [*kubectl, "get", f"crd/{name}", "-o", "json"], check=True, capture_output=True, text=True
+            ).stdout
+        ),
+        name,
+    )
 
 
 def crd_established(read: Callable[[], str], name: str, timeout: float = 300.0) -> None:
