@@ -142,7 +142,9 @@ def test_secrets_can_be_granted_in_listed_namespaces_only(helm: Path) -> None:
         rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, "worker.secretNamespaces={shop,billing}")
     )
     grants = [
-        obj for obj in objects if obj["kind"].endswith("Binding") and obj["roleRef"]["name"] == "ferry-worker-secrets"
+        obj
+        for obj in objects
+        if obj["kind"] in {"RoleBinding", "ClusterRoleBinding"} and obj["roleRef"]["name"] == "ferry-worker-secrets"
     ]
 
     assert sorted((obj["kind"], obj["metadata"].get("namespace")) for obj in grants) == [
