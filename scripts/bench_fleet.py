@@ -42,6 +42,7 @@ from kubernetes import config, watch
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack import pki
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
@@ -290,7 +291,8 @@ class ScenarioRun(ObservedRun):
                 self.outage.start()  # same folder, same port
                 self.outage_state = "back"
             if not self.rolled_back and self._latest(3).get("phase") == "AwaitingApproval":
-                annotation = {"ferry.dev/rollback": "bench: rolled back while awaiting approval"}
+                # Signed by the stack's admin, as whom the bench acts (deploy/admission checks the name).
+                annotation = {"ferry.dev/rollback": f"{pki.ADMIN.common_name}: rolled back while awaiting approval"}
                 self._patch(custom, 3, {"metadata": {"annotations": annotation}})
                 self.rolled_back = True
             if time.monotonic() >= next_look:

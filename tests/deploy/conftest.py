@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devstack.stack.install import Binaries, ensure_tool
 from devstack.stack.stack import StackInfo
+from tests.cluster import token_kubeconfig
 from tests.conftest import Kubectl
 from tests.deploy import rendering
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
@@ -55,23 +55,12 @@ def service_account_kubeconfig(
 ) -> ServiceAccountKubeconfig:
     """Makes a kubeconfig that authenticates as a ServiceAccount of ferry-system, with a fresh token."""
     assert stack.kubeconfig is not None
-    admin = yaml.safe_load(stack.kubeconfig.read_text())
+    admin = stack.kubeconfig
 
     def make(account: str, namespace: str = ferry_system) -> Path:
         token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
         assert token, f"no token for ServiceAccount {namespace}/{account}"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": admin["clusters"],
-            "users": [{"name": account, "user": {"token": token}}],
-            "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-            "current-context": account,
-        }
-        path = tmp_path / f"{account}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return token_kubeconfig(admin, account, token, tmp_path / f"{account}.kubeconfig")
 
     return make
 

@@ -74,6 +74,13 @@ def test_deploy_applies_to_the_api_server_with_every_object(
         ("PodDisruptionBudget", "ferry-watcher"),
         ("ServiceAccount", "ferry-worker"),
         ("ServiceAccount", "ferry-watcher"),
+        ("ClusterRole", "ferry-approver"),
+        ("ClusterRole", "ferry-operator"),
+        ("ValidatingAdmissionPolicy", "ferry-controls"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-controls"),
+        ("ValidatingAdmissionPolicy", "ferry-plan"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-plan"),
+        ("ConfigMap", "ferry-allowlists"),
     } <= kinds
 
 
@@ -106,6 +113,21 @@ def test_the_sample_migration_and_its_secrets_apply_in_a_workload_namespace(
 
     assert len(applied) == 4
     assert any(line.startswith("migration.ferry.dev/orders-db-to-16 ") for line in applied), applied
+
+
+def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
+    kubectl: Kubectl, migration_crd: str, ferry_system: str
+) -> None:
+    applied = _dry_run(kubectl, "-k", str(DEPLOY / "admission"))
+
+    assert sorted(applied) == [
+        "configmap/ferry-allowlists serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-controls serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-controls serverside-applied "
+        "(server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+    ]
 
 
 def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_migration_gives() -> None:
