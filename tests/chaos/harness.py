@@ -333,6 +333,7 @@ class ChaosRun:
                     "worker",
                     *common,
                     "--poll-interval=0.5",
+                    f"--postgres-bindir={self.info.postgres_bindir}",
                     *self._worker_options(index),
                 ],
             )
