@@ -333,7 +333,8 @@ class ChaosRun:
                     "worker",
                     *common,
                     "--poll-interval=0.5",
-                    f"--postgres-bindir={self.info.postgres_bindir}",
+                    # The stack's PostgreSQL 18 tools: the worker's own search would find Debian's 15 only.
+                    f"--postgres-bindir={self.info.postgres_bindir or ''}",
                     *self._worker_options(index),
                 ],
             )
