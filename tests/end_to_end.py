@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
-from activities.settings import KubeActivitySettings
+from activities.settings import DataActivitySettings, KubeActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationSpec
@@ -167,6 +167,7 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
         task_queue=task_queue,
         kubeconfig=stack.kubeconfig,
         kube_activities=KubeActivitySettings(poll_interval=0.2, temporal_ui_url=stack.temporal_ui_url),
+        data_activities=DataActivitySettings(postgres_bindir=stack.postgres_bindir),
     )
 
 

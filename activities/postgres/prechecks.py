@@ -98,8 +98,9 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         if missing:
             assert target_db is not None
             problems.append(
-                f"the source uses extensions that the target's server does not have: {', '.join(missing)}. "
-                f"Install them on the server of {target_db.describe()} (pg_available_extensions lists what it has)."
+                f"the source uses extensions that the target's server (PostgreSQL {target.version}) does not have: "
+                f"{', '.join(missing)}. Install them on the server of {target_db.describe()} (its "
+                "pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
             )
     if source and input.target_storage_bytes is not None and source.size * SIZE_MARGIN > input.target_storage_bytes:
         problems.append(

@@ -20,7 +20,6 @@ import collections
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -42,22 +41,56 @@ MESSAGES = {"LC_MESSAGES": "C"}
 
 
 def find_bindir(configured: Path | None) -> Path:
-    """The folder with pg_dump and pg_restore: the configured one, else the PATH's, else Debian's newest."""
+    """The folder with pg_dump and pg_restore: the configured one, else the newest this machine has.
+
+    Without --postgres-bindir, the candidates are every folder on the PATH that holds both
+    tools and Debian's /usr/lib/postgresql/<major>/bin, and the one whose pg_dump reports the
+    highest major version wins (on a tie, the first: the PATH's in its order, then Debian's).
+    The newest, not the first found: pg_dump dumps servers of its own major and older ones but
+    refuses newer ones, and pg_restore reads the archives of its own and older pg_dumps, so
+    the newest tools serve every pair of servers the older ones serve. The worker's image and
+    the local stack name their folder (FERRY_POSTGRES_BINDIR in the Dockerfile; the stack's
+    PostgreSQL 18 tools, which are in neither place, in devstack and the tests) rather than
+    rely on this search.
+    """
     if configured is not None:
-        candidates = [configured]
-    else:
-        on_path = shutil.which(TOOLS[0])
-        candidates = [Path(on_path).parent] if on_path else []
-        numbered = [path for path in DEBIAN_FOLDERS.glob("*/bin") if path.parent.name.isdigit()]
-        candidates += sorted(numbered, key=lambda path: int(path.parent.name), reverse=True)
-    for folder in candidates:
-        if all(os.access(folder / tool, os.X_OK) for tool in TOOLS):
-            return folder
-    where = str(configured) if configured else f"the PATH or {DEBIAN_FOLDERS}/*/bin"
-    raise RuntimeError(
-        f"found no pg_dump and pg_restore in {where}: install the PostgreSQL client tools on the worker "
-        "or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
-    )
+        if all(os.access(configured / tool, os.X_OK) for tool in TOOLS):
+            return configured
+        raise RuntimeError(
+            f"found no pg_dump and pg_restore in {configured}: point --postgres-bindir (FERRY_POSTGRES_BINDIR) "
+            "at the folder of the PostgreSQL client tools"
+        )
+    found = [(_major_or_none(folder), folder) for folder in candidates()]
+    usable = [(found_major, folder) for found_major, folder in found if found_major is not None]
+    if not usable:
+        raise RuntimeError(
+            f"found no pg_dump and pg_restore on the PATH or in {DEBIAN_FOLDERS}/*/bin: install the PostgreSQL "
+            "client tools on the worker or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
+        )
+    newest = max(found_major for found_major, _ in usable)
+    return next(folder for found_major, folder in usable if found_major == newest)
+
+
+def candidates() -> list[Path]:
+    """Every folder holding pg_dump and pg_restore: those on the PATH in its order, then Debian's, each once."""
+    on_path = [Path(entry) for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
+    numbered = [path for path in DEBIAN_FOLDERS.glob("*/bin") if path.parent.name.isdigit()]
+    debian = sorted(numbered, key=lambda path: int(path.parent.name), reverse=True)
+    folders: list[Path] = []
+    seen: set[Path] = set()
+    for folder in [*on_path, *debian]:
+        if all(os.access(folder / tool, os.X_OK) for tool in TOOLS) and folder.resolve() not in seen:
+            seen.add(folder.resolve())
+            folders.append(folder)
+    return folders
+
+
+def _major_or_none(folder: Path) -> int | None:
+    """The major version of the folder's pg_dump, or None when it does not tell (then it is no candidate)."""
+    try:
+        return major(version(folder, TOOLS[0]))
+    except RuntimeError:
+        return None
 
 
 def version(bindir: Path, tool: str) -> str:

@@ -1,9 +1,11 @@
-"""PostgreSQL instances from Debian's packages, one data folder each, TCP on loopback only.
+"""PostgreSQL instances, one data folder each, TCP on loopback only.
 
-The server refuses to run as root, so when ferry runs as root the instances run as
-the `postgres` system user that Debian's package creates, and their data goes where that
-user can reach it (postgres_home.py). Each instance's password and log stay in the state
-folder, which ferry's own user reads.
+Each instance runs the server of its own folder of binaries: the stack's `source` is
+Debian's PostgreSQL 15 and its `target` PostgreSQL 18 (install.py finds both), so that a
+migration really crosses major versions. The server refuses to run as root, so when ferry
+runs as root the instances run as the `postgres` system user that Debian's package
+creates, and their data goes where that user can reach it (postgres_home.py). Each
+instance's password and log stay in the state folder, which ferry's own user reads.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 from pathlib import Path
 
 from devstack.stack.errors import StartError
-from devstack.stack.install import Binaries
 from devstack.stack.logtail import cause_lines
 from devstack.stack.postgres_home import DataHome, ServiceUser
 from devstack.stack.processes import ManagedProcess, as_user
@@ -47,7 +48,8 @@ class PostgresInstance:
     """One named instance (the stack has `source` and `target`)."""
 
     name: str
-    binaries: Binaries
+    bindir: Path
+    """The server's own programs: postgres, initdb, pg_isready."""
     folder: Path
     """In the state folder: the password, and the data folder or a link to it."""
     ports: PortBook
@@ -80,7 +82,7 @@ class PostgresInstance:
         return path.read_text().strip()
 
     def _tool(self, name: str) -> str:
-        return str(self.binaries.postgres_bindir / name)
+        return str(self.bindir / name)
 
     def _initialize(self) -> None:
         if (self.data / "PG_VERSION").exists():

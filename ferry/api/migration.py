@@ -213,7 +213,7 @@ class TargetSpec(ApiModel):
         description="Name of the target StatefulSet (at most 52 characters, so its Pods' labels stay valid). "
         "Its headless Service gets the same name."
     )
-    image: str = Field(min_length=1, description="Container image of the target, e.g. postgres:16.")
+    image: str = Field(min_length=1, description="Container image of the target, e.g. postgres:18.")
     container: Name | None = Field(
         default=None,
         description="Which container of the source's Pod template gets the new image (default: the first).",

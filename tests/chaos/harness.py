@@ -334,6 +334,8 @@ class ChaosRun:
                     "worker",
                     *common,
                     "--poll-interval=0.5",
+                    # The stack's PostgreSQL 18 tools: the worker's own search would find Debian's 15 only.
+                    f"--postgres-bindir={self.info.postgres_bindir or ''}",
                     *self._worker_options(index),
                 ],
             )

@@ -2,7 +2,7 @@
 
 No Docker engine runs here, so the Dockerfile is read, not built; every check compares it
 with what it must agree with: pyproject.toml, the lock's uv, ferry's real parser, the
-stack's PostgreSQL version and the Deployments in deploy/manager.
+stack's newest PostgreSQL major and the Deployments in deploy/manager.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from devstack.stack.versions import POSTGRES_MAJOR
+from devstack.stack.versions import TARGET_POSTGRES_MAJOR
 from tests.deploy.files import (
     DEPLOY,
     ROOT,
@@ -84,15 +84,16 @@ def test_the_image_holds_every_package_of_ferrys_wheel() -> None:
     assert pyproject()["project"]["readme"] in copied, "building the wheel needs the readme it declares"
 
 
-def test_the_image_has_pg_dump_and_pg_restore_of_the_stacks_postgresql_major() -> None:
+def test_the_image_has_pg_dump_and_pg_restore_of_the_stacks_newest_postgresql_major() -> None:
     image = dockerfile()
     runs = " ".join(arguments for name, arguments in image.final if name == "RUN")
     bindir = stage_env(image.final)["FERRY_POSTGRES_BINDIR"]
 
-    # Debian bookworm is the release that ships postgresql-client-15.
+    # PostgreSQL's own repository serves Debian bookworm; Debian's postgresql-common adds it.
     assert image.base_image(image.final).startswith("python:3.11-slim-bookworm")
-    assert f"postgresql-client-{POSTGRES_MAJOR}" in runs.split()
-    assert bindir == f"/usr/lib/postgresql/{POSTGRES_MAJOR}/bin"
+    assert "/usr/share/postgresql-common/pgdg/apt.postgresql.org.sh" in runs.split()
+    assert f"postgresql-client-{TARGET_POSTGRES_MAJOR}" in runs.split()
+    assert bindir == f"/usr/lib/postgresql/{TARGET_POSTGRES_MAJOR}/bin"
 
 
 def test_the_image_sets_only_variables_the_worker_reads() -> None:

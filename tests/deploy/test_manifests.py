@@ -112,7 +112,7 @@ def test_the_sample_migration_and_its_secrets_apply_in_a_workload_namespace(
     applied = _dry_run(kubectl, "-n", namespace, "-k", str(DEPLOY / "samples"))
 
     assert len(applied) == 4
-    assert any(line.startswith("migration.ferry.dev/orders-db-to-16 ") for line in applied), applied
+    assert any(line.startswith("migration.ferry.dev/orders-db-to-18 ") for line in applied), applied
 
 
 def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
@@ -132,7 +132,7 @@ def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
 
 def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_migration_gives() -> None:
     samples = documents(DEPLOY / "samples")
-    migration = find(samples, "Migration", "orders-db-to-16")
+    migration = find(samples, "Migration", "orders-db-to-18")
     spec = MigrationSpec.model_validate(migration["spec"])
 
     for name, keys in (
