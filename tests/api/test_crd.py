@@ -135,7 +135,7 @@ def test_the_commented_sample_in_deploy_is_accepted(kubectl: Kubectl, migration_
     applied = kubectl("apply", "-n", namespace, "-f", str(SAMPLE), check=False)
 
     assert applied.returncode == 0, applied.stderr
-    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "yaml").stdout)
+    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-18", "-n", namespace, "-o", "yaml").stdout)
     assert stored["spec"]["approval"]["deadlineSeconds"] == 86400
 
 
