@@ -4,7 +4,9 @@ Without it, a missing target database, a user that may not freeze, or a pg_dump 
 for the source was noticed only by the step that needed it: after the source had been
 frozen and snapshotted. precheck looks at all of it first and reads only (the one write
 is a tiny object put under the Migration's prefix and deleted at once, to prove that
-the bucket takes writes). It lists every problem it finds in one PrecheckFailed, one
+the bucket takes writes, encrypted as the spec asks). It also refuses an http:// S3
+endpoint the spec does not explicitly allow, which the API server refuses too: a run's
+input may predate that rule. It lists every problem it finds in one PrecheckFailed, one
 sentence each saying what to fix, so that one round of fixing is enough.
 """
 
@@ -118,7 +120,9 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 write_rate = throughput.write_rate(conn, sample)
         except (PermanentError, psycopg.Error) as error:  # a plan without rates is still a plan
             log.warning("could not measure the databases' rates for the plan: %s", error)
-    if credentials:
+    if input.snapshot.insecure:
+        problems.append(_insecure(input.snapshot.endpoint))
+    elif credentials:
         upload_rate = _bucket(input, owner, credentials, settings, problems, sample)
     if problems:
         raise PrecheckFailed(_report(problems))
@@ -278,6 +282,15 @@ def _bucket(
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
     return 0.0
+
+
+def _insecure(endpoint: str | None) -> str:
+    """Why an http:// endpoint is refused; the bucket is not tried, so the credentials are never sent to it."""
+    return (
+        f"spec.snapshot.endpoint {endpoint} is plain http: the snapshot (the whole database) and the S3 credentials "
+        "would cross the network unencrypted. Use an https:// endpoint, or, for a network path you trust, set "
+        "spec.snapshot.allowInsecureEndpoint: true in a new Migration (the snapshot spec cannot change)."
+    )
 
 
 def _report(problems: list[str]) -> str:
