@@ -75,7 +75,7 @@ def refusal(db: DatabaseConnection, message: str) -> TlsMismatch | None:
         return TlsMismatch(
             f"{db.describe()} has no pg_hba.conf rule that lets ferry in without encryption, and sslmode "
             f"{db.tls_mode()} did not encrypt: {message}. Set key '{SSLMODE_KEY}' of {where} to verify-full with "
-            f"the server's CA in key '{CA_KEY}' (or require, which does not check the certificate), or remove the key."
+            f"the server's CA in key '{CA_KEY}' (or require, which checks no host name), or remove the key."
         )
     if ENCRYPTION_MISSING in lowered:
         return TlsMismatch(
