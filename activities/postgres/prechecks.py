@@ -22,7 +22,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, restoring, throughput, tools
+from activities.postgres import database_settings, restoring, throughput, tls, tools
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -95,6 +95,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     source = _source(source_db, settings, owner, problems) if source_db else None
     target = _target(target_db, settings, owner, problems) if target_db else None
     tools_version = _tools(settings, source, target, problems)
+    if tools_version is not None:
+        _tools_tls(settings, [db for db in (source_db, target_db) if db], problems)
     if source and target:
         missing = sorted(source.extensions - target.extensions)
         if missing:
@@ -249,6 +251,18 @@ def _tools(
             "or newer (--postgres-bindir)."
         )
     return oldest
+
+
+def _tools_tls(settings: DataActivitySettings, dbs: list[DatabaseConnection], problems: Problems) -> None:
+    """pg_dump and pg_restore must speak TLS when a Secret requires it: their libpq may be built without."""
+    requiring = [db for db in dbs if db.tls_mode() in tls.REQUIRING_MODES]
+    bindir = tools.find_bindir(settings.postgres_bindir)
+    if requiring and tls.lacks_tls(bindir / "pg_dump"):
+        asked = ", ".join(f"Secret {db.secret} asks for sslmode {db.tls_mode()}" for db in requiring)
+        problems.append(
+            f"the worker's pg_dump and pg_restore in {bindir} were built without TLS, and {asked}. Give the "
+            "worker PostgreSQL client tools built with OpenSSL (--postgres-bindir)."
+        )
 
 
 def _bucket(
