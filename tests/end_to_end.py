@@ -114,6 +114,7 @@ def migration_manifest(stack: StackInfo, bucket: str, name: str = "orders-db-to-
     snapshot = {
         "bucket": bucket,
         "endpoint": stack.s3_endpoint,
+        "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
         "region": stack.s3_region,
         "credentialsSecret": S3_SECRET,
     }

@@ -5,6 +5,8 @@ PGPORT, PGUSER and PGDATABASE: nothing secret is on a command line, where `ps` s
 it. The command line carries only `conninfo`: the database name, quoted so that it is
 never read as a connection string, and the parameters that bound every wait
 (connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables.
+TLS is in PGSSLMODE and PGSSLROOTCERT, a private copy of the Secret's CA that lives as long
+as the child (tls.py).
 
 The child's environment is built from nothing (see `environment`): it inherits none of
 the worker's variables, which hold the worker's own credentials (FERRY_TEMPORAL_API_KEY,
@@ -28,6 +30,7 @@ from typing import IO
 
 from psycopg.conninfo import make_conninfo
 
+from activities.postgres import tls
 from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -148,13 +151,20 @@ class Tool:
         self.name = Path(argv[0]).name
         self._db = db
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self._process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if reads else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=environment(db, settings),
-        )
+        self._files = contextlib.ExitStack()
+        """What the child reads while it runs, removed once it has exited: the Secret's CA."""
+        ca = self._files.enter_context(tls.ca_file(db))
+        try:
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if reads else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={**environment(db, settings), **tls.environment(db, ca)},
+            )
+        except BaseException:
+            self._files.close()
+            raise
         self._reader = threading.Thread(target=self._read_stderr, name=f"{self.name}-stderr", daemon=True)
         self._reader.start()
 
@@ -178,6 +188,7 @@ class Tool:
         self._reader.join()
         assert self._process.stderr is not None
         self._process.stderr.close()
+        self._files.close()
         return code
 
     def failure(self, code: int) -> str:

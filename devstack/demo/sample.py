@@ -188,6 +188,7 @@ def migration_manifest(info: StackInfo, name: str = MIGRATION) -> dict[str, Any]
                 "bucket": BUCKET,
                 "prefix": "shop/",
                 "endpoint": info.s3_endpoint,
+                "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
                 "region": info.s3_region,
                 "credentialsSecret": "snapshot-credentials",
                 "retention": {"afterSuccess": "Keep"},

@@ -295,6 +295,7 @@ class ChaosRun:
         snapshot = {
             "bucket": self.bucket,
             "endpoint": self.info.s3_endpoint,
+            "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
             "region": self.info.s3_region,
             "credentialsSecret": S3_SECRET,
         }
