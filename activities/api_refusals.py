@@ -6,20 +6,21 @@ above limits): sending it again gets the same answer. A 403 means ferry's
 ServiceAccount lacks a permission. Left alone, either would be a plain ApiException,
 retried until the step's timeout and shown as an HTTP dump; here they become
 InvalidSpec and PermissionDenied, which every retry policy lists as non-retryable,
-with the server's own sentence (the `message` of its Status body) and what to do.
+with the server's own sentence (the `message` of its Status body, scrubbed: a 422 quotes
+the values it refused, which may be anything the spec or the source held) and what to do.
 Everything else (conflicts, timeouts, 5xx) stays retryable.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from kubernetes.client.exceptions import ApiException
 
 from ferry.api.errors import InvalidSpec, PermanentError, PermissionDenied
+from ferry.api.scrubbing import api_server_said
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,12 +29,8 @@ FORBIDDEN = 403
 
 
 def server_message(error: ApiException) -> str:
-    """What the API server said, in its words: the Status body's message, else the HTTP reason."""
-    try:
-        said = json.loads(error.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        said = None
-    return str(said or error.reason or f"HTTP {error.status}").rstrip(".")
+    """What the API server said, in its words (the Status body's message, else the HTTP reason), values withheld."""
+    return api_server_said(error.status, error.reason, error.body)
 
 
 def refusal(error: ApiException, migration: object = None) -> PermanentError | None:

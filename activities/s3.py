@@ -11,13 +11,17 @@ Every request has bounded waits (DataActivitySettings: connect and read timeouts
 attempts): an endpoint that accepts connections and never answers fails the request
 with S3NotAnswering, naming the endpoint and the timeout, instead of blocking the
 activity while its heartbeats go on and the source stays frozen.
+
+spec.snapshot.serverSideEncryption is asked for on every object ferry writes: the client
+adds it to each PutObject and CreateMultipartUpload it sends (`client`), so no upload
+path can leave it out.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import boto3
@@ -27,7 +31,7 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutErr
 from activities.secrets import S3Credentials
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, BucketMissing
-from ferry.api.migration import SnapshotSpec
+from ferry.api.migration import EncryptionType, ServerSideEncryption, SnapshotSpec
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -47,6 +51,8 @@ BAD_CREDENTIALS = frozenset(
     }
 )
 NOT_ACCESSIBLE = frozenset({"AccessDenied", "AllAccessDisabled"})
+WRITES = ("PutObject", "CreateMultipartUpload")
+"""The requests that create an object: they carry the encryption; an uploaded part inherits its upload's."""
 
 
 class S3NotAnswering(Exception):
@@ -70,7 +76,26 @@ def client(spec: SnapshotSpec, credentials: S3Credentials, settings: DataActivit
         aws_secret_access_key=credentials.secret_access_key,
         config=config,
     )
+    if spec.server_side_encryption is not None:
+        asked = encryption(spec.server_side_encryption)
+        for operation in WRITES:
+            s3.meta.events.register(f"before-parameter-build.s3.{operation}", _encrypting(asked))
     return s3
+
+
+def encryption(sse: ServerSideEncryption) -> dict[str, str]:
+    """The parameters of a write that ask S3 for `sse`."""
+    asked = {"ServerSideEncryption": sse.type.value}
+    if sse.type is EncryptionType.AWS_KMS and sse.kms_key_id:
+        asked["SSEKMSKeyId"] = sse.kms_key_id
+    return asked
+
+
+def _encrypting(asked: dict[str, str]) -> Callable[..., None]:
+    def add(params: dict[str, Any], **_: Any) -> None:
+        params.update(asked)
+
+    return add
 
 
 def error_code(error: ClientError) -> str:

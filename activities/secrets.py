@@ -5,6 +5,13 @@ moment they connect. The values never go into a Temporal payload, a log line, an
 Event or the status: the types below leave the password out of their repr, and
 `redact` scrubs it from any text that came back from a server or a tool before that
 text becomes part of an error message (which the saga shows in status and Events).
+
+A database Secret may also say how to secure the connection: `sslmode` (libpq's) and
+`ca.crt`, the PEM certificate of the CA that signed the server's certificate (the key
+cert-manager writes). With a CA the default is verify-full, which checks the certificate
+and the host name; without one, libpq's own default, prefer. Both are read and checked
+here, so that a typo is refused by the precheck, naming the Secret and the key, instead
+of surfacing as a connection error.
 """
 
 from __future__ import annotations
@@ -20,6 +27,14 @@ from activities import kube_calls
 from ferry.api.errors import InvalidSpec, MissingSecret
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
+SSLMODE_KEY = "sslmode"
+CA_KEY = "ca.crt"
+DATABASE_TLS_KEYS = (SSLMODE_KEY, CA_KEY)
+"""Optional keys of a database Secret."""
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's sslmode values, from no TLS to a verified certificate and host name."""
+VERIFYING_MODES = ("verify-ca", "verify-full")
+PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 REPLICATION_KEYS = ("replicationHost", "replicationPort")
 """Optional keys of a source Secret: where the target's server reaches the source for logical replication (mode
 Online), when that is not where the worker reaches it, e.g. the source's Service in the cluster."""
@@ -38,6 +53,10 @@ class DatabaseConnection:
     database: str
     secret: str
     """namespace/name of the Secret, for messages."""
+    sslmode: str | None = None
+    """libpq's sslmode, from the Secret's key 'sslmode'; None for the default (see `tls_mode`)."""
+    ca_certificate: str | None = dataclasses.field(default=None, repr=False)
+    """PEM certificate(s) of the CA that signed the server's certificate, from the Secret's key 'ca.crt'."""
     replication_host: str | None = None
     """Where the target's server reaches this database for logical replication (default: host)."""
     replication_port: int | None = None
@@ -45,6 +64,12 @@ class DatabaseConnection:
 
     def describe(self) -> str:
         return f"database {self.database!r} on {self.host}:{self.port} (user {self.username!r}, Secret {self.secret})"
+
+    def tls_mode(self) -> str:
+        """The sslmode to connect with: the Secret's, else verify-full with a CA, else prefer (libpq's default)."""
+        if self.sslmode:
+            return self.sslmode
+        return "verify-full" if self.ca_certificate else "prefer"
 
     def redact(self, text: str) -> str:
         """`text` without the password, e.g. an error message from the server or from pg_dump."""
@@ -77,7 +102,7 @@ class SecretReader:
 
     def database(self, namespace: str, name: str, field: str) -> DatabaseConnection:
         """The connection a database Secret describes; `field` names where the Migration refers to it."""
-        data = self._read(namespace, name, field, DATABASE_KEYS, optional=REPLICATION_KEYS)
+        data = self._read(namespace, name, field, DATABASE_KEYS, (*DATABASE_TLS_KEYS, *REPLICATION_KEYS))
         try:
             port = int(data["port"])
         except ValueError:
@@ -85,6 +110,8 @@ class SecretReader:
                 f"{field}: key 'port' of Secret {namespace}/{name} is not a port number; set it to the database's "
                 "TCP port, e.g. 5432."
             ) from None
+        sslmode, ca = data.get(SSLMODE_KEY, "").strip() or None, data.get(CA_KEY, "").strip() or None
+        _check_tls(field, f"{namespace}/{name}", sslmode, ca)
         return DatabaseConnection(
             host=data["host"],
             port=port,
@@ -92,6 +119,8 @@ class SecretReader:
             password=data["password"],
             database=data["database"],
             secret=f"{namespace}/{name}",
+            sslmode=sslmode,
+            ca_certificate=ca,
             replication_host=data.get("replicationHost") or None,
             replication_port=_replication_port(data.get("replicationPort"), f"{namespace}/{name}", field),
         )
@@ -107,6 +136,7 @@ class SecretReader:
     def _read(
         self, namespace: str, name: str, field: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()
     ) -> dict[str, str]:
+        """The values of `keys`, which must be there, and of those of `optional` that are."""
         try:
             secret = self._core.read_namespaced_secret(name, namespace)
         except ApiException as error:
@@ -116,8 +146,9 @@ class SecretReader:
                 ) from None
             if error.status == 403:
                 raise MissingSecret(
-                    f"{field}: ferry's worker may not read Secret {namespace}/{name}; allow its service account "
-                    f"to get Secrets in namespace {namespace}."
+                    f"{field}: ferry's worker may not read Secret {namespace}/{name}: it reads Secrets only in the "
+                    f"namespaces it is given. Add {namespace} to them (the chart's worker.secretNamespaces, or "
+                    f"`ferry rbac --secret-namespaces` for deploy/rbac/worker_secrets.yaml) and apply."
                 ) from None
             # Only the status line: an API error's body is not something to carry into a record.
             raise RuntimeError(f"could not read Secret {namespace}/{name}: {error.status} {error.reason}") from None
@@ -141,6 +172,26 @@ def _replication_port(value: str | None, secret: str, field: str) -> int | None:
             f"{field}: key 'replicationPort' of Secret {secret} is not a port number; set it to the port where the "
             "target's server reaches the source, or remove it to use key 'port'."
         ) from None
+
+
+def _check_tls(field: str, secret: str, sslmode: str | None, ca: str | None) -> None:
+    """Refuses an sslmode libpq does not know, a verifying one without a CA, and a CA that is not PEM."""
+    if sslmode is not None and sslmode not in SSL_MODES:
+        raise InvalidSpec(
+            f"{field}: key '{SSLMODE_KEY}' of Secret {secret} is {sslmode!r}, which is no sslmode. Use one of "
+            f"{', '.join(SSL_MODES)} (verify-full, with the server's CA in key '{CA_KEY}', checks its certificate and "
+            "host name), or remove the key for the default: verify-full with a CA, else prefer."
+        )
+    if sslmode in VERIFYING_MODES and ca is None:
+        raise InvalidSpec(
+            f"{field}: key '{SSLMODE_KEY}' of Secret {secret} is {sslmode}, but the Secret has no key '{CA_KEY}' to "
+            f"verify the server's certificate with. Add the PEM certificate of the CA that signed it as '{CA_KEY}'."
+        )
+    if ca is not None and PEM_CERTIFICATE not in ca:
+        raise InvalidSpec(
+            f"{field}: key '{CA_KEY}' of Secret {secret} holds no PEM certificate (no '{PEM_CERTIFICATE}' line). "
+            "Put there the certificate of the CA that signed the database server's certificate, PEM-encoded."
+        )
 
 
 def secrets_from(api_client: k8s.ApiClient | None, fixed: Secrets | None) -> Secrets:

@@ -49,8 +49,9 @@ class DataActivitySettings:
     """How the data-driver and snapshot activities reach databases, run the PostgreSQL tools and use S3."""
 
     postgres_bindir: Path | None = None
-    """Folder holding pg_dump and pg_restore (default: the PATH, else the newest /usr/lib/postgresql/*/bin).
-    Use tools of the newest major version among source and target: pg_dump refuses newer servers."""
+    """Folder holding pg_dump and pg_restore (default: of every folder on the PATH and /usr/lib/postgresql/*/bin,
+    the one whose pg_dump has the highest major version). Use tools of the newest major version among source and
+    target: pg_dump refuses newer servers."""
 
     connect_attempts: Annotated[int, Knob(flag="postgres-connect-attempts"), Field(ge=1)] = 5
     """Connection attempts to a database before it counts as unreachable (a permanent failure of the step)."""

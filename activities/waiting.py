@@ -23,7 +23,7 @@ class Progress:
     done: bool
     """Whether the wait is over."""
     waiting_for: str
-    """What is awaited, in words, e.g. `StatefulSet shop/orders-db-16 Ready`."""
+    """What is awaited, in words, e.g. `StatefulSet shop/orders-db-18 Ready`."""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     """Numbers worth heartbeating, e.g. ready and desired replicas."""
     names: tuple[str, ...] = ()

@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "server with its Web UI, an S3 server and two PostgreSQL instances (source, target) on "
         "loopback; installs the Migration CRD; runs ferry's worker and watcher; seeds a sample "
         "'orders' database behind StatefulSet shop/orders-db and applies the Migration "
-        "shop/orders-db-to-16, showing its progress until it finishes; then stops everything (exit code 0 when "
+        "shop/orders-db-to-18, showing its progress until it finishes; then stops everything (exit code 0 when "
         "the sample Succeeded), unless --keep-running or --no-sample keeps it up until Ctrl-C. A component that "
         "fails is named on the terminal with its cause and its log.",
     )

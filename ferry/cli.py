@@ -1,4 +1,4 @@
-"""The `ferry` command of the product: `worker`, `watcher` and `crd`; it configures logging and dispatches.
+"""The `ferry` command of the product: `worker`, `watcher`, `crd` and `rbac`; it configures logging and dispatches.
 
 The local stack and the `make up` demo are development tools with a command of their
 own (`python -m devstack`), which the product does not ship.
@@ -27,6 +27,25 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     from ferry.api import crd
 
     text = crd.manifest_yaml()
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
+def _cmd_rbac(args: argparse.Namespace) -> int:
+    from ferry import rbac
+
+    namespaces = [name.strip() for name in args.secret_namespaces.split(",") if name.strip()]
+    access = rbac.SecretAccess(args.secret_access)
+    if namespaces and access is rbac.SecretAccess.CLUSTER:
+        print("ferry rbac: --secret-access cluster grants every namespace: drop --secret-namespaces", file=sys.stderr)
+        return 2
+    if wrong := rbac.not_namespaces([*namespaces, args.namespace]):
+        print(f"ferry rbac: not a namespace name: {', '.join(wrong)}", file=sys.stderr)
+        return 2
+    text = rbac.manifest_yaml(namespaces, access, args.namespace)
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -117,6 +136,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     crd.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
     crd.set_defaults(run=_cmd_crd)
+
+    from ferry import rbac
+
+    grant = commands.add_parser(
+        "rbac",
+        help="print the worker's read access to Secrets: a Role and RoleBinding in each namespace listed",
+        description="Generates deploy/rbac/worker_secrets.yaml: where ferry's worker may read the Secrets that "
+        "Migrations name (get, by name). By default only in the namespaces listed; --secret-access cluster grants "
+        "every namespace instead. The Helm chart renders the same from worker.secretNamespaces and "
+        "worker.secretAccess.",
+    )
+    grant.add_argument(
+        "--secret-namespaces",
+        default="",
+        metavar="NAMESPACE,...",
+        help="comma-separated namespaces whose Migrations the worker runs (default: none)",
+    )
+    grant.add_argument(
+        "--secret-access",
+        choices=[access.value for access in rbac.SecretAccess],
+        default=rbac.SecretAccess.NAMESPACES.value,
+        help="namespaces: only those listed (default); cluster: every namespace, present and future",
+    )
+    grant.add_argument(
+        "--namespace",
+        default=rbac.SYSTEM_NAMESPACE,
+        help=f"the namespace of the worker's ServiceAccount (default: {rbac.SYSTEM_NAMESPACE})",
+    )
+    grant.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
+    grant.set_defaults(run=_cmd_rbac)
     return parser
 
 

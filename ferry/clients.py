@@ -1,13 +1,15 @@
 """Connections to Temporal and Kubernetes, made the same way by the worker, the watcher, the CLI and the tests.
 
 Every Temporal client uses the pydantic data converter, because every workflow and
-activity payload is a pydantic model from ferry.api: `connect_temporal` is how ferry
+activity payload is a pydantic model from ferry.api, with the failure converter that
+scrubs every failure's message (ferry/failures.py): `connect_temporal` is how ferry
 makes a client, and `data_converter` is what a test environment that makes its own
 (WorkflowEnvironment) is given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Self
@@ -22,6 +24,7 @@ from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime
 
 from ferry.configuration.knobs import SETTINGS, Knob
+from ferry.failures import ScrubbingFailureConverter
 from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts
 
 
@@ -59,8 +62,8 @@ class TemporalSettings:
 
 
 def data_converter() -> DataConverter:
-    """The converter of every payload ferry sends through Temporal: pydantic models as JSON."""
-    return pydantic_data_converter
+    """The converter of every payload ferry sends through Temporal: pydantic models as JSON, failures scrubbed."""
+    return dataclasses.replace(pydantic_data_converter, failure_converter_class=ScrubbingFailureConverter)
 
 
 async def connect_temporal(

@@ -2,8 +2,8 @@
 
 Temporal may come up after ferry (a cluster starting, a compose file, an outage): the
 component keeps trying, with backoff, and says so once. What waiting cannot fix (a
-kubeconfig that does not load, a port already taken) is a StartupError: the `ferry`
-command prints its message, one line, and exits non-zero.
+kubeconfig that does not load, a port already taken, a TLS handshake that fails) is a
+StartupError: the `ferry` command prints its message, one line, and exits non-zero.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ async def wait_for_temporal(
         try:
             client = await _unless_stopped(connecting, stop)
         except RuntimeError as error:  # the SDK's "Failed client connect: ..." for a server it cannot reach
+            refused = tls_failure(settings, error)
+            if refused is not None:  # it answered, and its TLS and ours disagree: waiting changes nothing
+                raise refused from error
             if not waiting:
                 log.warning(
                     "Temporal at %s is not reachable (%s); trying again with backoff, up to %.0fs apart, until it is",
@@ -101,6 +104,44 @@ def reason(error: RuntimeError) -> str:
     """The innermost cause the SDK's transport error quotes, e.g. "Connection refused"."""
     quoted = re.findall(r'(?:message|error): "([^"]+)"', str(error))
     return quoted[-1] if quoted else str(error)
+
+
+_TLS_ERROR = re.compile(r"\b(InvalidCertificate|AlertReceived)\(\w+\)|\bInvalidMessage\(InvalidContentType\)")
+"""How the SDK's TLS library (rustls) names a failed handshake: a certificate it does not trust (e.g.
+InvalidCertificate(UnknownIssuer)), a refusal from the server (AlertReceived(CertificateRequired)), or an answer
+that is no TLS (InvalidMessage(InvalidContentType))."""
+
+
+def tls_failure(settings: TemporalSettings, error: RuntimeError) -> StartupError | None:
+    """The StartupError for a TLS handshake with Temporal that failed, saying which setting to fix; else None."""
+    found = _TLS_ERROR.search(str(error))
+    if found is None:
+        return None
+    detail = found.group(0)
+    kind = detail.split("(", 1)[0]
+    address = settings.address
+    if kind == "InvalidCertificate":
+        trusted = f"the CA in --temporal-tls-ca ({settings.tls_ca})" if settings.tls_ca else "the system's CAs"
+        return StartupError(
+            f"the certificate of Temporal at {address} could not be verified with {trusted}: {detail}. Point "
+            "--temporal-tls-ca (FERRY_TEMPORAL_TLS_CA) at the CA that signed the frontend's certificate, and "
+            "--temporal-address at a name that certificate holds"
+        )
+    if kind == "AlertReceived":
+        if settings.tls_cert is None:
+            return StartupError(
+                f"Temporal at {address} refused the TLS handshake ({detail}): it wants a client certificate (mutual "
+                "TLS). Set --temporal-tls-cert and --temporal-tls-key (FERRY_TEMPORAL_TLS_CERT, _KEY) to a "
+                "certificate signed by a CA the frontend trusts"
+            )
+        return StartupError(
+            f"Temporal at {address} refused the TLS handshake ({detail}) with the client certificate "
+            f"{settings.tls_cert}: give one signed by a CA the frontend trusts for clients"
+        )
+    return StartupError(
+        f"Temporal at {address} does not answer TLS ({detail}): point --temporal-address at its TLS port, or "
+        "connect without TLS (no --temporal-tls-* and no --temporal-api-key)"
+    )
 
 
 UNREACHABLE = ("code: Unavailable", "tcp connect error", "Connection refused", "transport error")

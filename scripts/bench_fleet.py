@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import logging
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,14 +42,14 @@ from kubernetes import config, watch
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack import pki
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
 from scripts.history_stats import History
 from tests.chaos.harness import GROUP, PLURAL, VERSION, ChaosPlan, ChaosRun, Subject, cleanup, own_temporal
-from tests.cluster import crd_established
+from tests.cluster import install_crd
 
-CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
 SLOTS = "temporal_worker_task_slots_used"
 MEANS = {
     "status write (read, apply, Events)": "ferry_status_patch_seconds",
@@ -292,7 +291,8 @@ class ScenarioRun(ObservedRun):
                 self.outage.start()  # same folder, same port
                 self.outage_state = "back"
             if not self.rolled_back and self._latest(3).get("phase") == "AwaitingApproval":
-                annotation = {"ferry.dev/rollback": "bench: rolled back while awaiting approval"}
+                # Signed by the stack's admin, as whom the bench acts (deploy/admission checks the name).
+                annotation = {"ferry.dev/rollback": f"{pki.ADMIN.common_name}: rolled back while awaiting approval"}
                 self._patch(custom, 3, {"metadata": {"annotations": annotation}})
                 self.rolled_back = True
             if time.monotonic() >= next_look:
@@ -328,16 +328,7 @@ class ScenarioRun(ObservedRun):
 def stack_for_runs(workdir: Path) -> Iterator[tuple[Binaries, StackInfo, k8s.ApiClient, Stack]]:
     binaries = ensure_binaries()
     with Stack(workdir / "stack", components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
-        kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-        subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True)
-        crd_established(
-            lambda: (
-                subprocess.run(
-                    [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"], check=True, capture_output=True, text=True
-                ).stdout
-            ),
-            "migrations.ferry.dev",
-        )
+        install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
         api = config.new_client_from_config(config_file=str(info.kubeconfig))
         with own_temporal(workdir / "temporal", binaries) as temporal:
             yield binaries, info, api, temporal

@@ -176,7 +176,7 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
     postgres = PostgresActivities(None, DataActivitySettings(postgres_bindir=bindir), secrets=secrets)
     ref = MigrationRef(namespace="bench", name="bench", uid=str(uuid.uuid4()))
     driver = DriverSpec(source_secret="source", target_secret="target")
-    spec = SnapshotSpec(bucket=bucket, endpoint=info.s3_endpoint, credentials_secret="s3")
+    spec = SnapshotSpec(bucket=bucket, endpoint=info.s3_endpoint, allow_insecure_endpoint=True, credentials_secret="s3")
 
     def run(activity: Callable[[Any], T], input: Any) -> T:
         return ActivityEnvironment().run(activity, input)

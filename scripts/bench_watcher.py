@@ -56,7 +56,7 @@ from ferry.api.migration import FINALIZER, MigrationSpec  # noqa: E402
 from ferry.api.saga import MigrationRef, workflow_id  # noqa: E402
 from ferry.clients import TemporalSettings, connect_temporal  # noqa: E402
 from tests import samples  # noqa: E402
-from tests.cluster import crd_established  # noqa: E402
+from tests.cluster import install_crd  # noqa: E402
 from watcher.starting import ensure_started  # noqa: E402
 
 GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
@@ -195,17 +195,7 @@ class Cluster:
 def prepare(info: StackInfo, namespace: str) -> Cluster:
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
     k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
-    crd = ROOT / "deploy" / "crd" / "migrations.ferry.dev.yaml"
-    base = [str(ensure_binaries().kubectl), f"--kubeconfig={info.kubeconfig}"]
-    subprocess.run([*base, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
-    crd_established(
-        lambda: (
-            subprocess.run(
-                [*base, "get", "crd/migrations.ferry.dev", "-o", "json"], check=True, capture_output=True, text=True
-            ).stdout
-        ),
-        "migrations.ferry.dev",
-    )
+    install_crd([str(ensure_binaries().kubectl), f"--kubeconfig={info.kubeconfig}"])
     return Cluster(info, namespace)
 
 

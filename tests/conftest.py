@@ -157,3 +157,24 @@ def migration_crd(kubectl: Kubectl) -> str:
     kubectl("apply", "--server-side", "-f", str(CRD_MANIFEST))
     crd_established(lambda: kubectl("get", "crd/migrations.ferry.dev", "-o", "json").stdout, "migrations.ferry.dev")
     return "migrations.ferry.dev"
+
+
+CONTROL_ROLES = CRD_MANIFEST.parent.parent / "rbac" / "control_roles.yaml"
+
+
+@pytest.fixture(scope="session")
+def control_roles(kubectl: Kubectl) -> Iterator[None]:
+    """The ClusterRoles ferry-approver and ferry-operator of deploy/rbac, to bind to the users a test impersonates.
+
+    The policies they go with (deploy/admission) are always in force: the stack applies them.
+    """
+    kubectl("apply", "--server-side", "-f", str(CONTROL_ROLES))
+    yield
+    kubectl("delete", "-f", str(CONTROL_ROLES), "--ignore-not-found")
+
+
+def grant(kubectl: Kubectl, namespace: str, cluster_role: str, *, user: str = "", service_account: str = "") -> None:
+    """Binds a ClusterRole in one namespace to a user, or to a ServiceAccount of that namespace, as an admin would."""
+    subject = f"--user={user}" if user else f"--serviceaccount={namespace}:{service_account}"
+    name = f"{cluster_role}-{user or service_account}".lower()[:63].strip("-.")
+    kubectl("create", "rolebinding", name, f"--clusterrole={cluster_role}", subject, "-n", namespace)

@@ -8,6 +8,7 @@ and its Service in its namespace, and ferry's worker polling its own task queue.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -21,7 +22,7 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client, WorkflowHandle
 
-from activities.settings import KubeActivitySettings
+from activities.settings import DataActivitySettings, KubeActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationSpec
@@ -113,6 +114,7 @@ def migration_manifest(stack: StackInfo, bucket: str, name: str = "orders-db-to-
     snapshot = {
         "bucket": bucket,
         "endpoint": stack.s3_endpoint,
+        "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
         "region": stack.s3_region,
         "credentialsSecret": S3_SECRET,
     }
@@ -141,6 +143,24 @@ async def start_migration(
     )
 
 
+def readable_history(history_json: str) -> str:
+    """A history as JSON, with every payload's data decoded: the JSON form keeps payloads in base64."""
+    decoded: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                decoded.append(base64.b64decode(node["data"]).decode(errors="replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(json.loads(history_json))
+    return "\n".join([history_json, *decoded])
+
+
 def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
     assert stack.temporal_address is not None
     return WorkerSettings(
@@ -148,6 +168,7 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
         task_queue=task_queue,
         kubeconfig=stack.kubeconfig,
         kube_activities=KubeActivitySettings(poll_interval=0.2, temporal_ui_url=stack.temporal_ui_url),
+        data_activities=DataActivitySettings(postgres_bindir=stack.postgres_bindir),
     )
 
 

@@ -1,4 +1,4 @@
-"""Worker interceptors: the Migration on every log line, and refusals by the API server explained.
+"""Worker interceptors: the Migration on every log line, refusals by the API server explained, errors scrubbed.
 
 The workflow knows the Migration's generation from its input; its outbound interceptor
 adds it to every activity it schedules as a `ferry-generation` header (deterministic,
@@ -7,16 +7,19 @@ activity's input (`ref`) and sets the logging context around the activity; the
 workflow interceptor does the same around the workflow's code.
 
 A 403 from the API server becomes PermissionDenied, a failure retrying cannot fix,
-whose message is the server's own sentence (who may not do what) and what to do,
-instead of a dump of the HTTP response.
+whose message is the server's own sentence (who may not do what, scrubbed as
+activities/api_refusals.py scrubs every refusal) and what to do, instead of a dump of
+the HTTP response. Any other error of the API server or of PostgreSQL that an activity
+did not catch leaves it scrubbed (ferry/failures.py): the SDK logs what leaves the
+activity with its message, and a DETAIL quoting a row must not reach the log.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload
@@ -33,7 +36,8 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from ferry.api.errors import PermissionDenied
+from activities.api_refusals import FORBIDDEN, refusal
+from ferry.failures import scrubbed
 from ferry.observability.logs import bind, migration_context
 
 GENERATION_HEADER = "ferry-generation"
@@ -64,21 +68,10 @@ class _ActivityLogContext(ActivityInboundInterceptor):
             try:
                 return await self.next.execute_activity(input)
             except ApiException as error:
-                if error.status != 403:
-                    raise
-                raise PermissionDenied(_forbidden(error)) from None
-
-
-def _forbidden(error: ApiException) -> str:
-    """The API server's own sentence (who may not do what, where), and what to do about it."""
-    try:
-        said = str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        said = str(error.reason)
-    return (
-        f"the Kubernetes API server refused: {said}. Grant that permission to ferry's worker "
-        "(deploy/rbac/worker_role.yaml), then retry the step or roll back."
-    )
+                denied = refusal(error) if error.status == FORBIDDEN else None
+                raise (denied or scrubbed(error)) from None
+            except psycopg.Error as error:
+                raise scrubbed(error) from None
 
 
 class _WorkflowOutbound(WorkflowOutboundInterceptor):

@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotStoreActivity,
         keep_after_success,
     )
+    from ferry.api.scrubbing import scrub
     from ferry.observability import metrics
     from workflows import plan
     from workflows.controls import Controls, Stage
@@ -100,12 +101,17 @@ class StepFailed(Exception):
 
 
 def error_text(error: BaseException) -> str:
-    """The innermost message of an activity failure, which is what a person can act on."""
+    """The innermost message of an activity failure, which is what a person can act on.
+
+    Scrubbed (ferry.api.scrubbing) although the worker's failure converter scrubbed it on
+    its way into the history: a failure recorded by a worker from before that converter
+    must not carry row values into the status either.
+    """
     while error.__cause__ is not None and isinstance(error, ActivityError):
         error = error.__cause__
     if isinstance(error, ApplicationError) and error.type:
-        return f"{error.type}: {error.message}"
-    return str(error) or type(error).__name__
+        return scrub(f"{error.type}: {error.message}")
+    return scrub(str(error) or type(error).__name__)
 
 
 def is_permanent(error: BaseException, retry: Retry) -> bool:

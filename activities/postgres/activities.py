@@ -32,6 +32,7 @@ from activities.postgres import (
     grants,
     prechecks,
     restoring,
+    schema,
     unwritten,
     verifying,
 )
@@ -325,6 +326,7 @@ class PostgresActivities:
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             source_side, target_side = self._read_sides(source, target, heartbeats)
+            source_side = self._reprint_views(target, source_side, target_side)
             comparison = verifying.compare(source_side, target_side)
             if comparison.difference:
                 raise VerificationMismatch(
@@ -415,6 +417,20 @@ class PostgresActivities:
                 except BaseException:
                     cancel_queries()  # no need to finish the other side
                     raise
+
+    def _reprint_views(
+        self, target: DatabaseConnection, source_side: verifying.Side, target_side: verifying.Side
+    ) -> verifying.Side:
+        """The source side with each view query that reads otherwise on the target printed by the target's server.
+
+        Only when some query differs, as it does between PostgreSQL 15 and 16 or later (see
+        schema): between servers of one major, nothing is printed again and no session opens.
+        """
+        differing = verifying.queries_to_reprint(source_side, target_side)
+        if not differing:
+            return source_side
+        with self._connect(target, **checksums.SESSION) as conn:
+            return verifying.with_reprinted(source_side, schema.reprinted(conn, differing))
 
     # --- shared ------------------------------------------------------------------------------
 

@@ -6,9 +6,11 @@ on retry: those fail at once. One that does not answer gets `connect_attempts` t
 so a person looks at it instead of Temporal retrying for an hour. Every wait is
 bounded: an attempt gives up after connect_timeout even when the server accepted the
 connection and never answered, and TCP keepalives with tcp_user_timeout end a
-connection whose server vanished in the middle of a query (see `parameters`). Every message is
-scrubbed of the password: libpq's messages do not contain it today, but they are
-about to become status and Events, and that must hold whatever libpq says.
+connection whose server vanished in the middle of a query (see `parameters`). TLS is as
+the Secret says (tls.py); a certificate that does not verify fails at once. Every message is
+scrubbed of the password (libpq's messages do not contain it today, but they are
+about to become status and Events, and that must hold whatever libpq says) and of the
+values the server quoted (ferry.api.scrubbing).
 
 Errors are raised `from None`: a chained psycopg error would travel into the
 workflow's history unscrubbed.
@@ -25,9 +27,11 @@ from psycopg.conninfo import make_conninfo
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
+from activities.postgres import tls
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, DatabaseUnreachable, InvalidSpec
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 APPLICATION_NAME = "ferry"
 """application_name of ferry's sessions, as pg_stat_activity shows them."""
@@ -70,14 +74,22 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
     Raises:
         BadCredentials: the server refused the username or password.
         InvalidSpec: the database does not exist.
+        TlsMismatch: the server's certificate did not verify, or it and the Secret disagree on encryption.
         DatabaseUnreachable: no attempt reached the server.
     """
+    with tls.ca_file(db) as ca:
+        return _connect(db, settings, tls.parameters(db, ca), session)
+
+
+def _connect(
+    db: DatabaseConnection, settings: DataActivitySettings, secured: dict[str, str], session: dict[str, str]
+) -> Connection:
     options = " ".join(f"-c {name}={value}" for name, value in session.items())
     last_error = ""
     for attempt in range(1, settings.connect_attempts + 1):
         try:
             return psycopg.connect(
-                make_conninfo(**parameters(settings)),
+                make_conninfo(**parameters(settings), **secured),
                 host=db.host,
                 port=db.port,
                 user=db.username,
@@ -88,7 +100,7 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
                 autocommit=True,
             )
         except psycopg.OperationalError as error:
-            last_error = db.redact(str(error))
+            last_error = said(db, error)
         _raise_if_permanent(db, last_error)
         activity.logger.info(
             "could not connect to %s (attempt %d of %d): %s",
@@ -110,6 +122,9 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
 
 
 def _raise_if_permanent(db: DatabaseConnection, message: str) -> None:
+    refused = tls.refusal(db, message)
+    if refused is not None:  # before the credentials: a hostssl-only server says "no pg_hba.conf entry" too
+        raise refused
     lowered = message.lower()
     if any(phrase in lowered for phrase in REFUSED_CREDENTIALS) or ("role" in lowered and "does not exist" in lowered):
         raise BadCredentials(
@@ -128,13 +143,18 @@ def privileged(db: DatabaseConnection, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as error:
-        said = db.redact(str(error))
+        refused = said(db, error)
         remedy = (
             f"As a superuser, GRANT SET ON PARAMETER {', '.join(MARKERS)} TO {db.username} (since PostgreSQL 15, "
             "only superusers may keep ferry's markers in a database otherwise), or use a superuser."
-            if "permission denied to set parameter" in said
+            if "permission denied to set parameter" in refused
             else "Use the database owner or a superuser (ending other sessions needs pg_signal_backend)."
         )
         raise BadCredentials(
-            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {said}. {remedy}"
+            f"the user in Secret {db.secret} may not {what} on {db.describe()}: {refused}. {remedy}"
         ) from None
+
+
+def said(db: DatabaseConnection, error: psycopg.Error) -> str:
+    """What the server or libpq said, for a message: without the password and the values it quoted, on one line."""
+    return scrub(db.redact(str(error)), EXCERPT_LIMIT)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
+from activities.postgres import tls
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
@@ -57,6 +58,9 @@ def dump_to_s3(
             heartbeats.raise_if_cancelled("dumping the source")
             if code != 0:
                 failure = dump.failure(code)
+                refused = tls.refusal(db, failure)
+                if refused is not None:
+                    raise refused
                 if "permission denied" in failure:
                     raise BadCredentials(
                         f"the user in Secret {db.secret} may not read everything in {db.describe()}: {failure}. "

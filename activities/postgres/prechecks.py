@@ -4,7 +4,9 @@ Without it, a missing target database, a user that may not freeze, or a pg_dump 
 for the source was noticed only by the step that needed it: after the source had been
 frozen and snapshotted. precheck looks at all of it first and reads only (the one write
 is a tiny object put under the Migration's prefix and deleted at once, to prove that
-the bucket takes writes). It lists every problem it finds in one PrecheckFailed, one
+the bucket takes writes, encrypted as the spec asks). It also refuses an http:// S3
+endpoint the spec does not explicitly allow, which the API server refuses too: a run's
+input may predate that rule. It lists every problem it finds in one PrecheckFailed, one
 sentence each saying what to fix, so that one round of fixing is enough.
 """
 
@@ -20,7 +22,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, replication_checks, restoring, throughput, tools
+from activities.postgres import database_settings, replication_checks, restoring, throughput, tls, tools
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -37,6 +39,7 @@ from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
 from ferry.api.migration import DriverMode, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 log = logging.getLogger("ferry.activities.precheck")
 PROBE = b"ferry precheck: written and deleted at once\n"
@@ -92,13 +95,16 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     source = _source(source_db, settings, owner, problems) if source_db else None
     target = _target(target_db, settings, owner, problems) if target_db else None
     tools_version = _tools(settings, source, target, problems)
+    if tools_version is not None:
+        _tools_tls(settings, [db for db in (source_db, target_db) if db], problems)
     if source and target:
         missing = sorted(source.extensions - target.extensions)
         if missing:
             assert target_db is not None
             problems.append(
-                f"the source uses extensions that the target's server does not have: {', '.join(missing)}. "
-                f"Install them on the server of {target_db.describe()} (pg_available_extensions lists what it has)."
+                f"the source uses extensions that the target's server (PostgreSQL {target.version}) does not have: "
+                f"{', '.join(missing)}. Install them on the server of {target_db.describe()} (its "
+                "pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
             )
     if source_db and target_db and source and target and driver.mode is DriverMode.ONLINE:
         replication_checks.check(source_db, target_db, settings, driver, ref.uid, problems)
@@ -118,7 +124,9 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 write_rate = throughput.write_rate(conn, sample)
         except (PermanentError, psycopg.Error) as error:  # a plan without rates is still a plan
             log.warning("could not measure the databases' rates for the plan: %s", error)
-    if credentials:
+    if input.snapshot.insecure:
+        problems.append(_insecure(input.snapshot.endpoint))
+    elif credentials:
         upload_rate = _bucket(input, owner, credentials, settings, problems, sample)
     if problems:
         raise PrecheckFailed(_report(problems))
@@ -247,6 +255,18 @@ def _tools(
     return oldest
 
 
+def _tools_tls(settings: DataActivitySettings, dbs: list[DatabaseConnection], problems: Problems) -> None:
+    """pg_dump and pg_restore must speak TLS when a Secret requires it: their libpq may be built without."""
+    requiring = [db for db in dbs if db.tls_mode() in tls.REQUIRING_MODES]
+    bindir = tools.find_bindir(settings.postgres_bindir)
+    if requiring and tls.lacks_tls(bindir / "pg_dump"):
+        asked = ", ".join(f"Secret {db.secret} asks for sslmode {db.tls_mode()}" for db in requiring)
+        problems.append(
+            f"the worker's pg_dump and pg_restore in {bindir} were built without TLS, and {asked}. Give the "
+            "worker PostgreSQL client tools built with OpenSSL (--postgres-bindir)."
+        )
+
+
 def _bucket(
     input: PrecheckInput,
     owner: str,
@@ -272,11 +292,21 @@ def _bucket(
     except PermanentError as error:
         problems.append(str(error))
     except (S3NotAnswering, BotoCoreError, ClientError) as error:
+        said = scrub(str(error), EXCERPT_LIMIT)
         problems.append(
-            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {error}. Check spec.snapshot "
+            f"could not write to bucket {spec.bucket!r} at {s3.meta.endpoint_url}: {said}. Check spec.snapshot "
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
     return 0.0
+
+
+def _insecure(endpoint: str | None) -> str:
+    """Why an http:// endpoint is refused; the bucket is not tried, so the credentials are never sent to it."""
+    return (
+        f"spec.snapshot.endpoint {endpoint} is plain http: the snapshot (the whole database) and the S3 credentials "
+        "would cross the network unencrypted. Use an https:// endpoint, or, for a network path you trust, set "
+        "spec.snapshot.allowInsecureEndpoint: true in a new Migration (the snapshot spec cannot change)."
+    )
 
 
 def _report(problems: list[str]) -> str:

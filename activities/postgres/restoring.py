@@ -34,7 +34,7 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, unwritten
+from activities.postgres import database_settings, tls, unwritten
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.tools import Tool, conninfo, find_bindir
@@ -188,7 +188,11 @@ def restore(
         code = restoring.wait()
         heartbeats.raise_if_cancelled("restoring the snapshot")
         if code != 0:
-            raise RuntimeError(f"could not restore {artifact.location} into {db.describe()}: {restoring.failure(code)}")
+            failure = restoring.failure(code)
+            refused = tls.refusal(db, failure)
+            if refused is not None:
+                raise refused
+            raise RuntimeError(f"could not restore {artifact.location} into {db.describe()}: {failure}")
     return read
 
 

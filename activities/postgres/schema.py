@@ -18,11 +18,24 @@ white space collapsed, and with search_path set to pg_catalog alone so that ever
 is printed qualified. Owners, privileges and comments are not compared: the restore
 does not carry them (--no-owner --no-privileges). Objects that belong to an extension
 are covered by the extension.
+
+One printed definition depends on the server's major version beyond white space: the
+query of a view or materialized view. PostgreSQL 16 stopped keeping two hidden entries
+in a view's range table, so since then a query over one relation prints its columns
+bare (`SELECT id FROM shop.orders`) where 15 and older qualify them (`SELECT orders.id
+FROM shop.orders`). Rewriting the text to undo that would mean parsing SQL, and could
+hide a real change. Instead, when a view's query reads differently on the two sides,
+`reprinted` has the target's server parse the source's query (into a temporary view,
+rolled back at once) and print it its own way: then both texts come from one server,
+and what still differs differs in meaning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+import psycopg
+from psycopg import sql
 
 from activities.postgres.connection import Connection
 
@@ -137,6 +150,16 @@ and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
 """
 
 
+VIEW_QUERIES = f"""
+select 'relation ' || n.nspname || '.' || c.relname, pg_get_viewdef(c.oid)
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relkind in ('v', 'm') and {USER} and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+"""
+"""The query of each view and materialized view, keyed as in `describe`."""
+REPRINTED = "ferry_reprinted_{number}"
+"""The name of the temporary view that `reprinted` makes of a query; it never outlives the call."""
+
+
 def describe(conn: Connection) -> dict[str, str]:
     """Every user object, as `kind schema.name` (e.g. `index shop.orders_pkey`): its normalized description."""
     described: dict[str, str] = {}
@@ -146,6 +169,41 @@ def describe(conn: Connection) -> dict[str, str]:
             for name, description in conn.execute(query).fetchall():
                 described[f"{kind} {name}"] = " ".join(str(description).split())
     return described
+
+
+def view_queries(conn: Connection) -> dict[str, str]:
+    """The query of each view and materialized view, its white space collapsed, as `relation schema.name`."""
+    with conn.transaction():
+        conn.execute("set local search_path = pg_catalog")
+        rows = conn.execute(VIEW_QUERIES).fetchall()
+    return {key: " ".join(str(query).split()) for key, query in rows}
+
+
+def reprinted(conn: Connection, queries: dict[str, str]) -> dict[str, str]:
+    """`queries` (of another server's views) as this server prints them, by key; those it cannot parse are left out.
+
+    Each query becomes a temporary view, whose definition the server prints as it prints
+    its own views; the whole transaction is rolled back, so nothing stays behind, and each
+    view is made under a savepoint, so that one the server refuses (an object it lacks, a
+    syntax it does not know, no TEMPORARY privilege) leaves the others alone. A query it
+    refuses keeps its difference.
+    """
+    found: dict[str, str] = {}
+    with conn.transaction(force_rollback=True):
+        conn.execute("set local search_path = pg_catalog")
+        for number, (key, query) in enumerate(sorted(queries.items())):
+            view = f"pg_temp.{REPRINTED.format(number=number)}"
+            # The text is a query that the other server printed itself: one SELECT, never more statements.
+            create = sql.SQL("create temporary view {} as ").format(sql.Identifier(*view.split(".")))
+            try:
+                with conn.transaction():
+                    conn.execute(create.as_bytes(conn) + query.rstrip().rstrip(";").encode())
+                    row = conn.execute("select pg_get_viewdef(%s::regclass)", (view,)).fetchone()
+            except psycopg.Error:
+                continue
+            if row is not None:
+                found[key] = " ".join(str(row[0]).split())
+    return found
 
 
 def sequence_values(conn: Connection) -> dict[str, str]:

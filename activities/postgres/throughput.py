@@ -1,7 +1,8 @@
 """Rates measured with small real transfers, so that a plan can say how long the frozen part will take.
 
 The precheck asks for them when it writes a plan. Each transfer is small (SAMPLE_ROWS
-rows of the source's largest table, at most SAMPLE_BYTES) and leaves nothing behind:
+rows of the source's largest table, topped up with generated rows to at least
+ENOUGH_BYTES, at most SAMPLE_BYTES) and leaves nothing behind:
 the source is only read, the target receives the sample into a table created in a
 transaction that is rolled back (so the rate includes writing the WAL, as a restore does,
 and nothing is committed), and the bucket receives an object deleted at once. Rates of a
@@ -19,6 +20,8 @@ from activities.postgres.connection import Connection
 SAMPLE_ROWS = 50_000
 SAMPLE_BYTES = 8 * 2**20
 """At most this much is copied out of the source, then into the target and the bucket."""
+ENOUGH_BYTES = 2**20
+"""Below this, a transfer's round trips outweigh its bytes: a small table's sample is topped up with generated rows."""
 MINIMUM_SECONDS = 0.001
 LARGEST_TABLE = """
 select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
@@ -26,8 +29,8 @@ where c.relkind in ('r', 'p', 'm') and n.nspname not in ('pg_catalog', 'informat
     and n.nspname not like 'pg\\_%'
 order by pg_total_relation_size(c.oid) desc limit 1
 """
-GENERATED = "copy (select n, md5(n::text) from generate_series(1, 50000) as n) to stdout"
-"""What is read when the source has no table: the server's own rows, of about the width of a small table's."""
+GENERATED = "copy (select n, md5(n::text) from generate_series(1, 40000) as n) to stdout"
+"""Rows the server generates (about 1.5 MB), to top up the sample of a small (or missing) table."""
 PROBE_TABLE = "ferry_precheck_probe"
 
 
@@ -36,20 +39,26 @@ def rate(size: int, seconds: float) -> float:
 
 
 def read_sample(conn: Connection) -> tuple[bytes, float]:
-    """Rows of the source's largest table in COPY's text format, and the bytes per second they came at."""
+    """Rows of the source's largest table in COPY's text format, topped up with rows the server generates when the
+    table is small, and the bytes per second they came at."""
+    queries: list[sql.SQL | sql.Composed] = []
     found = conn.execute(LARGEST_TABLE).fetchone()
-    if found is None:
-        query: sql.SQL | sql.Composed = sql.SQL(GENERATED)
-    else:
-        query = sql.SQL("copy (select * from {} limit {}) to stdout").format(
-            sql.Identifier(found[0], found[1]), sql.Literal(SAMPLE_ROWS)
+    if found is not None:
+        queries.append(
+            sql.SQL("copy (select * from {} limit {}) to stdout").format(
+                sql.Identifier(found[0], found[1]), sql.Literal(SAMPLE_ROWS)
+            )
         )
+    queries.append(sql.SQL(GENERATED))
     sample = bytearray()
     started = time.monotonic()
-    with conn.cursor().copy(query) as copy:
-        for chunk in copy:
-            if len(sample) < SAMPLE_BYTES:
-                sample += chunk
+    for query in queries:
+        if len(sample) >= ENOUGH_BYTES:
+            break
+        with conn.cursor().copy(query) as copy:
+            for chunk in copy:
+                if len(sample) < SAMPLE_BYTES:
+                    sample += chunk
     return bytes(sample[:SAMPLE_BYTES]), rate(len(sample), time.monotonic() - started)
 
 

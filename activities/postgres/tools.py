@@ -4,10 +4,16 @@ The password reaches the child in PGPASSWORD, and the rest of the connection in 
 PGPORT, PGUSER and PGDATABASE: nothing secret is on a command line, where `ps` shows
 it. The command line carries only `conninfo`: the database name, quoted so that it is
 never read as a connection string, and the parameters that bound every wait
-(connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables. The child inherits none
-of the worker's own PG* variables. A thread reads its stderr, keeping the tail, so a
-chatty tool never blocks on a full pipe; that tail is scrubbed of the password before
-it becomes part of a message.
+(connect_timeout, TCP keepalives, tcp_user_timeout), which have no environment variables.
+TLS is in PGSSLMODE and PGSSLROOTCERT, a private copy of the Secret's CA that lives as long
+as the child (tls.py).
+
+The child's environment is built from nothing (see `environment`): it inherits none of
+the worker's variables, which hold the worker's own credentials (FERRY_TEMPORAL_API_KEY,
+cloud credentials) and PG* settings meant for nobody but the worker. A thread reads its
+stderr, keeping the tail, so a chatty tool never blocks on a full pipe; that tail is
+scrubbed of the password and of every value the server quoted (ferry.api.scrubbing)
+before it becomes part of a message.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import collections
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -25,39 +30,77 @@ from typing import IO
 
 from psycopg.conninfo import make_conninfo
 
+from activities.postgres import tls
 from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
+from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 TOOLS = ("pg_dump", "pg_restore")
 DEBIAN_FOLDERS = Path("/usr/lib/postgresql")
 STDERR_LINES = 20
+MESSAGES = {"LC_MESSAGES": "C"}
+"""The tools' messages in English whatever the worker's locale: ferry reads them ("permission denied")."""
 
 
 def find_bindir(configured: Path | None) -> Path:
-    """The folder with pg_dump and pg_restore: the configured one, else the PATH's, else Debian's newest."""
+    """The folder with pg_dump and pg_restore: the configured one, else the newest this machine has.
+
+    Without --postgres-bindir, the candidates are every folder on the PATH that holds both
+    tools and Debian's /usr/lib/postgresql/<major>/bin, and the one whose pg_dump reports the
+    highest major version wins (on a tie, the first: the PATH's in its order, then Debian's).
+    The newest, not the first found: pg_dump dumps servers of its own major and older ones but
+    refuses newer ones, and pg_restore reads the archives of its own and older pg_dumps, so
+    the newest tools serve every pair of servers the older ones serve. The worker's image and
+    the local stack name their folder (FERRY_POSTGRES_BINDIR in the Dockerfile; the stack's
+    PostgreSQL 18 tools, which are in neither place, in devstack and the tests) rather than
+    rely on this search.
+    """
     if configured is not None:
-        candidates = [configured]
-    else:
-        on_path = shutil.which(TOOLS[0])
-        candidates = [Path(on_path).parent] if on_path else []
-        numbered = [path for path in DEBIAN_FOLDERS.glob("*/bin") if path.parent.name.isdigit()]
-        candidates += sorted(numbered, key=lambda path: int(path.parent.name), reverse=True)
-    for folder in candidates:
-        if all(os.access(folder / tool, os.X_OK) for tool in TOOLS):
-            return folder
-    where = str(configured) if configured else f"the PATH or {DEBIAN_FOLDERS}/*/bin"
-    raise RuntimeError(
-        f"found no pg_dump and pg_restore in {where}: install the PostgreSQL client tools on the worker "
-        "or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
-    )
+        if all(os.access(configured / tool, os.X_OK) for tool in TOOLS):
+            return configured
+        raise RuntimeError(
+            f"found no pg_dump and pg_restore in {configured}: point --postgres-bindir (FERRY_POSTGRES_BINDIR) "
+            "at the folder of the PostgreSQL client tools"
+        )
+    found = [(_major_or_none(folder), folder) for folder in candidates()]
+    usable = [(found_major, folder) for found_major, folder in found if found_major is not None]
+    if not usable:
+        raise RuntimeError(
+            f"found no pg_dump and pg_restore on the PATH or in {DEBIAN_FOLDERS}/*/bin: install the PostgreSQL "
+            "client tools on the worker or point --postgres-bindir (FERRY_POSTGRES_BINDIR) at their folder"
+        )
+    newest = max(found_major for found_major, _ in usable)
+    return next(folder for found_major, folder in usable if found_major == newest)
+
+
+def candidates() -> list[Path]:
+    """Every folder holding pg_dump and pg_restore: those on the PATH in its order, then Debian's, each once."""
+    on_path = [Path(entry) for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
+    numbered = [path for path in DEBIAN_FOLDERS.glob("*/bin") if path.parent.name.isdigit()]
+    debian = sorted(numbered, key=lambda path: int(path.parent.name), reverse=True)
+    folders: list[Path] = []
+    seen: set[Path] = set()
+    for folder in [*on_path, *debian]:
+        if all(os.access(folder / tool, os.X_OK) for tool in TOOLS) and folder.resolve() not in seen:
+            seen.add(folder.resolve())
+            folders.append(folder)
+    return folders
+
+
+def _major_or_none(folder: Path) -> int | None:
+    """The major version of the folder's pg_dump, or None when it does not tell (then it is no candidate)."""
+    try:
+        return major(version(folder, TOOLS[0]))
+    except RuntimeError:
+        return None
 
 
 def version(bindir: Path, tool: str) -> str:
     """The version `tool --version` reports, e.g. 15.18; raises RuntimeError when it cannot tell."""
     try:
         said = subprocess.run(
-            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True
+            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True, env=MESSAGES
         ).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise RuntimeError(f"could not run {bindir / tool} --version: {error}") from None
@@ -78,18 +121,25 @@ def conninfo(db: DatabaseConnection, settings: DataActivitySettings) -> str:
 
 
 def environment(db: DatabaseConnection, settings: DataActivitySettings) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("PG")}
-    env.update(
-        PGHOST=db.host,
-        PGPORT=str(db.port),
-        PGUSER=db.username,
-        PGPASSWORD=db.password,
-        PGDATABASE=db.database,
-        PGAPPNAME=APPLICATION_NAME,
-        PGCONNECT_TIMEOUT=str(settings.connect_timeout),
-        LC_MESSAGES="C",
-    )
-    return env
+    """Everything a tool's process gets in its environment: the connection, and English messages.
+
+    Nothing else, and nothing of the worker's. The tools need no PATH (they are started
+    by their full path and start nothing themselves), no HOME (PGPASSWORD makes a
+    .pgpass unnecessary; libpq finds the user's home from the password database should
+    it look for certificates), no TZ (COPY writes timestamps with their offset) and no
+    LANG (the session's encoding is the database's). What the worker's own environment
+    held stays out of reach of a tool, and of anything a tool might run or print.
+    """
+    return {
+        **MESSAGES,
+        "PGHOST": db.host,
+        "PGPORT": str(db.port),
+        "PGUSER": db.username,
+        "PGPASSWORD": db.password,
+        "PGDATABASE": db.database,
+        "PGAPPNAME": APPLICATION_NAME,
+        "PGCONNECT_TIMEOUT": str(settings.connect_timeout),
+    }
 
 
 class Tool:
@@ -101,13 +151,20 @@ class Tool:
         self.name = Path(argv[0]).name
         self._db = db
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self._process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if reads else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=environment(db, settings),
-        )
+        self._files = contextlib.ExitStack()
+        """What the child reads while it runs, removed once it has exited: the Secret's CA."""
+        ca = self._files.enter_context(tls.ca_file(db))
+        try:
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if reads else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={**environment(db, settings), **tls.environment(db, ca)},
+            )
+        except BaseException:
+            self._files.close()
+            raise
         self._reader = threading.Thread(target=self._read_stderr, name=f"{self.name}-stderr", daemon=True)
         self._reader.start()
 
@@ -131,13 +188,13 @@ class Tool:
         self._reader.join()
         assert self._process.stderr is not None
         self._process.stderr.close()
+        self._files.close()
         return code
 
     def failure(self, code: int) -> str:
-        """What the tool said before it exited with `code`, without the password."""
-        said = " | ".join(line for line in self._stderr if line) or "(no output)"
-        said = re.sub(r"\s+", " ", said)
-        return self._db.redact(f"{self.name} exited with code {code}: {said}")
+        """What the tool said before it exited with `code`: no password, no value the server quoted, one line."""
+        said = scrub(self._db.redact("\n".join(self._stderr)), EXCERPT_LIMIT) or "(no output)"
+        return f"{self.name} exited with code {code}: {said}"
 
     def __enter__(self) -> Tool:
         return self

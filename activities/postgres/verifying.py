@@ -3,7 +3,9 @@
 Rows alone do not make a database: verify compares the tables' rows (and populated
 materialized views and large objects) by checksum (see checksums), and besides them
 the schema object by object and each sequence's value (see schema). Any difference
-fails the step, naming the objects.
+fails the step, naming the objects. Source and target may run different major versions,
+whose servers print a view's query differently: such queries are printed again by the
+target's server before they are compared (see schema.reprinted).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Side:
     """Row count and checksum by table (see checksums)."""
     objects: dict[str, str]
     """Normalized description by schema object, and each sequence's value (see schema)."""
+    queries: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The query of each view and materialized view, keyed and collapsed as in `objects`, which ends with it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,32 @@ class Comparison:
 def read(conn: Connection, done: Callable[[int], None]) -> Side:
     """Reads a side: the schema first (quick), then every table's checksum, calling `done` with the tables read."""
     objects = schema.describe(conn) | schema.sequence_values(conn)
-    return Side(tables=checksums.fingerprints(conn, done), objects=objects)
+    queries = schema.view_queries(conn)
+    return Side(tables=checksums.fingerprints(conn, done), objects=objects, queries=queries)
+
+
+def queries_to_reprint(source: Side, target: Side) -> dict[str, str]:
+    """The source's view queries where the target has the same view but describes it otherwise (see schema)."""
+    return {
+        key: query
+        for key, query in source.queries.items()
+        if key in target.queries and source.objects.get(key) != target.objects.get(key)
+    }
+
+
+def with_reprinted(source: Side, reprinted: dict[str, str]) -> Side:
+    """The source with each reprinted query in place of the one its own server printed, the rest of each view as read.
+
+    What the target's server printed of the source's query is what the source's view
+    means, in the words the target's own views are printed in (see schema).
+    """
+    objects, queries = dict(source.objects), dict(source.queries)
+    for key, query in reprinted.items():
+        described = objects.get(key, "")
+        if key in queries and described.endswith(queries[key]):
+            objects[key] = described.removesuffix(queries[key]) + query
+            queries[key] = query
+    return dataclasses.replace(source, objects=objects, queries=queries)
 
 
 def compare(source: Side, target: Side) -> Comparison:

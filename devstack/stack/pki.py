@@ -1,9 +1,10 @@
-"""Certificates and kubeconfigs for the local control plane.
+"""Certificates and kubeconfigs for the local control plane, and for other servers the tests secure with TLS.
 
 Like controller-runtime's envtest, the API server gets a serving certificate from a
 throwaway CA, and each client (the admin user, controller-manager, scheduler, kwok)
 gets a client certificate whose subject RBAC recognises. Files are created once per
-state folder and reused, so a restarted stack keeps working kubeconfigs.
+state folder and reused, so a restarted stack keeps working kubeconfigs. `serving` and
+`client` issue more from the same CA, e.g. for a PostgreSQL server with ssl=on.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -74,8 +76,8 @@ class Pki:
     def client_key(self, client: ClientIdentity) -> Path:
         return self.folder / f"{client.name}.key"
 
-    def ensure(self) -> None:
-        """Creates whatever key material is missing; keeps what exists."""
+    def ensure_ca(self) -> None:
+        """Creates the CA if it is missing."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if not (self.ca_cert.exists() and self.ca_key.exists()):
             key = _new_key()
@@ -87,6 +89,10 @@ class Pki:
                 .sign(key, hashes.SHA256())
             )
             _write(self.ca_key, self.ca_cert, key, cert)
+
+    def ensure(self) -> None:
+        """Creates whatever key material is missing; keeps what exists."""
+        self.ensure_ca()
         ca_key, ca_cert = self._load_ca()
         if not self.serving_cert.exists():
             key = _new_key()
@@ -102,14 +108,7 @@ class Pki:
             )
             _write(self.serving_key, self.serving_cert, key, cert)
         for client in CLIENTS:
-            if not self.client_cert(client).exists():
-                key = _new_key()
-                cert = (
-                    _builder(_subject(client.common_name, client.organization), ca_cert.subject, key.public_key())
-                    .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                    .sign(ca_key, hashes.SHA256())
-                )
-                _write(self.client_key(client), self.client_cert(client), key, cert)
+            self.client(client)
         if not self.service_account_key.exists():
             sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             self.service_account_key.write_bytes(
@@ -125,6 +124,36 @@ class Pki:
                     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
                 )
             )
+
+    def serving(self, name: str, hosts: Sequence[str]) -> tuple[Path, Path]:
+        """(certificate, key) of a server reached as any of `hosts` (DNS names or IP addresses); made once."""
+        cert_path, key_path = self.folder / f"{name}.crt", self.folder / f"{name}.key"
+        if not cert_path.exists():
+            self.ensure_ca()
+            ca_key, ca_cert = self._load_ca()
+            key = _new_key()
+            cert = (
+                _builder(_subject(name), ca_cert.subject, key.public_key())
+                .add_extension(x509.SubjectAlternativeName([_general_name(host) for host in hosts]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256())
+            )
+            _write(key_path, cert_path, key, cert)
+        return cert_path, key_path
+
+    def client(self, client: ClientIdentity) -> tuple[Path, Path]:
+        """(certificate, key) of a client whose subject is `client`'s; made once."""
+        if not self.client_cert(client).exists():
+            self.ensure_ca()
+            ca_key, ca_cert = self._load_ca()
+            key = _new_key()
+            cert = (
+                _builder(_subject(client.common_name, client.organization), ca_cert.subject, key.public_key())
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256())
+            )
+            _write(self.client_key(client), self.client_cert(client), key, cert)
+        return self.client_cert(client), self.client_key(client)
 
     def write_kubeconfig(self, client: ClientIdentity, server: str, path: Path) -> Path:
         """Writes a kubeconfig for `client` that trusts the stack's CA (rewritten on each start)."""
@@ -160,6 +189,13 @@ class Pki:
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 def _subject(common_name: str, organization: str | None = None) -> x509.Name:

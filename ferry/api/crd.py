@@ -106,6 +106,20 @@ _SPEC_RULES = [
         "message": "spec.approval.deadlineSeconds only applies with spec.approval.required: true",
         "fieldPath": ".approval.deadlineSeconds",
     },
+    {
+        # The precheck refuses it too: a run's input may come from before this rule.
+        "rule": "!has(self.snapshot.endpoint) || !self.snapshot.endpoint.startsWith('http://') "
+        "|| (has(self.snapshot.allowInsecureEndpoint) && self.snapshot.allowInsecureEndpoint)",
+        "message": "spec.snapshot.endpoint is http://, which sends the snapshot and the S3 credentials unencrypted: "
+        "use https://, or set spec.snapshot.allowInsecureEndpoint: true for a network path you trust",
+        "fieldPath": ".snapshot.endpoint",
+    },
+    {
+        "rule": "!has(self.snapshot.serverSideEncryption) || !has(self.snapshot.serverSideEncryption.kmsKeyId) "
+        "|| self.snapshot.serverSideEncryption.type == 'aws:kms'",
+        "message": "spec.snapshot.serverSideEncryption.kmsKeyId only applies with type: aws:kms",
+        "fieldPath": ".snapshot.serverSideEncryption.kmsKeyId",
+    },
 ]
 
 

@@ -29,6 +29,11 @@ class BadCredentials(PermanentError):
     """The database or S3 rejected the credentials from the Secret."""
 
 
+class TlsMismatch(PermanentError):
+    """The database's TLS and the Secret's disagree: its certificate does not verify with the Secret's CA, or one
+    side requires encryption the other does not offer. Retrying asks the same server the same way."""
+
+
 class BucketMissing(PermanentError):
     """The snapshot bucket does not exist or is not accessible."""
 
@@ -73,6 +78,7 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     PrecheckFailed,
     WritesAfterFreeze,
     WritesOnTarget,
+    TlsMismatch,
     ReplicationBroken,
 )
 NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]

@@ -239,7 +239,7 @@ class TargetSpec(ApiModel):
         description="Name of the target StatefulSet (at most 52 characters, so its Pods' labels stay valid). "
         "Its headless Service gets the same name."
     )
-    image: str = Field(min_length=1, description="Container image of the target, e.g. postgres:16.")
+    image: str = Field(min_length=1, description="Container image of the target, e.g. postgres:18.")
     container: Name | None = Field(
         default=None,
         description="Which container of the source's Pod template gets the new image (default: the first).",
@@ -307,6 +307,25 @@ class RetentionSpec(ApiModel):
     after_rollback: AfterRollback = Field(default=AfterRollback.DELETE)
 
 
+class EncryptionType(enum.StrEnum):
+    """How S3 encrypts the snapshot at rest (its x-amz-server-side-encryption header)."""
+
+    AES256 = "AES256"
+    """With keys S3 manages (SSE-S3)."""
+    AWS_KMS = "aws:kms"
+    """With a KMS key (SSE-KMS): kmsKeyId, or the bucket's default KMS key."""
+
+
+class ServerSideEncryption(ApiModel):
+    """Encryption at rest that ferry asks S3 for on every object it writes."""
+
+    type: EncryptionType = Field(description="AES256 (keys S3 manages) or aws:kms (a KMS key).")
+    kms_key_id: Annotated[str, Field(min_length=1, max_length=2048)] | None = Field(
+        default=None,
+        description="ID, ARN or alias of the KMS key, with type aws:kms only (default: the bucket's KMS key).",
+    )
+
+
 class SnapshotSpec(ApiModel):
     """Where the snapshot goes: an S3 bucket, reached with credentials from a Secret."""
 
@@ -315,11 +334,27 @@ class SnapshotSpec(ApiModel):
         default="", description="Key prefix, empty or ending in '/'."
     )
     endpoint: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
-        default=None, description="S3 endpoint URL (default: AWS for the region)."
+        default=None,
+        description="S3 endpoint URL (default: AWS for the region); http:// only with allowInsecureEndpoint.",
+    )
+    # Not refused here but by the API server (a CEL rule) and the precheck: an input or an object from before the
+    # rule must still parse, so that its run and its cleanup go on.
+    allow_insecure_endpoint: bool = Field(
+        default=False,
+        description="Allow an http:// endpoint: the snapshot and the S3 credentials then cross the network "
+        "unencrypted. Only for a network path you trust, e.g. a local test.",
     )
     region: str = Field(default="us-east-1", min_length=1)
     credentials_secret: SecretName = Field(description="Secret with keys accessKeyId and secretAccessKey.")
+    server_side_encryption: ServerSideEncryption | None = Field(
+        default=None, description="Encryption at rest S3 applies to the snapshot (default: the bucket's)."
+    )
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
+
+    @property
+    def insecure(self) -> bool:
+        """Whether the endpoint is plain http without allowInsecureEndpoint: the precheck refuses it."""
+        return self.endpoint is not None and self.endpoint.startswith("http://") and not self.allow_insecure_endpoint
 
 
 class ApprovalSpec(ApiModel):

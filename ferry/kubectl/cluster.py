@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,9 @@ from ferry.kubectl.errors import PluginError
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 TIMEOUTS = RequestTimeouts(connect=5.0, read=30.0)
 """A person waits for the answer: a cluster that does not answer fails the command in seconds."""
+ADMISSION_DENIED = " denied request: "
+"""What follows the policy's and binding's names in the API server's message when a ValidatingAdmissionPolicy
+refuses a request; after it comes the policy's own message."""
 
 T = TypeVar("T")
 
@@ -102,9 +106,23 @@ def _refusal(what: str, error: ApiException, server: str) -> str:
             return f"the cluster at {server} has no Migration resource type: install ferry's CRD (deploy/crd/)"
         return f"{what} not found: check the name and the namespace (-n), or list them with `kubectl ferry get -A`"
     if error.status in (401, 403):
+        policy = _admission_refusal(error)
+        if policy:
+            return f"the API server at {server} refused to change {what}: {policy}"
         refused = f"{error.status} {error.reason}"
         return f"the API server at {server} refused access to {what} ({refused}): check your credentials and RBAC"
     return f"the API server at {server} could not serve {what}: {error.status} {error.reason}"
+
+
+def _admission_refusal(error: ApiException) -> str | None:
+    """Why an admission policy refused the request (deploy/admission says who may give a control), if one did."""
+    try:
+        status = json.loads(error.body or "")
+    except ValueError:
+        return None
+    message = str(status.get("message") or "") if isinstance(status, dict) else ""
+    policy, _, why = message.partition(ADMISSION_DENIED)
+    return why if why and "ValidatingAdmissionPolicy" in policy else None
 
 
 def _kubeconfig_file(target: Target) -> str | None:

@@ -5,7 +5,9 @@ whoami` asks), not from a flag, so the saga records the identity the cluster
 authenticated. The annotation's value must be what the watcher accepts (watcher/controls.py:
 `<who>` or `<who>: <reason>`, <who> up to 63 of letters, digits and @._+-), so a user
 name is cut down to that alphabet (`system:serviceaccount:ci:deployer` becomes
-`system.serviceaccount.ci.deployer`).
+`system.serviceaccount.ci.deployer`). The admission policy deploy/admission/controls.yaml
+accepts no other signature and repeats this rule in CEL: change both together
+(tests/deploy/test_admission.py compares them).
 
 The watcher answers in status.controls: once `acknowledged[<annotation>]` holds the value
 written here, `message` is the saga's answer, and the Event it recorded with that message

@@ -44,6 +44,8 @@ def test_a_request_the_api_server_refuses_ends_provision_as_one_sentence_and_cre
     message = str(refused.value)
     assert message.startswith(f"the Kubernetes API server refused what ferry asked for Migration {ref}: ")
     assert "must be less than or equal to cpu limit" in message
+    # The field's path stays; the value the server quotes is withheld (a refused value may be anyone's data).
+    assert '.resources.requests: Invalid value: "…": must be less than or equal to cpu limit' in message
     assert message.endswith(f"then delete Migration {ref} and create it again.")
     assert "\n" not in message
     assert "HTTP response headers" not in message

@@ -48,6 +48,8 @@ def test_kubectl_get_shows_the_printer_columns(kubectl: Kubectl, migration_crd: 
     assert header == ["NAME", "PHASE", "STEP", "AGE", "MESSAGE"]
 
 
+SNAPSHOT = {"bucket": "ferry-snapshots", "credentialsSecret": "snapshot-credentials"}
+
 INVALID = {
     "a malformed storage size": (
         {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "20 gigs"}},
@@ -101,6 +103,18 @@ INVALID = {
         {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "0.0Gi"}},
         ["spec.target.storageSize", "must be a positive quantity"],
     ),
+    "a plain http S3 endpoint not explicitly allowed": (
+        {"snapshot": {**SNAPSHOT, "endpoint": "http://minio.storage:9000"}},
+        ["spec.snapshot.endpoint", "set spec.snapshot.allowInsecureEndpoint: true for a network path you trust"],
+    ),
+    "a KMS key for encryption with S3's own keys": (
+        {"snapshot": {**SNAPSHOT, "serverSideEncryption": {"type": "AES256", "kmsKeyId": "alias/ferry"}}},
+        ["spec.snapshot.serverSideEncryption.kmsKeyId", "only applies with type: aws:kms"],
+    ),
+    "an unknown kind of encryption": (
+        {"snapshot": {**SNAPSHOT, "serverSideEncryption": {"type": "rot13"}}},
+        ["spec.snapshot.serverSideEncryption.type", 'Unsupported value: "rot13"'],
+    ),
 }
 
 
@@ -135,7 +149,7 @@ def test_the_commented_sample_in_deploy_is_accepted(kubectl: Kubectl, migration_
     applied = kubectl("apply", "-n", namespace, "-f", str(SAMPLE), check=False)
 
     assert applied.returncode == 0, applied.stderr
-    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "yaml").stdout)
+    stored = yaml.safe_load(kubectl("get", "migration", "orders-db-to-18", "-n", namespace, "-o", "yaml").stdout)
     assert stored["spec"]["approval"]["deadlineSeconds"] == 86400
 
 
@@ -160,3 +174,23 @@ def test_control_fields_may_change_after_creation(kubectl: Kubectl, migration_cr
 
     paused = kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "jsonpath={.spec.paused}")
     assert paused.stdout == "true"
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        {**SNAPSHOT, "endpoint": "https://s3.example.com"},
+        {**SNAPSHOT, "endpoint": "http://minio.storage:9000", "allowInsecureEndpoint": True},
+        {**SNAPSHOT, "serverSideEncryption": {"type": "aws:kms", "kmsKeyId": "alias/ferry"}},
+        {**SNAPSHOT, "serverSideEncryption": {"type": "AES256"}},
+    ],
+    ids=["https", "http explicitly allowed", "aws:kms with a key", "AES256"],
+)
+def test_a_secured_snapshot_spec_is_accepted(
+    snapshot: dict[str, Any], kubectl: Kubectl, migration_crd: str, namespace: str
+) -> None:
+    manifest = json.dumps(samples.migration(snapshot=snapshot))
+
+    applied = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=manifest, check=False)
+
+    assert applied.returncode == 0, applied.stderr

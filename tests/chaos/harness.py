@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from devstack.stack import pki
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef, MigrationResult, snapshot_key, undo_workflow_id, workflow_id
@@ -294,6 +295,7 @@ class ChaosRun:
         snapshot = {
             "bucket": self.bucket,
             "endpoint": self.info.s3_endpoint,
+            "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
             "region": self.info.s3_region,
             "credentialsSecret": S3_SECRET,
         }
@@ -333,6 +335,8 @@ class ChaosRun:
                     "worker",
                     *common,
                     "--poll-interval=0.5",
+                    # The stack's PostgreSQL 18 tools: the worker's own search would find Debian's 15 only.
+                    f"--postgres-bindir={self.info.postgres_bindir or ''}",
                     *self._worker_options(index),
                 ],
             )
@@ -444,7 +448,9 @@ class ChaosRun:
             for subject in list(waiting):
                 assert subject.ref is not None
                 if subject.rollback_at is not None and elapsed >= subject.rollback_at:
-                    patch = {"metadata": {"annotations": {"ferry.dev/rollback": "chaos: rolled back at random"}}}
+                    # Signed by the stack's admin, as whom the harness acts (deploy/admission checks the name).
+                    rollback = f"{pki.ADMIN.common_name}: rolled back at random"
+                    patch = {"metadata": {"annotations": {"ferry.dev/rollback": rollback}}}
                     with contextlib.suppress(ApiException):
                         custom.patch_namespaced_custom_object(
                             GROUP, VERSION, subject.namespace, PLURAL, subject.ref.name, patch

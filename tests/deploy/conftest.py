@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devstack.stack.install import Binaries, ensure_tool
 from devstack.stack.stack import StackInfo
+from tests.cluster import token_kubeconfig
 from tests.conftest import Kubectl
 from tests.deploy import rendering
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
@@ -33,6 +34,9 @@ HELM_RELEASE = "ferry-helm"
 deploy/'s, whose cluster-wide roles are named after the release "ferry"."""
 
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+GrantSecrets = Callable[[str], None]
+"""(namespace) -> the installation's worker may read Secrets there, granted the way that installation grants it."""
 
 
 @pytest.fixture(scope="session")
@@ -51,23 +55,12 @@ def service_account_kubeconfig(
 ) -> ServiceAccountKubeconfig:
     """Makes a kubeconfig that authenticates as a ServiceAccount of ferry-system, with a fresh token."""
     assert stack.kubeconfig is not None
-    admin = yaml.safe_load(stack.kubeconfig.read_text())
+    admin = stack.kubeconfig
 
     def make(account: str, namespace: str = ferry_system) -> Path:
         token = kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
         assert token, f"no token for ServiceAccount {namespace}/{account}"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": admin["clusters"],
-            "users": [{"name": account, "user": {"token": token}}],
-            "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-            "current-context": account,
-        }
-        path = tmp_path / f"{account}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return token_kubeconfig(admin, account, token, tmp_path / f"{account}.kubeconfig")
 
     return make
 
@@ -128,3 +121,27 @@ def installation(request: pytest.FixtureRequest) -> Installation:
     how = getattr(request, "param", "kustomize")
     found: Installation = request.getfixturevalue(f"{how}_installation")
     return found
+
+
+@pytest.fixture
+def grant_secrets(request: pytest.FixtureRequest, installation: Installation, kubectl: Kubectl) -> GrantSecrets:
+    """Lists a namespace for the worker's Secrets: `ferry rbac` for deploy/, worker.secretNamespaces for the chart.
+
+    The grants live in that namespace, and go with it.
+    """
+
+    def grant(namespace: str) -> None:
+        if installation.how == "helm":
+            helm: Path = request.getfixturevalue("helm")
+            listed = f"worker.secretNamespaces={{{namespace}}}"
+            rendered = rendering.parse(rendering.helm_template(helm, HELM_RELEASE, installation.namespace, listed))
+            grants = [obj for obj in rendered if obj["metadata"].get("namespace") == namespace]
+            text = json.dumps({"apiVersion": "v1", "kind": "List", "items": grants})
+        else:
+            text = rendering.run_tool(
+                sys.executable, "-m", "ferry.cli", "rbac", f"--secret-namespaces={namespace}",
+                f"--namespace={installation.namespace}",
+            )  # fmt: skip
+        kubectl("apply", "--server-side", "-f", "-", stdin=text)
+
+    return grant

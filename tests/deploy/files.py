@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ ROOT = Path(__file__).parent.parent.parent
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
 SYSTEM_NAMESPACE = "ferry-system"
 
 
@@ -152,3 +155,44 @@ def stage_env(stage: list[Instruction]) -> dict[str, str]:
                 name, _, value = pair.partition("=")
                 found[name] = value
     return found
+
+
+# --- the build context --------------------------------------------------------------------------
+
+
+def _matches(pattern: str, path: str) -> bool:
+    """Whether a .dockerignore pattern names `path` or a folder above it (`**` matching any folders)."""
+    parts = path.split("/")
+    for end in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:end])
+        if fnmatch.fnmatchcase(prefix, pattern):
+            return True
+        if pattern.startswith("**/") and any(
+            fnmatch.fnmatchcase("/".join(parts[start:end]), pattern[3:]) for start in range(end)
+        ):
+            return True
+    return False
+
+
+def in_build_context(path: str) -> bool:
+    """Whether `docker build .` sends `path` (relative to the repository) to the builder, by .dockerignore.
+
+    Docker's rules: the patterns in order, the last one naming the path (or a folder above it) decides,
+    and `!` takes a path back in.
+    """
+    sent = True
+    for line in DOCKERIGNORE.read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        keep = pattern.startswith("!")
+        if _matches(pattern.lstrip("!").rstrip("/"), path):
+            sent = keep
+    return sent
+
+
+def repository_files() -> list[str]:
+    """Every file of the checkout git knows, and a few a working copy has beside them."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    local = [".venv/bin/python", ".ferry/stack.json", "ferry/__pycache__/cli.cpython-311.pyc", ".git/HEAD"]
+    return [*listed.splitlines(), *local]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from devstack.stack.install import Binaries
+from ferry import rbac
 from tests.conftest import Kubectl
 from tests.deploy import rendering
 from tests.deploy.conftest import Installation
@@ -28,6 +30,8 @@ from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, in
 AS_DEPLOY = ("namespace.create=true", "prometheusRule.enabled=true", "serviceMonitor.enabled=true")
 """The chart's values that add what deploy/ and deploy/prometheus hold beyond its defaults."""
 EVERYTHING = (*AS_DEPLOY, "grafanaDashboard.enabled=true")
+
+RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
 Key = tuple[str, str, str]
 """(kind, namespace, name) of an object."""
@@ -52,6 +56,12 @@ def _selectors_hold(objects: list[dict[str, Any]]) -> None:
     for service in (obj for obj in objects if obj["kind"] == "Service"):
         for name, spec in deployments.items():
             assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items(), name
+    for policy in (obj for obj in objects if obj["kind"] == "NetworkPolicy"):
+        wanted = policy["spec"]["podSelector"]["matchLabels"].items()
+        selected = [
+            name for name, spec in deployments.items() if wanted <= spec["template"]["metadata"]["labels"].items()
+        ]
+        assert selected == [policy["metadata"]["name"]], policy["metadata"]["name"]
     for monitor in (obj for obj in objects if obj["kind"] == "ServiceMonitor"):
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
         assert [obj for obj in objects if obj["kind"] == "Service" and wanted <= obj["metadata"]["labels"].items()]
@@ -67,6 +77,8 @@ def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj.get("spec", {})
     if obj["kind"] in {"Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"}:
         spec.pop("selector")
+    if obj["kind"] == "NetworkPolicy":
+        spec.pop("podSelector")
     if obj["kind"] == "Deployment":
         del spec["template"]["metadata"]
         for constraint in spec["template"]["spec"]["topologySpreadConstraints"]:
@@ -137,20 +149,60 @@ def test_the_dashboard_configmap_holds_the_dashboard(helm: Path) -> None:
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
-def test_secrets_can_be_granted_in_listed_namespaces_only(helm: Path) -> None:
-    objects = rendering.parse(
-        rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, "worker.secretNamespaces={shop,billing}")
-    )
-    grants = [
-        obj for obj in objects if obj["kind"].endswith("Binding") and obj["roleRef"]["name"] == "ferry-worker-secrets"
-    ]
+def _secret_grants(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [obj for obj in objects if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == rbac.NAME]
 
-    assert sorted((obj["kind"], obj["metadata"].get("namespace")) for obj in grants) == [
-        ("RoleBinding", "billing"),
-        ("RoleBinding", "shop"),
-    ]
-    for grant in grants:
-        assert grant["subjects"] == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": SYSTEM_NAMESPACE}]
+
+@pytest.mark.parametrize(
+    ("values", "namespaces", "access"),
+    [
+        ((), [], rbac.SecretAccess.NAMESPACES),
+        (("worker.secretNamespaces={shop,billing}",), ["shop", "billing"], rbac.SecretAccess.NAMESPACES),
+        (("worker.secretAccess=cluster",), [], rbac.SecretAccess.CLUSTER),
+    ],
+    ids=["none-by-default", "listed-namespaces", "cluster-when-asked"],
+)
+def test_the_chart_grants_secrets_where_ferry_rbac_does_from_the_same_list(
+    helm: Path, values: tuple[str, ...], namespaces: list[str], access: rbac.SecretAccess
+) -> None:
+    rendered = _secret_grants(rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, *values)))
+    generated = rbac.objects(namespaces, access, SYSTEM_NAMESPACE)
+
+    assert _by_key(rendered) == _by_key(generated)
+    subjects = [grant["subjects"] for grant in rendered if grant["kind"].endswith("Binding")]
+    assert all(found == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": SYSTEM_NAMESPACE}]
+               for found in subjects)  # fmt: skip
+    assert len(subjects) == (1 if access is rbac.SecretAccess.CLUSTER else len(namespaces))
+
+
+def test_a_secret_access_other_than_namespaces_or_cluster_stops_the_chart(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "ferry", str(rendering.CHART), "--set", "worker.secretAccess=everywhere"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert result.returncode != 0
+    assert 'worker.secretAccess is "everywhere": it is namespaces' in result.stderr
+
+
+def test_the_network_policies_follow_their_values_and_go_when_disabled(helm: Path) -> None:
+    def policies(*values: str) -> dict[str, dict[str, Any]]:
+        objects = rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, *values))
+        return {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "NetworkPolicy"}
+
+    changed = policies(
+        "networkPolicy.databases.ports={6432}",
+        "networkPolicy.databases.to[0].ipBlock.cidr=10.20.0.0/16",
+        "networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    )
+
+    assert policies("networkPolicy.enabled=false") == {}
+    assert {"ports": [{"port": 6432, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]} in changed[
+        "ferry-worker"
+    ]["egress"]
+    assert all(5432 not in [port["port"] for port in rule["ports"]] for rule in changed["ferry-worker"]["egress"])
+    for spec in changed.values():
+        assert spec["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
 
 
 def test_another_lease_name_changes_the_watchers_flag_and_its_role_together(helm: Path) -> None:

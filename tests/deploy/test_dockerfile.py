@@ -2,7 +2,7 @@
 
 No Docker engine runs here, so the Dockerfile is read, not built; every check compares it
 with what it must agree with: pyproject.toml, the lock's uv, ferry's real parser, the
-stack's PostgreSQL version and the Deployments in deploy/manager.
+stack's newest PostgreSQL major and the Deployments in deploy/manager.
 """
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ import re
 
 import pytest
 
-from devstack.stack.versions import POSTGRES_MAJOR
+from devstack.stack.versions import TARGET_POSTGRES_MAJOR
 from tests.deploy.files import (
     DEPLOY,
     ROOT,
     dockerfile,
     documents,
     exec_form,
+    in_build_context,
     pyproject,
+    repository_files,
     stage_env,
     subcommands,
     variables_read_by,
@@ -82,15 +84,16 @@ def test_the_image_holds_every_package_of_ferrys_wheel() -> None:
     assert pyproject()["project"]["readme"] in copied, "building the wheel needs the readme it declares"
 
 
-def test_the_image_has_pg_dump_and_pg_restore_of_the_stacks_postgresql_major() -> None:
+def test_the_image_has_pg_dump_and_pg_restore_of_the_stacks_newest_postgresql_major() -> None:
     image = dockerfile()
     runs = " ".join(arguments for name, arguments in image.final if name == "RUN")
     bindir = stage_env(image.final)["FERRY_POSTGRES_BINDIR"]
 
-    # Debian bookworm is the release that ships postgresql-client-15.
+    # PostgreSQL's own repository serves Debian bookworm; Debian's postgresql-common adds it.
     assert image.base_image(image.final).startswith("python:3.11-slim-bookworm")
-    assert f"postgresql-client-{POSTGRES_MAJOR}" in runs.split()
-    assert bindir == f"/usr/lib/postgresql/{POSTGRES_MAJOR}/bin"
+    assert "/usr/share/postgresql-common/pgdg/apt.postgresql.org.sh" in runs.split()
+    assert f"postgresql-client-{TARGET_POSTGRES_MAJOR}" in runs.split()
+    assert bindir == f"/usr/lib/postgresql/{TARGET_POSTGRES_MAJOR}/bin"
 
 
 def test_the_image_sets_only_variables_the_worker_reads() -> None:
@@ -113,7 +116,28 @@ def test_the_image_runs_as_the_non_root_user_the_deployments_expect() -> None:
         assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid))
 
 
-def test_the_build_context_leaves_out_the_local_environment_and_stack() -> None:
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+def test_the_build_context_holds_ferrys_packages_and_the_files_that_build_them_and_nothing_else() -> None:
+    sent = [path for path in repository_files() if in_build_context(path)]
+    packages = pyproject()["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
 
-    assert {".venv", ".ferry", ".git"} <= ignored
+    assert {path.split("/")[0] for path in sent} == {*packages, "pyproject.toml", "uv.lock", "README.md"}
+    assert {path.split("/")[0] for path in sent} == _copied_into_build_stage()
+    assert "ferry/cli.py" in sent
+    assert not [path for path in sent if "__pycache__" in path]
+
+
+@pytest.mark.parametrize("left_out", ["devstack", "tests", "scripts", "deploy", "docs", ".venv", ".ferry", ".git"])
+def test_the_local_stack_the_tests_and_the_local_environment_never_reach_the_builder(left_out: str) -> None:
+    present = [path for path in repository_files() if path.split("/")[0] == left_out]
+
+    assert present, f"{left_out} is in the checkout, so this checks something"
+    assert not [path for path in present if in_build_context(path)]
+
+
+def test_no_stage_copies_the_local_stack_and_the_image_copies_only_the_built_environment() -> None:
+    image = dockerfile()
+    copied = [arguments.split() for stage in image.stages for name, arguments in stage if name == "COPY"]
+    final = [arguments.split() for name, arguments in image.final if name == "COPY"]
+
+    assert not [words for words in copied if any(word.startswith(("devstack", "tests", "scripts")) for word in words)]
+    assert final == [["--from=build", "/opt/ferry", "/opt/ferry"]]

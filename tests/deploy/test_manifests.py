@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from activities.secrets import DATABASE_KEYS, S3_KEYS
+from ferry import rbac
 from ferry.api.migration import MigrationSpec
 from tests.conftest import Kubectl
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find, settings, subcommands, variables_read_by
@@ -73,7 +74,26 @@ def test_deploy_applies_to_the_api_server_with_every_object(
         ("PodDisruptionBudget", "ferry-watcher"),
         ("ServiceAccount", "ferry-worker"),
         ("ServiceAccount", "ferry-watcher"),
+        ("ClusterRole", "ferry-approver"),
+        ("ClusterRole", "ferry-operator"),
+        ("ValidatingAdmissionPolicy", "ferry-controls"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-controls"),
+        ("ValidatingAdmissionPolicy", "ferry-plan"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-plan"),
+        ("ConfigMap", "ferry-allowlists"),
     } <= kinds
+
+
+def test_the_worker_reads_secrets_in_no_namespace_until_one_is_listed_and_the_list_is_ferry_rbacs_output() -> None:
+    committed = DEPLOY / "rbac" / "worker_secrets.yaml"
+    listed = sorted({doc["metadata"]["namespace"] for doc in documents(committed) if "namespace" in doc["metadata"]})
+    roles = [doc for doc in documents(DEPLOY / "rbac") if "rules" in doc]
+
+    assert listed == [], "deploy/ lists no namespace: each cluster names its own"
+    assert committed.read_text() == rbac.manifest_yaml(listed), "run `make rbac SECRET_NAMESPACES=...`"
+    assert not [
+        role["metadata"]["name"] for role in roles if any("secrets" in rule["resources"] for rule in role["rules"])
+    ]
 
 
 def test_the_deployments_pass_the_restricted_pod_security_standard(
@@ -92,12 +112,27 @@ def test_the_sample_migration_and_its_secrets_apply_in_a_workload_namespace(
     applied = _dry_run(kubectl, "-n", namespace, "-k", str(DEPLOY / "samples"))
 
     assert len(applied) == 4
-    assert any(line.startswith("migration.ferry.dev/orders-db-to-16 ") for line in applied), applied
+    assert any(line.startswith("migration.ferry.dev/orders-db-to-18 ") for line in applied), applied
+
+
+def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
+    kubectl: Kubectl, migration_crd: str, ferry_system: str
+) -> None:
+    applied = _dry_run(kubectl, "-k", str(DEPLOY / "admission"))
+
+    assert sorted(applied) == [
+        "configmap/ferry-allowlists serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-controls serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-controls serverside-applied "
+        "(server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+    ]
 
 
 def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_migration_gives() -> None:
     samples = documents(DEPLOY / "samples")
-    migration = find(samples, "Migration", "orders-db-to-16")
+    migration = find(samples, "Migration", "orders-db-to-18")
     spec = MigrationSpec.model_validate(migration["spec"])
 
     for name, keys in (

@@ -4,7 +4,9 @@ The worker and the watcher run as `ferry worker` and `ferry watcher` processes w
 kubeconfigs carry tokens of the ServiceAccounts ferry-system/ferry-worker and
 ferry-system/ferry-watcher (see conftest.py), with the roles of deploy/rbac applied for
 real: every call they make is authorized as it would be in their Pods. The whole Migration
-runs a second time under the identities the Helm chart (deploy/helm/ferry) makes.
+runs a second time under the identities the Helm chart (deploy/helm/ferry) makes. The
+worker reads Secrets only in the namespaces it is given: each test that needs it lists
+its own namespace, as an operator would (`ferry rbac`, or the chart's worker.secretNamespaces).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from devstack.stack.stack import StackInfo
 from ferry.clients import kubernetes_client
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
-from tests.deploy.conftest import Installation, ServiceAccountKubeconfig
+from tests.deploy.conftest import GrantSecrets, Installation, ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY
 from tests.end_to_end import S3_SECRET, Databases, apply_migration, migration_manifest
 from tests.postgres.data import contents, create_shop
@@ -96,10 +98,15 @@ def ferry_as_service_accounts(
     binaries: Binaries,
     installation: Installation,
     service_account_kubeconfig: ServiceAccountKubeconfig,
+    grant_secrets: GrantSecrets,
     run_ferry: RunFerry,
     namespace: str,
 ) -> Ferry:
-    """The worker and the watcher as the ServiceAccounts their Deployments name, with the Lease the watcher's names."""
+    """The worker and the watcher as the ServiceAccounts their Deployments name, with the Lease the watcher's names.
+
+    The test's namespace is one the worker is given Secrets in.
+    """
+    grant_secrets(namespace)
     worker = run_ferry(
         "worker",
         service_account_kubeconfig(installation.service_account("worker"), installation.namespace),
@@ -198,7 +205,9 @@ def test_a_rollback_after_the_traffic_moved_undoes_every_step_under_the_service_
 
     wait_until("the traffic to move to the target", soaking, SAGA_TIMEOUT, ferry.worker, ferry.watcher)
     assert endpoint_pods(kube_api, namespace, "orders-db") == ["orders-db-16-0"]
-    kubectl("annotate", "migration", ref.name, "-n", namespace, "ferry.dev/rollback=tester: changed my mind")
+    # Given by tester, a cluster admin: deploy/admission takes a control only from the user it names.
+    kubectl("--as=tester", "--as-group=system:masters", "annotate", "migration", ref.name, "-n", namespace,
+            "ferry.dev/rollback=tester: changed my mind")  # fmt: skip
     status = _wait_for_phase(kubectl, namespace, ref.name, ferry)
 
     assert status["phase"] == "RolledBack", _explain(status, ferry)
@@ -234,11 +243,13 @@ def _forbidden(call: Callable[[], object]) -> bool:
 
 def test_the_worker_reads_a_secret_it_is_named_but_may_not_list_secrets_or_delete_a_namespace(
     service_account_kubeconfig: ServiceAccountKubeconfig,
+    grant_secrets: GrantSecrets,
     kube_api: k8s.ApiClient,
     namespace: str,
 ) -> None:
     secret = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=S3_SECRET), string_data={"accessKeyId": "a"})
     k8s.CoreV1Api(kube_api).create_namespaced_secret(namespace, secret)
+    grant_secrets(namespace)
     with contextlib.closing(kubernetes_client(service_account_kubeconfig("ferry-worker"))) as api:
         core = k8s.CoreV1Api(api)
 
@@ -247,6 +258,46 @@ def test_the_worker_reads_a_secret_it_is_named_but_may_not_list_secrets_or_delet
         assert _forbidden(lambda: core.list_namespaced_secret(namespace))
         assert _forbidden(lambda: core.list_secret_for_all_namespaces())
         assert _forbidden(lambda: core.delete_namespace(namespace))
+
+
+@pytest.fixture
+def unlisted_namespace(kube_api: k8s.ApiClient, namespace: str) -> Iterator[str]:
+    """A second namespace of the test's own, which nobody lists for the worker's Secrets."""
+    core = k8s.CoreV1Api(kube_api)
+    name = f"{namespace[:56]}-other"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.mark.parametrize("installation", ["kustomize", "helm"], indirect=True)
+def test_the_worker_may_not_read_a_secret_in_a_namespace_it_is_not_given(
+    installation: Installation,
+    grant_secrets: GrantSecrets,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+    unlisted_namespace: str,
+) -> None:
+    secret = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=S3_SECRET), string_data={"accessKeyId": "a"})
+    for where in (namespace, unlisted_namespace):
+        k8s.CoreV1Api(kube_api).create_namespaced_secret(where, secret)
+    account = installation.service_account("worker")
+    grant_secrets(namespace)
+
+    def can_i(*request: str) -> str:
+        identity = f"--as=system:serviceaccount:{installation.namespace}:{account}"
+        return kubectl("auth", "can-i", *request, identity, check=False).stdout.strip()
+
+    assert can_i("get", "secrets", "-n", namespace) == "yes"
+    assert can_i("get", "secrets", "-n", unlisted_namespace) == "no"
+    assert can_i("get", "secrets", "-A") == "no"
+    assert can_i("list", "secrets", "-n", namespace) == "no"
+    with contextlib.closing(kubernetes_client(service_account_kubeconfig(account, installation.namespace))) as api:
+        core = k8s.CoreV1Api(api)
+        assert core.read_namespaced_secret(S3_SECRET, namespace).data["accessKeyId"]
+        assert _forbidden(lambda: core.read_namespaced_secret(S3_SECRET, unlisted_namespace))
 
 
 def test_the_watcher_lists_migrations_everywhere_but_may_not_read_a_secret(
@@ -289,7 +340,7 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
         ("delete pods", False),
         ("create pods", False),
         ("list endpointslices.discovery.k8s.io", True),
-        ("get secrets", True),
+        ("get secrets", False),  # in a namespace nobody listed (see the test of the unlisted namespace)
         ("list secrets", False),
         ("watch secrets", False),
         ("create events", True),

@@ -90,7 +90,7 @@ def test_ferry_up_as_root_in_a_folder_closed_to_postgres_migrates_its_sample_kee
     first = _up(closed_state_dir, "--orders=2000", "--keep-running")
     try:
         first.wait_for("the stack to be up", r"The stack is up\.", STACK_UP)
-        finished = first.wait_for("the sample to finish", r"Migration shop/orders-db-to-16: (\w+) —", STACK_UP)
+        finished = first.wait_for("the sample to finish", r"Migration shop/orders-db-to-18: (\w+) —", STACK_UP)
         assert finished.group(1) == "Succeeded", first.shown()
         groups = _recorded_groups(closed_state_dir)
         with psycopg.connect(StackInfo.load(closed_state_dir).postgres["source"].dsn, connect_timeout=10) as conn:

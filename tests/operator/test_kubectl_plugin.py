@@ -212,7 +212,8 @@ async def test_plan_prints_what_a_migration_would_do_and_leaves_nothing_behind(
     assert shown[-1] == "nothing was changed"
     assert "steps    " + " → ".join(STEPS) in shown
     assert any(
-        re.fullmatch(r"writes stop for about [0-9.]+s \(freeze until traffic has moved\)", line) for line in shown
+        re.fullmatch(r"writes stop for about ([0-9.]+s|\d+m\d\ds|\d+h\d\dm) \(freeze until traffic has moved\)", line)
+        for line in shown
     )
     assert any(line.startswith("measured read ") for line in shown)
     assert json.loads(kubectl("get", "migrations", "-n", namespace, "-o", "json").stdout)["items"] == []

@@ -42,7 +42,7 @@ def test_ferry_up_migrates_the_sample_in_a_terminal_and_stops_cleanly_on_ctrl_c(
     )
     try:
         up.wait_for("the stack to be up", r"The stack is up\.", STACK_UP)
-        finished = up.wait_for("the sample Migration to finish", r"Migration shop/orders-db-to-16: (\w+)", SAMPLE_DONE)
+        finished = up.wait_for("the sample Migration to finish", r"Migration shop/orders-db-to-18: (\w+)", SAMPLE_DONE)
         assert finished.group(1) == "Succeeded", up.shown()
         up.wait_for("the invitation to stop", r"Press Ctrl-C to stop", 60)
 
@@ -54,7 +54,7 @@ def test_ferry_up_migrates_the_sample_in_a_terminal_and_stops_cleanly_on_ctrl_c(
     assert code == 0, up.shown()
     assert "stopped; no process of the stack is left." in up.output
     assert "kubectl" in up.output
-    assert "describe migration orders-db-to-16 -n shop" in up.output
+    assert "describe migration orders-db-to-18 -n shop" in up.output
     assert "Temporal Web UI: http://127.0.0.1:" in up.output
     deadline = time.monotonic() + 60
     while processes_under(state_dir) and time.monotonic() < deadline:

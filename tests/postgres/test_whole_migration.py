@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import json
@@ -19,13 +18,15 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
 
+from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
-from ferry.api.saga import SnapshotResult
+from ferry.api.saga import PrecheckResult, SnapshotResult
 from tests.conftest import Kubectl
 from tests.end_to_end import (
     Databases,
     apply_migration,
     migration_manifest,
+    readable_history,
     start_migration,
     worker_settings,
 )
@@ -39,24 +40,6 @@ SAGA_TIMEOUT = 240
 def _migration(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     migration: dict[str, Any] = json.loads(kubectl("get", "migration", name, "-n", namespace, "-o", "json").stdout)
     return migration
-
-
-def _readable(history_json: str) -> str:
-    """A history as JSON, with every payload's data decoded: the JSON form keeps payloads in base64."""
-    decoded: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "metadata" in node and isinstance(node.get("data"), str):
-                decoded.append(base64.b64decode(node["data"]).decode(errors="replace"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(json.loads(history_json))
-    return "\n".join([history_json, *decoded])
 
 
 async def _attempts(handle: WorkflowHandle[Any, Any], activity_type: str) -> list[int]:
@@ -99,7 +82,7 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
     assert result["phase"] == "Succeeded"
     assert contents(databases.target) == contents(databases.source)
     records = {
-        "workflow history": _readable((await handle.fetch_history()).to_json()),
+        "workflow history": readable_history((await handle.fetch_history()).to_json()),
         "logs": caplog.text,
         "Migration": json.dumps(_migration(kubectl, namespace, ref.name)),
         "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
@@ -119,6 +102,67 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
         assert secret
         for record_name, text in records.items():
             assert secret not in text, f"the {secret_name} is in the {record_name}"
+
+
+def _server_version_num(endpoint: PostgresEndpoint) -> int:
+    with connect(endpoint) as conn:
+        row = conn.execute("select current_setting('server_version_num')::int").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _precheck_result(handle: WorkflowHandle[Any, Any]) -> PrecheckResult:
+    """What the precheck step returned, as the saga's history keeps it."""
+    scheduled: set[int] = set()
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == "postgresql.precheck":
+                scheduled.add(event.event_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            completed = event.activity_task_completed_event_attributes
+            if completed.scheduled_event_id in scheduled:
+                return PrecheckResult.model_validate_json(completed.result.payloads[0].data)
+    raise AssertionError("the history holds no completed precheck")
+
+
+async def test_a_whole_migration_carries_the_data_from_postgresql_15_up_to_18(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    ferry_worker: object,
+    temporal_client: Client,
+    task_queue: str,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    create_shop(databases.source, customers=100, orders=2_000)
+    with connect(databases.source) as conn:  # an extension both majors have, with data of its type
+        conn.execute("create extension hstore")
+        conn.execute("create table shop.tags (order_id bigint primary key references shop.orders, tags hstore)")
+        conn.execute("insert into shop.tags select id, hstore('k', id::text) from shop.orders where id % 3 = 0")
+    manifest = migration_manifest(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
+
+    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
+
+    assert result["phase"] == "Succeeded"
+    assert _server_version_num(databases.source) // 10000 == 15
+    assert _server_version_num(databases.target) // 10000 == 18
+    precheck = await _precheck_result(handle)
+    assert (precheck.source_version[:3], precheck.target_version[:3], precheck.tools_version[:3]) == (
+        "15.",
+        "18.",
+        "18.",
+    ), "the worker dumped 15 and restored into 18 with PostgreSQL 18's tools"
+    assert contents(databases.target) == contents(databases.source)
+    with connect(databases.target) as conn:
+        assert tables(conn) == ["audit.log", "shop.customers", "shop.orders", "shop.tags"]
+        tagged = conn.execute("select tags -> 'k' from shop.tags where order_id = 3").fetchone()
+    assert tagged == ("3",)
 
 
 class CorruptTheSnapshot(Interceptor):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
@@ -350,3 +351,39 @@ def test_an_unreachable_cluster_is_one_line_and_exit_code_1(tmp_path: Path, caps
     assert error.startswith(f"error: cannot reach the Kubernetes API server at https://127.0.0.1:{port}")
     assert error.count("\n") == 1
     assert "Traceback" not in error
+
+
+def _refused(message: str) -> ApiException:
+    error = ApiException(status=403, reason="Forbidden")
+    error.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "message": message})
+    return error
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        (
+            "migrations.ferry.dev \"m\" is forbidden: ValidatingAdmissionPolicy 'ferry-controls' with binding "
+            "'ferry-controls' denied request: user \"bob\" may not approve Migration shop/m: ...",
+            'error: the API server at https://127.0.0.1:1 refused to change Migration shop/m: user "bob" may not '
+            "approve Migration shop/m: ...",
+        ),
+        (
+            'migrations.ferry.dev "m" is forbidden: User "bob" cannot patch resource "migrations"',
+            "error: the API server at https://127.0.0.1:1 refused access to Migration shop/m (403 Forbidden): "
+            "check your credentials and RBAC",
+        ),
+    ],
+)
+def test_a_refusal_by_ferrys_admission_policy_says_why_and_one_by_rbac_what_to_check(
+    tmp_path: Path, message: str, said: str
+) -> None:
+    cluster = connect(Target(kubeconfig=str(_kubeconfig(tmp_path, "https://127.0.0.1:1", "shop"))))
+
+    def patch() -> None:
+        raise _refused(message)
+
+    with pytest.raises(PluginError) as refused:
+        cluster.call("Migration shop/m", patch)
+
+    assert f"error: {refused.value}" == said

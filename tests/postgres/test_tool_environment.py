@@ -1,0 +1,107 @@
+"""pg_dump and pg_restore get the connection and English messages in their environment, and nothing of the worker's.
+
+The worker's environment here holds what a real one does: its Temporal API key, cloud
+credentials, PG* settings of its own. Each test holds the real tool on a lock in the
+stack's real database, reads the environment the kernel gave the running child
+(/proc/<pid>/environ), then lets it finish.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from activities.settings import DataActivitySettings
+from devstack.stack.postgres import PostgresEndpoint
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect
+
+WORKER_ENVIRONMENT = {
+    "FERRY_TEMPORAL_API_KEY": "temporal-api-key-5b1e",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-77c0",
+    "PGSSLKEY": "/var/run/worker/own.key",
+    "LC_ALL": "de_DE.UTF-8",
+}
+WAIT = 30.0
+
+
+@pytest.fixture(autouse=True)
+def worker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in WORKER_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+
+
+def _expected(endpoint: PostgresEndpoint, settings: DataActivitySettings) -> dict[str, str]:
+    return {
+        "PGHOST": endpoint.host,
+        "PGPORT": str(endpoint.port),
+        "PGUSER": endpoint.user,
+        "PGPASSWORD": endpoint.password,
+        "PGDATABASE": endpoint.database,
+        "PGAPPNAME": "ferry",
+        "PGCONNECT_TIMEOUT": str(settings.connect_timeout),
+        "LC_MESSAGES": "C",
+    }
+
+
+def _child_environment(tool: str) -> dict[str, str]:
+    """The environment of this process's running child `tool`, as the kernel holds it."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                stat = (proc / "stat").read_text()
+                name, parent = (
+                    stat[stat.index("(") + 1 : stat.rindex(")")],
+                    int(stat[stat.rindex(")") + 2 :].split()[1]),
+                )
+                raw = (proc / "environ").read_bytes() if name == tool and parent == os.getpid() else b""
+            except (OSError, ValueError):
+                continue  # a process that ended while being read
+            if raw:
+                return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if entry)
+        time.sleep(0.05)
+    raise AssertionError(f"no {tool} child of this process ran within {WAIT:.0f}s")
+
+
+def test_pg_dump_runs_with_the_connection_and_none_of_the_workers_variables(
+    steps: Steps, databases: Databases, data_settings: DataActivitySettings
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.orders (id int primary key)")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        with connect(databases.source) as locker, locker.transaction():
+            locker.execute("lock table public.orders in access exclusive mode")  # pg_dump waits for it
+            snapshot = pool.submit(steps.snapshot)
+            seen = _child_environment("pg_dump")
+        snapshot.result(timeout=WAIT)
+
+    assert seen == _expected(databases.source, data_settings)
+
+
+def test_pg_restore_runs_with_the_connection_and_none_of_the_workers_variables(
+    steps: Steps, databases: Databases, data_settings: DataActivitySettings
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create table public.orders (id int primary key); insert into public.orders values (1)")
+    artifact = steps.snapshot()
+    migrated: concurrent.futures.Future[Any]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        with connect(databases.target) as locker, locker.transaction():
+            # pg_restore's first table in public waits for this drop of the schema to end.
+            locker.execute("drop schema public cascade")
+            migrated = pool.submit(steps.migrate, artifact)
+            seen = _child_environment("pg_restore")
+            raise psycopg.Rollback  # public is back, and the restore goes on
+        migrated.result(timeout=WAIT)
+
+    assert seen == _expected(databases.target, data_settings)
