@@ -30,7 +30,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,11 +54,10 @@ from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow
 from ferry.clients import TemporalSettings, connect_temporal
 from scripts.bench_postgres import build_source
 from tests import samples
-from tests.cluster import crd_established, create_source
+from tests.cluster import create_source, install_crd
 from tests.end_to_end import worker_settings
 from worker import runner
 
-CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "migrations.ferry.dev.yaml"
 TEMPLATE = "ferry_bench"
 WRITES = "create table public.bench_writes (id bigint primary key, at timestamptz not null default now())"
 MODES = ("Snapshot", "Online")
@@ -145,19 +143,7 @@ def local_stack() -> Iterator[tuple[StackInfo, Binaries, k8s.ApiClient]]:
     folder.chmod(0o755)  # PostgreSQL may run as another user
     try:
         with Stack(folder, binaries=binaries) as info:
-            kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True)
-            crd_established(
-                lambda: (
-                    subprocess.run(
-                        [*kubectl, "get", "crd/migrations.ferry.dev", "-o=json"],
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                    ).stdout
-                ),
-                "migrations.ferry.dev",
-            )
+            install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
             api = config.new_client_from_config(config_file=str(info.kubeconfig))
             try:
                 yield info, binaries, api
@@ -214,6 +200,7 @@ async def migrate(
         target={"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": f"{4 + size_mb // 256}Gi"},
         driver={"type": "postgresql", "sourceSecret": "source", "targetSecret": "target", "mode": mode},
         snapshot={"bucket": bucket, "endpoint": info.s3_endpoint, "region": info.s3_region, "credentialsSecret": "s3",
+                  "allowInsecureEndpoint": True,  # the stack's S3 is plain http, on loopback
                   "retention": {"afterSuccess": "Delete"}},
     )  # fmt: skip
     custom = k8s.CustomObjectsApi(api)

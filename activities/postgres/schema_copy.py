@@ -11,6 +11,7 @@ Publications and subscriptions of the source are left out: they belong to the so
 from __future__ import annotations
 
 from activities.heartbeats import Heartbeats
+from activities.postgres import tls
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -38,6 +39,9 @@ def copy(
         heartbeats.raise_if_cancelled("dumping the source's schema")
         if code != 0:
             failure = dump.failure(code)
+            refused = tls.refusal(source, failure)
+            if refused is not None:
+                raise refused
             if "permission denied" in failure:
                 raise BadCredentials(
                     f"the user in Secret {source.secret} may not read the schema of {source.describe()}: {failure}. "
@@ -63,6 +67,10 @@ def copy(
         code = restore.wait()
         heartbeats.raise_if_cancelled("restoring the source's schema")
         if code != 0:
-            raise RuntimeError(f"could not restore the schema into {target.describe()}: {restore.failure(code)}")
+            failure = restore.failure(code)
+            refused = tls.refusal(target, failure)
+            if refused is not None:
+                raise refused
+            raise RuntimeError(f"could not restore the schema into {target.describe()}: {failure}")
     heartbeats.progress(schema_bytes=len(schema))
     return len(schema)

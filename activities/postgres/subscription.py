@@ -9,8 +9,10 @@ once its copy is done and it follows the stream.
 
 The subscription connects from the target's server, not from the worker: its connection
 string names the source's replicationHost and replicationPort from the Secret, when given
-(in a cluster, the source's Service), else its host and port. It holds the source user's
-password, which the target keeps in pg_subscription (readable by superusers only).
+(in a cluster, the source's Service), else its host and port, and its sslmode. It holds
+the source user's password, which the target keeps in pg_subscription (readable by
+superusers only). The Secret's ca.crt cannot go along: with a verifying sslmode the
+target's server must trust the source's CA itself.
 
 Removing it never depends on the source: it is disabled and detached from its slot
 (slot_name = NONE) before DROP SUBSCRIPTION, which then drops nothing remote; ferry drops
@@ -57,14 +59,18 @@ def find(conn: Connection, name: str) -> Subscription | None:
     return Subscription(oid=int(row[0]), enabled=bool(row[1]), slot=row[2]) if row else None
 
 
+VERIFYING = ("verify-ca", "verify-full")
+
+
 def conninfo(source: DatabaseConnection, settings: DataActivitySettings) -> str:
-    """How the target's server connects to the source."""
+    """How the target's server connects to the source: with the Secret's sslmode, as the worker does."""
     return make_conninfo(
         host=source.replication_host or source.host,
         port=str(source.replication_port or source.port),
         user=source.username,
         password=source.password,
         dbname=source.database,
+        sslmode=source.tls_mode(),
         connect_timeout=str(settings.connect_timeout),
     )
 
@@ -88,6 +94,13 @@ def create(conn: Connection, name: str, source: DatabaseConnection, settings: Da
             f"{source.redact(str(error)).strip()}. The target's server, not the worker, makes this connection: set "
             f"the keys replicationHost and replicationPort of Secret {source.secret} to where it reaches the source "
             "(in a cluster, the source's Service), and let the source's pg_hba.conf accept it."
+            + (
+                f" With sslmode {source.tls_mode()} the target's server must also trust the CA of the source's "
+                "certificate (root.crt in ~/.postgresql of its operating-system user): ferry cannot hand it the "
+                "Secret's ca.crt."
+                if source.tls_mode() in VERIFYING
+                else ""
+            )
         ) from None
     made = find(conn, name)
     assert made is not None

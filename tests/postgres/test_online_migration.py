@@ -27,6 +27,7 @@ from tests.end_to_end import (
     apply_migration,
     eventually,
     migration_manifest,
+    readable_history,
     start_migration,
 )
 from tests.postgres.data import application_role, connect, create_shop, database_settings
@@ -115,6 +116,13 @@ async def test_an_online_migration_with_writers_throughout_loses_no_acknowledged
     assert window["endedBy"] == "traffic moved"
     assert window["seconds"] > 0
     assert leftovers(databases) == NOTHING
+    records = {
+        "workflow history": readable_history((await handle.fetch_history()).to_json()),
+        "Migration": json.dumps(status),
+        "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
+    }
+    for record, text in records.items():  # the subscription's connection held the source's password
+        assert databases.source.password not in text, f"the source's password is in the {record}"
 
 
 async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollback_leaves_nothing(
