@@ -146,6 +146,30 @@ async def test_with_a_codec_a_failure_keeps_its_message_and_stack_trace_only_enc
     assert decoded.type == "MissingSecret"
 
 
+async def test_with_a_codec_a_failure_is_scrubbed_before_it_is_encrypted_its_causes_too() -> None:
+    converter = data_converter(EncryptionCodec(_ring("k1")))
+    duplicate = f'duplicate key value violates unique constraint "customers_email_key"\nDETAIL:  Key (email)=({MARKER})'
+    failure = Failure()
+    try:
+        try:
+            raise RuntimeError(duplicate)
+        except RuntimeError as cause:
+            raise ApplicationError("restore failed", type="RestoreFailed") from cause
+    except ApplicationError as error:
+        await converter.encode_failure(error, failure)
+
+    stored = failure.SerializeToString()
+    decoded = await converter.decode_failure(failure)
+
+    assert (failure.message, failure.cause.message) == ("Encoded failure", "Encoded failure")
+    assert b"customers_email_key" not in stored
+    assert isinstance(decoded, ApplicationError)
+    assert decoded.message == "restore failed"
+    assert isinstance(decoded.__cause__, ApplicationError)
+    assert decoded.__cause__.message == 'duplicate key value violates unique constraint "customers_email_key"'
+    assert decoded.__cause__.type == "RuntimeError"
+
+
 def test_without_keys_the_converter_is_the_one_ferry_always_used() -> None:
     assert data_converter().payload_codec is None
     assert TemporalSettings().codec() is None
