@@ -1,4 +1,4 @@
-"""The `ferry` command of the product: `worker`, `watcher`, `crd` and `rbac`; it configures logging and dispatches.
+"""The `ferry` command of the product: `worker`, `watcher`, `codec-server`, `crd`, `rbac`; it sets up logs, dispatches.
 
 The local stack and the `make up` demo are development tools with a command of their
 own (`python -m devstack`), which the product does not ship.
@@ -94,6 +94,15 @@ def _cmd_watcher(args: argparse.Namespace) -> int:
         return 2
 
 
+def _cmd_codec_server(args: argparse.Namespace) -> int:
+    from ferry.codec import server
+    from ferry.codec.settings import CodecServerSettings
+
+    settings = arguments.from_arguments(CodecServerSettings, args, os.environ)
+    _configure_logs(args, settings.log_format)
+    return _run_until_signalled(lambda stop: server.serve(settings, stop))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ferry",
@@ -102,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    from ferry.codec.settings import CodecServerSettings
     from watcher.settings import WatcherSettings
     from worker.settings import WorkerSettings
 
@@ -128,6 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     arguments.add_arguments(watcher, WatcherSettings)
     watcher.set_defaults(run=_cmd_watcher)
+
+    codec_server = commands.add_parser(
+        "codec-server",
+        help="serve the payload codec over HTTP, so the Temporal Web UI and CLI show ferry's encrypted payloads",
+        description="Decrypts (POST /decode) and encrypts (POST /encode) payloads for the Temporal Web UI (point its "
+        "codec endpoint here and list its origin in --codec-server-cors-origins) and the temporal CLI "
+        "(--codec-endpoint http://ADDRESS, with --codec-auth 'Bearer TOKEN' when a token is set), with the codec "
+        "keys of the worker and the watcher. Whoever reaches it can read every payload: keep it where only its "
+        "users reach it, behind TLS and a token. Every flag can also be set by the FERRY_ variable in brackets "
+        "(an empty one counts as unset); a flag wins over its variable.",
+    )
+    arguments.add_arguments(codec_server, CodecServerSettings)
+    codec_server.set_defaults(run=_cmd_codec_server)
 
     crd = commands.add_parser(
         "crd",

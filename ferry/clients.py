@@ -4,7 +4,9 @@ Every Temporal client uses the pydantic data converter, because every workflow a
 activity payload is a pydantic model from ferry.api, with the failure converter that
 scrubs every failure's message (ferry/failures.py): `connect_temporal` is how ferry
 makes a client, and `data_converter` is what a test environment that makes its own
-(WorkflowEnvironment) is given.
+(WorkflowEnvironment) is given. With codec keys configured, the converter also encrypts
+every payload and every failure's message and stack trace (ferry/codec), so all of
+ferry's clients, which share these settings, read and write the same ciphertext.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from pydantic import FilePath, SecretStr, model_validator
 from pydantic.dataclasses import dataclass
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, Interceptor, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
+from temporalio.converter import DataConverter, PayloadCodec, PayloadConverter
 from temporalio.runtime import Runtime
 
+from ferry.codec.encryption import EncryptionCodec
+from ferry.codec.keys import CodecKeys, load_keys
 from ferry.configuration.knobs import SETTINGS, Knob
 from ferry.failures import ScrubbingFailureConverter
 from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts
@@ -44,6 +49,10 @@ class TemporalSettings:
     """CA bundle (PEM) that signed the server's certificate; any TLS file turns TLS on."""
     api_key: Annotated[SecretStr | None, Knob(secret=True)] = None
     """API key, e.g. for Temporal Cloud; implies TLS. Pass it from a Secret, never in a ConfigMap."""
+    codec_keys: Annotated[CodecKeys | None, Knob(flag="codec-keys")] = None
+    """Encrypt every payload sent to Temporal with these keys: a folder (a mounted Secret: a file per key id holding
+    its base64, and `current` naming the key that encrypts) or a YAML file {current: ID, keys: {ID: BASE64}}. Unset:
+    payloads go to Temporal in clear; production should set it (README, Payload encryption)."""
 
     @model_validator(mode="after")
     def _certificate_with_its_key(self) -> Self:
@@ -60,10 +69,48 @@ class TemporalSettings:
             server_root_ca_cert=self.tls_ca.read_bytes() if self.tls_ca else None,
         )
 
+    def codec(self) -> EncryptionCodec | None:
+        """The payload codec of the configured keys; None when none are configured."""
+        return EncryptionCodec(load_keys(self.codec_keys)) if self.codec_keys else None
 
-def data_converter() -> DataConverter:
-    """The converter of every payload ferry sends through Temporal: pydantic models as JSON, failures scrubbed."""
-    return dataclasses.replace(pydantic_data_converter, failure_converter_class=ScrubbingFailureConverter)
+
+ENCODED_FAILURE = "Encoded failure"
+"""What a failure's message says in the history when the real one is encrypted (the SDK's own words)."""
+
+
+class _EncodedScrubbingFailureConverter(ScrubbingFailureConverter):
+    """The scrubbing failure converter, then each failure's message and stack trace moved into an encoded payload.
+
+    In that order: what the codec encrypts is the scrubbed message, no more than a history
+    without encryption would hold. The SDK's own `encode_common_attributes` would move the
+    message before the scrubbing runs.
+    """
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        level = failure
+        while True:
+            if not level.HasField("encoded_attributes"):  # a cause converted by this method is encoded already
+                attributes = {"message": level.message, "stack_trace": level.stack_trace}
+                level.encoded_attributes.CopyFrom(payload_converter.to_payloads([attributes])[0])
+                level.message, level.stack_trace = ENCODED_FAILURE, ""
+            if not level.HasField("cause"):
+                return
+            level = level.cause
+
+
+def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
+    """The converter of every payload ferry sends through Temporal: pydantic models as JSON, failures scrubbed, then
+    `codec`'s encoding.
+
+    With a codec, failures move their (scrubbed) message and stack trace into an encoded
+    payload too: they quote specs and errors as much as the payloads do.
+    """
+    if codec is None:
+        return dataclasses.replace(pydantic_data_converter, failure_converter_class=ScrubbingFailureConverter)
+    return dataclasses.replace(
+        pydantic_data_converter, payload_codec=codec, failure_converter_class=_EncodedScrubbingFailureConverter
+    )
 
 
 async def connect_temporal(
@@ -73,13 +120,14 @@ async def connect_temporal(
     runtime: Runtime | None = None,
     interceptors: Sequence[Interceptor] = (),
 ) -> Client:
-    """A client with ferry's data converter; `runtime` carries metrics, `interceptors` tracing."""
+    """A client with ferry's data converter (encrypting with the settings' codec keys, if any); `runtime` carries
+    metrics, `interceptors` tracing."""
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
         api_key=settings.api_key.get_secret_value() if settings.api_key else None,
         tls=settings.tls(),
-        data_converter=data_converter(),
+        data_converter=data_converter(settings.codec()),
         identity=identity,
         runtime=runtime,
         interceptors=interceptors,

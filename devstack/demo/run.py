@@ -87,7 +87,9 @@ def _established(crd: Any) -> bool:
 
 def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSettings, WatcherSettings]:
     assert info.temporal_address is not None
-    temporal = TemporalSettings(address=info.temporal_address, namespace=info.temporal_namespace or "default")
+    temporal = TemporalSettings(
+        address=info.temporal_address, namespace=info.temporal_namespace or "default", codec_keys=info.codec_keys
+    )
     worker = WorkerSettings(
         temporal=temporal,
         task_queue=TASK_QUEUE,
@@ -158,6 +160,7 @@ def where_next(info: StackInfo, obj: dict[str, Any], kubectl: Path, temporal: Pa
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     workflow = status.get("workflow") or {}
     k = f"{kubectl} --kubeconfig={info.kubeconfig}"
+    codec = f" --codec-endpoint {info.codec_endpoint}" if info.codec_endpoint else ""
     url = (
         workflow.get("url")
         or f"{info.temporal_ui_url}/namespaces/default/workflows/{quote(workflow.get('id', ''), safe='')}"
@@ -171,7 +174,8 @@ def where_next(info: StackInfo, obj: dict[str, Any], kubectl: Path, temporal: Pa
             f"  {k} describe migration {name} -n {namespace}",
             f"  {k} get statefulsets,services,endpointslices -n {namespace}",
             f"  Temporal Web UI: {url}",
-            f"  {temporal} workflow show --address {info.temporal_address} --workflow-id '{workflow.get('id', '')}'",
+            f"  {temporal} workflow show --address {info.temporal_address}{codec} "
+            f"--workflow-id '{workflow.get('id', '')}'",
         ]
     )
 
@@ -267,7 +271,7 @@ async def _run_sample(info: StackInfo, binaries: Binaries, orders: int, out: Tex
         print(f"applied Migration {sample.NAMESPACE}/{sample.MIGRATION}:", file=out)
         print(json.dumps(manifest["spec"], indent=2), file=out, flush=True)
         assert info.temporal_address is not None
-        client = await connect_temporal(TemporalSettings(address=info.temporal_address))
+        client = await connect_temporal(TemporalSettings(address=info.temporal_address, codec_keys=info.codec_keys))
         final = await follow(api, client, sample.NAMESPACE, sample.MIGRATION, out)
         print("\n" + where_next(info, final, binaries.kubectl, binaries.temporal), file=out, flush=True)
         return 0 if (final.get("status") or {}).get("phase") == "Succeeded" else 1

@@ -1,7 +1,8 @@
 """The whole local stack: start in dependency order, describe the endpoints, stop everything.
 
 Everything a stack owns lives in one state folder: data (etcd, Temporal's SQLite file,
-S3 objects, PostgreSQL clusters), key material, kubeconfigs, logs and the pid file.
+S3 objects, PostgreSQL clusters), key material (the API server's certificates, the payload
+codec's key), kubeconfigs, logs and the pid file.
 Starting a stack on a folder that held one before resumes its data. One exception: when
 ferry runs as root and the `postgres` user cannot enter the state folder, the PostgreSQL
 clusters live in a folder of their own that the state folder links to (postgres_home.py).
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 
 from devstack.stack import postgres_home
+from devstack.stack.codec import CodecServer, ensure_keys
 from devstack.stack.errors import StartError
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.kube import KubeControlPlane
@@ -54,6 +56,10 @@ class StackInfo:
     temporal_address: str | None = None
     temporal_namespace: str | None = None
     temporal_ui_url: str | None = None
+    codec_keys: Path | None = None
+    """The payload codec's key folder (made once per state folder), for FERRY_CODEC_KEYS."""
+    codec_endpoint: str | None = None
+    """The codec server the Web UI decodes through; also for `temporal --codec-endpoint`."""
     s3_endpoint: str | None = None
     s3_access_key: str | None = None
     s3_secret_key: str | None = None
@@ -88,7 +94,7 @@ class StackInfo:
         """Reads the description a running stack wrote, for other processes to attach to it."""
         raw = json.loads((state_dir / "stack.json").read_text())
         raw["postgres"] = {name: PostgresEndpoint(**endpoint) for name, endpoint in raw["postgres"].items()}
-        for key in ("state_dir", "logs_dir", "kubeconfig", "postgres_data", "postgres_bindir"):
+        for key in ("state_dir", "logs_dir", "kubeconfig", "postgres_data", "postgres_bindir", "codec_keys"):
             if raw.get(key) is not None:
                 raw[key] = Path(raw[key])
         return cls(**raw)
@@ -151,7 +157,7 @@ class Stack:
     def _start(self, binaries: Binaries, ports: PortBook) -> StackInfo:
         fields: dict[str, Any] = {"state_dir": self.state_dir, "logs_dir": self.logs_dir}
         # Launch what needs nothing else first, so they boot while the control plane does.
-        kube = temporal = s3 = None
+        kube = temporal = s3 = codec = None
         etcd = None
         postgres: list[PostgresInstance] = []
         if "kubernetes" in self.components:
@@ -161,8 +167,14 @@ class Stack:
             self._readiness["etcd"] = lambda process: control_plane.wait_etcd(process, self.timeout)
             self._readiness["kube-apiserver"] = lambda process: control_plane.wait_apiserver(process, self.timeout)
         if "temporal" in self.components:
-            temporal = TemporalDevServer(binaries, self.state_dir / "temporal", ports, self.logs_dir)
+            codec = CodecServer(ensure_keys(self.state_dir / "codec-keys"), ports, self.logs_dir)
+            temporal = TemporalDevServer(
+                binaries, self.state_dir / "temporal", ports, self.logs_dir, codec_endpoint=codec.endpoint
+            )
+            self._launch(codec.start(temporal.ui_origins))
             self._launch(temporal.start())
+            codec_server = codec
+            self._readiness["codec-server"] = lambda process: codec_server.wait(self.timeout)
         if "s3" in self.components:
             s3 = S3Server(binaries, self.state_dir / "s3", ports, self.logs_dir)
             self._launch(s3.start())
@@ -188,11 +200,13 @@ class Stack:
             controllers = [self._launch(p) for p in kube.start_controllers()]
             kube.wait_controllers(controllers, self.timeout)
             fields.update(kubeconfig=kube.kubeconfig, kube_server=kube.server)
-        if temporal is not None:
+        if temporal is not None and codec is not None:
             temporal.wait(self.timeout)
+            codec.wait(self.timeout)
             fields.update(
-                temporal_address=temporal.address, temporal_namespace=NAMESPACE, temporal_ui_url=temporal.ui_url
-            )
+                temporal_address=temporal.address, temporal_namespace=NAMESPACE, temporal_ui_url=temporal.ui_url,
+                codec_keys=codec.keys, codec_endpoint=codec.endpoint,
+            )  # fmt: skip
         if s3 is not None:
             s3.wait(self.timeout)
             access, secret = s3.credentials
@@ -255,6 +269,11 @@ def describe(info: StackInfo) -> str:
         lines += [
             f"Temporal:          {info.temporal_address} (namespace {info.temporal_namespace})",
             f"Temporal Web UI:   {info.temporal_ui_url}",
+        ]
+    if info.codec_endpoint:
+        lines += [
+            f"codec server:      {info.codec_endpoint} (payloads are encrypted with the keys in {info.codec_keys})",
+            f"  export FERRY_CODEC_KEYS={info.codec_keys} TEMPORAL_CODEC_ENDPOINT={info.codec_endpoint}",
         ]
     if info.s3_endpoint:
         lines += [f"S3:                {info.s3_endpoint} (access key {info.s3_access_key}, secret in stack.json)"]

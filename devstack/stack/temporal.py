@@ -1,4 +1,4 @@
-"""The Temporal dev server from the temporal CLI: persisted to a file, Web UI on."""
+"""The Temporal dev server from the temporal CLI: persisted to a file, Web UI on (decoding through the codec server)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ class TemporalDevServer:
     folder: Path
     ports: PortBook
     logs: Path
+    codec_endpoint: str | None = None
+    """The codec server the Web UI sends payloads to for decoding (from the person's browser)."""
     process: ManagedProcess | None = None
 
     @property
@@ -31,6 +33,11 @@ class TemporalDevServer:
     @property
     def ui_url(self) -> str:
         return f"http://{LOOPBACK}:{self.ports.port('temporal-ui')}"
+
+    @property
+    def ui_origins(self) -> list[str]:
+        """The origins a browser shows the Web UI under: as the stack prints it, and as a person may type it."""
+        return [self.ui_url, f"http://localhost:{self.ports.port('temporal-ui')}"]
 
     def start(self) -> ManagedProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -47,6 +54,8 @@ class TemporalDevServer:
             "--ui-disable-news-fetch",  # the stack runs offline
             "--log-level=warn",
         ]
+        if self.codec_endpoint:
+            argv.append(f"--ui-codec-endpoint={self.codec_endpoint}")
         for key in search_attributes.ALL:
             argv.append(f"--search-attribute={key.name}=Keyword")
         self.process = ManagedProcess(name="temporal", argv=argv, log_path=self.logs / "temporal.log")

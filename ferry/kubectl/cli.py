@@ -19,6 +19,7 @@ from typing import Any
 
 from ferry.api.migration import FINISHED_PHASES, Phase
 from ferry.api.saga import MigrationRef, workflow_id
+from ferry.codec.events import sealed_payloads
 from ferry.configuration import arguments
 from ferry.kubectl import controls, history, listing, logs, planning, progress, temporal
 from ferry.kubectl.cluster import Cluster, Target, connected
@@ -159,7 +160,12 @@ async def _history(args: argparse.Namespace, cluster: Cluster) -> Exit:
     if settings is None:
         raise PluginError(temporal.NO_ADDRESS)
     client = await temporal.connect(settings)
-    events = await temporal.history_events(client.get_workflow_handle(workflow))
+    events = await temporal.history_events(client, workflow)
+    if client.data_converter.payload_codec is None and sealed_payloads(events):
+        warn(
+            "the history is encrypted: pass --codec-keys (or set FERRY_CODEC_KEYS) to the worker's codec keys to see "
+            "failure messages and who gave each control"
+        )
     found = history.rows(events, bookkeeping=args.all)
     if args.output:
         data = {"workflow": {"id": workflow, "namespace": settings.namespace}, "items": [r.as_dict() for r in found]}
@@ -276,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "history", "every step, undo and check the saga ran, with times (from Temporal)",
         "List, from the workflow's history in Temporal, every activity attempt (steps, undos, checks) with when "
         "it was scheduled, started and closed and how it ended, and the controls the run received. Needs "
-        "--temporal-address (or FERRY_TEMPORAL_ADDRESS).",
+        "--temporal-address (or FERRY_TEMPORAL_ADDRESS), and --codec-keys (or FERRY_CODEC_KEYS) where ferry "
+        "encrypts its payloads.",
     )  # fmt: skip
     runs.add_argument("name", help="the Migration")
     runs.add_argument("--all", action="store_true", help="also list the status writes (mirror_status)")

@@ -1,8 +1,10 @@
 """Temporal for the plugin: where it is (optional for status, needed for history) and what the plugin reads there.
 
 The flags and variables are the worker's and the watcher's own (`--temporal-address`,
-FERRY_TEMPORAL_ADDRESS, TLS, API key), declared once in ferry.clients.TemporalSettings.
-Only an address someone gave counts: the plugin never guesses one.
+FERRY_TEMPORAL_ADDRESS, TLS, API key, `--codec-keys`), declared once in
+ferry.clients.TemporalSettings. Only an address someone gave counts: the plugin never
+guesses one. With codec keys, what the plugin reads is decrypted here; without them, an
+encrypted history still gives its steps and times, but not its messages.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from temporalio.service import RPCError
 
 from ferry.api.saga import KubeActivity
 from ferry.clients import TemporalSettings, connect_temporal
+from ferry.codec.encryption import is_sealed
+from ferry.codec.errors import CodecError
+from ferry.codec.events import decode_events
 from ferry.configuration.knobs import SETTINGS, Group, options
 from ferry.configuration.loading import SettingsError, load
 from ferry.kubectl.errors import PluginError
@@ -83,15 +88,30 @@ async def heartbeat(client: Client, workflow_id: str) -> dict[str, Any] | None:
         return None
     for pending in description.raw_description.pending_activities:
         if pending.activity_type.name != KubeActivity.MIRROR_STATUS and pending.heartbeat_details.payloads:
-            values = await client.data_converter.decode(pending.heartbeat_details.payloads)
+            details = pending.heartbeat_details.payloads
+            if client.data_converter.payload_codec is None and any(is_sealed(payload) for payload in details):
+                return None  # encrypted, and no key to read it: the status shows no progress
+            try:
+                values = await client.data_converter.decode(details)
+            except CodecError as error:
+                raise PluginError(f"cannot read the running step's progress: {error}") from None
             if values and isinstance(values[0], dict):
                 return values[0]
     return None
 
 
-async def history_events(handle: WorkflowHandle[Any, Any]) -> list[HistoryEvent]:
-    """Every event of the workflow's latest run, or a PluginError saying why there is none."""
+async def history_events(client: Client, workflow_id: str) -> list[HistoryEvent]:
+    """Every event of the workflow's latest run, decrypted when the client has codec keys; or a PluginError saying
+    why there is none."""
+    handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(workflow_id)
     try:
-        return [event async for event in handle.fetch_history_events()]
+        events = [event async for event in handle.fetch_history_events()]
     except RPCError as error:
         raise PluginError(f"Temporal has no history of workflow {handle.id}: {error.message}") from None
+    codec = client.data_converter.payload_codec
+    if codec is not None:
+        try:
+            await decode_events(codec, events)
+        except CodecError as error:
+            raise PluginError(f"cannot decrypt the history of workflow {handle.id}: {error}") from None
+    return events

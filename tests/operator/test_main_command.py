@@ -56,6 +56,8 @@ def test_ferry_up_migrates_the_sample_in_a_terminal_and_stops_cleanly_on_ctrl_c(
     assert "kubectl" in up.output
     assert "describe migration orders-db-to-18 -n shop" in up.output
     assert "Temporal Web UI: http://127.0.0.1:" in up.output
+    assert "workflow show --address 127.0.0.1:" in up.output
+    assert "--codec-endpoint http://127.0.0.1:" in up.output, "the sample's payloads are encrypted"
     deadline = time.monotonic() + 60
     while processes_under(state_dir) and time.monotonic() < deadline:
         time.sleep(0.2)

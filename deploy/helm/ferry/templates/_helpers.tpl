@@ -42,6 +42,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The Secret of the payload codec's keys. */}}
+{{- define "ferry.codecSecret" -}}
+{{- default (printf "%s-codec-keys" (include "ferry.fullname" .)) .Values.codec.secretName -}}
+{{- end -}}
+
+{{/* Where both containers find the codec keys: an item of their env (empty when encryption is off). */}}
+{{- define "ferry.codecEnv" -}}
+{{- if .Values.codec.enabled }}
+- name: FERRY_CODEC_KEYS
+  value: /etc/ferry/codec-keys
+{{- end }}
+{{- end -}}
+
 {{- define "ferry.leaseName" -}}
 {{- default (printf "%s-watcher" (include "ferry.fullname" .)) .Values.watcher.leaseName -}}
 {{- end -}}
@@ -81,6 +94,11 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: {{ .values.tmpSizeLimit }}
+  {{- if $root.Values.codec.enabled }}
+  - name: codec-keys
+    secret:
+      secretName: {{ include "ferry.codecSecret" $root }}
+  {{- end }}
   {{- with $root.Values.extraVolumes }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -114,6 +132,11 @@ securityContext:
 volumeMounts:
   - name: tmp
     mountPath: /tmp
+  {{- if $root.Values.codec.enabled }}
+  - name: codec-keys
+    mountPath: /etc/ferry/codec-keys
+    readOnly: true
+  {{- end }}
   {{- with $root.Values.extraVolumeMounts }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
