@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from ferry.api.migration import Phase, StepName
+from ferry.api.migration import Phase
 from ferry.api.saga import ControlRequest, Signal
 from tests.workflows.conftest import Saga, migration_input, record_history
 from tests.workflows.fakes import MIRROR, FakeSaga
+from workflows import plan
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
@@ -65,9 +66,9 @@ async def test_a_steps_end_and_the_next_steps_start_are_one_status_write_and_eve
     await saga.handle.result()
 
     reasons = [event.reason for event in saga.fakes.events]
-    assert reasons.count("StepStarted") == reasons.count("StepSucceeded") == len(StepName)
+    assert reasons.count("StepStarted") == reasons.count("StepSucceeded") == len(plan.PLAN)
     assert [reasons[0], reasons[-1]] == ["Started", "Succeeded"]
     assert len({event.key for event in saga.fakes.events}) == len(reasons)
     # Started with the first step's start, each step's end with the next one's start, the last end with Succeeded.
-    assert saga.fakes.calls.count(MIRROR) == len(StepName) + 1
+    assert saga.fakes.calls.count(MIRROR) == len(plan.PLAN) + 1
     await record_history(saga, "coalesced-happy-path")
