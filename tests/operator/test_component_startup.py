@@ -8,6 +8,7 @@ reason waiting would not fix says why in one line and exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -22,6 +23,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from devstack.stack.install import Binaries
 from devstack.stack.readiness import LOOPBACK, PortBook, free_port
@@ -147,7 +149,9 @@ async def test_the_worker_and_the_watcher_started_before_temporal_wait_for_it_th
         run = MigrationInput(ref=ref, generation=1, spec=spec)
         handle = await client.start_workflow("Migration", run, id=f"late-{uuid.uuid4()}", task_queue=task_queue)
         await eventually("the worker to pick up the run", lambda: _picked_up_by_ferry_worker(client, handle.id), 60)
-        await handle.terminate("the test is over")
+        # No Migration backs this run, so the worker's gate may already have ended it; else it ends here.
+        with contextlib.suppress(RPCError):
+            await handle.terminate("the test is over")
         # The watcher works: it leads, holding the Lease it was told to use.
         leases = k8s.CoordinationV1Api(kube_api)
 
