@@ -21,10 +21,10 @@ README = Path(__file__).parent.parent.parent / "README.md"
 
 
 def readme_unfreeze_sql() -> str:
-    """The SQL block of the README's section Recovery, as a reader would copy it."""
+    """The SQL block of the README's section Recovery that unfreezes a source, as a reader would copy it."""
     recovery = README.read_text().split("\n## Recovery\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sql\n(.*?)```", recovery, flags=re.DOTALL)
-    assert len(blocks) == 1, "the section Recovery has one SQL block"
+    blocks = [b for b in re.findall(r"```sql\n(.*?)```", recovery, flags=re.DOTALL) if "$unfreeze$" in b]
+    assert len(blocks) == 1, "the section Recovery has one SQL block that unfreezes a source"
     return textwrap.dedent(blocks[0])
 
 

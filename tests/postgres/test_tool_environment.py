@@ -47,6 +47,7 @@ def _expected(endpoint: PostgresEndpoint, settings: DataActivitySettings) -> dic
         "PGDATABASE": endpoint.database,
         "PGAPPNAME": "ferry",
         "PGCONNECT_TIMEOUT": str(settings.connect_timeout),
+        "PGSSLMODE": "prefer",  # the Secret gives no ca.crt and no sslmode: libpq's own default, said out loud
         "LC_MESSAGES": "C",
     }
 
