@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
+from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverMode, DriverSpec, SnapshotSpec
 from ferry.api.saga import (
     CheckFrozenInput,
@@ -187,3 +189,20 @@ def create_secret(kube_api: k8s.ApiClient, namespace: str, name: str, data: dict
     k8s.CoreV1Api(kube_api).create_namespaced_secret(
         namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), data=encoded)
     )
+
+
+def precheck_problems(precheck: Callable[..., object], **changes: Any) -> list[str]:
+    """The numbered problems of the PrecheckFailed that `precheck` raises for an input with these changes."""
+    with pytest.raises(PrecheckFailed) as raised:
+        precheck(**changes)
+    message = str(raised.value)
+    assert "changed nothing" in message
+    listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
+    problems = []
+    for number in range(2, 20):
+        head, _, rest = listed.partition(f" ({number}) ")
+        problems.append(head)
+        if not rest:
+            break
+        listed = rest
+    return problems

@@ -19,7 +19,7 @@ from devstack.stack.stack import StackInfo
 from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverSpec
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
-from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.conftest import Steps, create_secret, precheck_problems
 from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings
 
 OTHER = "other-db"
@@ -38,24 +38,11 @@ def _connection(endpoint: PostgresEndpoint, **changes: str) -> dict[str, str]:
 
 def _problems(steps: Steps) -> list[str]:
     """The numbered problems of the PrecheckFailed that precheck raises."""
-    return _problems_of(steps)
+    return precheck_problems(steps.precheck)
 
 
 def _problems_of(steps: Steps, **changes: Any) -> list[str]:
-    """The numbered problems of the PrecheckFailed that precheck raises for an input with these changes."""
-    with pytest.raises(PrecheckFailed) as raised:
-        steps.precheck(**changes)
-    message = str(raised.value)
-    assert "changed nothing" in message
-    listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
-    problems = []
-    for number in range(2, 20):
-        head, _, rest = listed.partition(f" ({number}) ")
-        problems.append(head)
-        if not rest:
-            break
-        listed = rest
-    return problems
+    return precheck_problems(steps.precheck, **changes)
 
 
 def _with(steps: Steps, *, source: str = SOURCE_SECRET, target: str = TARGET_SECRET, **snapshot: str) -> Steps:

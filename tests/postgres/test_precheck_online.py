@@ -12,14 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 from kubernetes import client as k8s
 
 from devstack.stack.postgres import PostgresEndpoint
-from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverMode
 from tests.end_to_end import Databases
-from tests.postgres.conftest import create_secret
+from tests.postgres.conftest import create_secret, precheck_problems
 from tests.postgres.data import connect, connection_of, create_shop, database_owner, database_settings
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers
 
@@ -28,19 +26,7 @@ OTHER = "other-db"
 
 def _problems(online: OnlineSteps, **changes: Any) -> list[str]:
     """The numbered problems of the PrecheckFailed that the precheck raises."""
-    with pytest.raises(PrecheckFailed) as raised:
-        online.precheck(**changes)
-    message = str(raised.value)
-    assert "changed nothing" in message
-    listed = message.split(": (1) ", 1)[1].rsplit(" Fix ", 1)[0]
-    problems = []
-    for number in range(2, 20):
-        head, _, rest = listed.partition(f" ({number}) ")
-        problems.append(head)
-        if not rest:
-            break
-        listed = rest
-    return problems
+    return precheck_problems(online.precheck, **changes)
 
 
 def _with(online: OnlineSteps, **driver: Any) -> OnlineSteps:
