@@ -7,6 +7,7 @@ is stopped and started again keeps its addresses (and its kubeconfig) when it ca
 from __future__ import annotations
 
 import json
+import random
 import socket
 import ssl
 import time
@@ -32,7 +33,34 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def listening_range() -> tuple[int, int]:
+    """Ports for servers: below the kernel's ephemeral range (or above it), never inside it.
+
+    A port inside the ephemeral range can be taken by any outgoing connection between the
+    moment it is found free and the moment its server binds it (the chaos run saw its codec
+    server refused this way); outside it, only another listener can take it.
+    """
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if low > 16000:
+        return 15000, low - 1
+    if high < 64000:
+        return high + 1, 65535
+    return 0, 0
+
+
 def free_port() -> int:
+    low, high = listening_range()
+    if high:
+        for _ in range(500):
+            port = random.randint(low, high)
+            if port_is_free(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((LOOPBACK, 0))
         return int(probe.getsockname()[1])
