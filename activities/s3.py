@@ -28,6 +28,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
 
+from activities.parts import PartPlan
 from activities.secrets import S3Credentials
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, BucketMissing
@@ -36,9 +37,6 @@ from ferry.api.migration import EncryptionType, ServerSideEncryption, SnapshotSp
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
-
-MAX_PARTS = 10_000
-"""S3's limit on the parts of one multipart upload."""
 
 BAD_CREDENTIALS = frozenset(
     {
@@ -162,29 +160,45 @@ def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str) -> int:
 
 
 class MultipartUpload:
-    """One multipart upload fed part by part, a few parts in flight at once; complete() or abort() ends it."""
+    """One multipart upload fed part by part as its PartPlan says; complete() or abort() ends it."""
 
-    def __init__(self, s3: S3Client, bucket: str, key: str, concurrency: int) -> None:
-        self._s3, self._bucket, self._key = s3, bucket, key
+    def __init__(self, s3: S3Client, bucket: str, key: str, plan: PartPlan) -> None:
+        self._s3, self._bucket, self._key, self._plan = s3, bucket, key, plan
         self._upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="upload")
-        self._concurrency = concurrency
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=plan.concurrency, thread_name_prefix="upload")
         self._in_flight: set[concurrent.futures.Future[dict[str, Any]]] = set()
         self._parts: list[CompletedPartTypeDef] = []
         self.uploaded = 0
         """Bytes S3 has acknowledged."""
+        self.largest_part = 0
+        """The largest part sent so far, in bytes."""
+
+    @property
+    def parts(self) -> int:
+        """Parts sent so far."""
+        return len(self._parts) + len(self._in_flight)
+
+    def next_part_size(self) -> int:
+        """How many bytes the next part should hold (past the last part S3 allows: 1, to see if the data ended)."""
+        number = self.parts + 1
+        return self._plan.part_size(number) if number <= self._plan.max_parts else 1
 
     def add(self, data: bytes) -> None:
-        """Starts uploading the next part; blocks while `concurrency` parts are in flight. Raises an upload's error."""
-        number = len(self._parts) + len(self._in_flight) + 1
-        if number > MAX_PARTS:
+        """Starts uploading the next part once fewer than the plan's parts are in flight. Raises an upload's error.
+
+        So while the next part is read, at most `plan.in_flight(size)` parts are uploading.
+        """
+        number = self.parts + 1
+        if number > self._plan.max_parts:
             raise RuntimeError(
-                f"the snapshot needs more than {MAX_PARTS} parts of {len(data)} bytes; raise the worker's "
-                "snapshot part size (--snapshot-part-size-mib) and retry"
+                f"the snapshot outgrew the {self._plan.max_parts} parts S3 allows in one upload "
+                f"({self.uploaded} bytes stored, the last parts of {self.largest_part} bytes): it is larger than "
+                "one S3 object may be. Nothing was restored; migrate this database in mode Online."
             )
-        self._in_flight.add(self._pool.submit(self._upload_part, number, data))
-        while len(self._in_flight) >= self._concurrency:
+        while len(self._in_flight) >= self._plan.in_flight(len(data)):
             self._collect(concurrent.futures.FIRST_COMPLETED)
+        self.largest_part = max(self.largest_part, len(data))
+        self._in_flight.add(self._pool.submit(self._upload_part, number, data))
 
     def complete(self) -> None:
         while self._in_flight:

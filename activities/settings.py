@@ -86,11 +86,25 @@ class DataActivitySettings:
     part_size: Annotated[
         int, Knob(flag="snapshot-part-size-mib", unit=MIB, unit_name="MiB"), AfterValidator(_s3_part_size)
     ] = 16 * MIB
-    """Size of each part of the snapshot's multipart upload, from 5 MiB (S3's minimum); also what one
-    part in flight holds in memory. A snapshot can have 10,000 parts, so this bounds its size."""
+    """Smallest size of a part of the snapshot's multipart upload, from 5 MiB (S3's minimum). Parts are
+    larger for a large source (its size read once it is frozen, spread over half of S3's 10,000 parts)
+    and grow as a dump outgrows that, so no snapshot runs out of parts (see activities/parts.py)."""
 
     upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1)] = 4
     """Parts uploaded at once while pg_dump goes on writing the next ones; each is held in memory."""
+
+    upload_memory: Annotated[int, Knob(flag="snapshot-memory-mib", unit=MIB, unit_name="MiB"), Field(ge=10 * MIB)] = (
+        256 * MIB
+    )
+    """Memory the parts of one snapshot may hold (the part being read and those in flight): fewer parts
+    are uploaded at once when they are large, never fewer than one. A snapshot holds at most the larger
+    of this and two parts."""
+
+    max_object_size: Annotated[
+        int, Knob(flag="snapshot-max-object-size-gib", unit=1024 * MIB, unit_name="GiB"), Field(ge=1)
+    ] = 5 * 1024 * 1024 * MIB
+    """The largest object the snapshot store takes (S3's limit is 5 TiB; some stores allow less). The
+    precheck refuses a source larger than this before anything changes."""
 
     s3_connect_timeout: Annotated[float, Knob(flag="s3-connect-timeout"), Field(gt=0)] = 10.0
     """Seconds to wait for the S3 endpoint to accept a connection."""

@@ -254,13 +254,14 @@ class PostgresActivities:
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            self._connect(db).close()  # refused credentials or a missing database fail here, clearly
+            with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
+                estimate = dumping.database_size(conn)
             s3 = snapshot_store.client(spec, credentials, self._settings)
             with snapshot_store.permanent_failures(s3, bucket, credentials):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
-                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats)
+                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats, estimate)
                 stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
             if stored != size:
                 raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")

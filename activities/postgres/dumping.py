@@ -2,9 +2,10 @@
 
 pg_dump writes the custom format (compressed, and what pg_restore reads) into a pipe.
 The activity reads it one part at a time, hashing and counting as it goes, and
-uploads each part while pg_dump writes the next, a few parts in flight; so memory
-holds at most `upload_concurrency + 1` parts. Any failure or cancellation kills
-pg_dump and aborts the multipart upload, so S3 keeps no half-written parts.
+uploads each part while pg_dump writes the next, a few parts in flight. The parts'
+sizes follow the source's size and memory stays bounded (activities/parts.py). Any
+failure or cancellation kills pg_dump and aborts the multipart upload, so S3 keeps no
+half-written parts.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from temporalio import activity
 
+from activities import parts
 from activities.heartbeats import Heartbeats
 from activities.postgres import tls
+from activities.postgres.connection import Connection
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
@@ -33,8 +36,9 @@ def dump_to_s3(
     bucket: str,
     key: str,
     heartbeats: Heartbeats,
+    estimate: int,
 ) -> tuple[str, int]:
-    """Uploads a pg_dump of `db` to s3://bucket/key; returns the object's SHA-256 (hex) and size."""
+    """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size."""
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [
         str(pg_dump),
@@ -46,9 +50,22 @@ def dump_to_s3(
     digest, size = hashlib.sha256(), 0
     with Tool(argv, db, settings, reads=False, writes=True) as dump:
         heartbeats.on_cancel(dump.kill)
-        upload = MultipartUpload(s3, bucket, key, settings.upload_concurrency)
+        sizes = parts.plan(
+            estimate,
+            smallest=settings.part_size,
+            concurrency=settings.upload_concurrency,
+            memory=settings.upload_memory,
+        )
+        activity.logger.info(
+            "snapshot of %s (%d bytes in the database) in parts of %d MiB at first, up to %d in flight",
+            db.describe(),
+            estimate,
+            sizes.first_part // parts.MIB,
+            sizes.in_flight(sizes.first_part),
+        )
+        upload = MultipartUpload(s3, bucket, key, sizes)
         try:
-            while part := dump.stdout.read(settings.part_size):
+            while part := dump.stdout.read(upload.next_part_size()):
                 digest.update(part)
                 size += len(part)
                 upload.add(part)
@@ -72,6 +89,12 @@ def dump_to_s3(
             _abort(upload)
             raise
     return digest.hexdigest(), size
+
+
+def database_size(conn: Connection) -> int:
+    """The database's size on disk: what the snapshot's parts are planned for."""
+    row = conn.execute("select pg_database_size(current_database())").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _abort(upload: MultipartUpload) -> None:

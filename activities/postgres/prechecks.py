@@ -114,6 +114,13 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
             f"({_gib(input.target_storage_bytes)}) with the room a restore needs ({SIZE_MARGIN:g} times the data). "
             "Raise spec.target.storageSize (create the Migration again)."
         )
+    if source and driver.mode is DriverMode.SNAPSHOT and source.size > settings.max_object_size:
+        problems.append(
+            f"the source's data ({_gib(source.size)}) is larger than one object of the snapshot store may be "
+            f"({_gib(settings.max_object_size)}, the worker's --snapshot-max-object-size-gib). Its dump may come "
+            "out smaller, but ferry does not freeze a source whose snapshot may not fit. Migrate it in mode Online "
+            "(spec.driver.mode), or raise the worker's limit if the store takes larger objects."
+        )
     sample = b""
     read_rate = write_rate = upload_rate = 0.0
     if input.measure and source_db and target_db and source and target:

@@ -328,3 +328,17 @@ def test_precheck_names_target_volumes_too_small_for_the_sources_data(steps: Ste
 
     assert "does not fit the target's volumes (0.00 GiB)" in problem
     assert "Raise spec.target.storageSize" in problem
+
+
+def test_precheck_refuses_a_source_larger_than_one_object_of_the_snapshot_store(
+    steps: Steps, kube_api: k8s.ApiClient, data_settings: DataActivitySettings, databases: Databases
+) -> None:
+    small_store = dataclasses.replace(data_settings, max_object_size=1024)
+    limited = dataclasses.replace(steps, postgres=PostgresActivities(kube_api, small_store))
+
+    (problem,) = _problems(limited)
+
+    assert problem.startswith("the source's data (0.0")
+    assert "is larger than one object of the snapshot store may be (0.00 GiB" in problem
+    assert "Migrate it in mode Online (spec.driver.mode)" in problem
+    assert database_settings(databases.source) == [], "nothing changed"
