@@ -12,6 +12,8 @@ import contextlib
 import json
 import signal
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -234,3 +236,19 @@ def test_a_component_that_cannot_start_says_why_in_one_line_and_exits_non_zero(
     assert last["level"] == "ERROR"
     assert last["message"].startswith(cause)
     assert [line for line in log.splitlines() if cause in line] == [log.splitlines()[-1]]
+
+
+def test_a_bad_setting_stops_the_command_with_exit_2_one_line_and_no_traceback() -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "ferry.cli", "worker"],
+        env={"FERRY_GRACEFUL_SHUTDOWN": "-1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines() == [
+        "ferry worker: --graceful-shutdown (FERRY_GRACEFUL_SHUTDOWN): input should be greater than or equal to 0 "
+        "(got '-1' from FERRY_GRACEFUL_SHUTDOWN)"
+    ]

@@ -18,8 +18,6 @@ from devstack.stack import postgres_wheel
 from devstack.stack.postgres_home import ServiceUser
 from tests.conftest import make_closed_folder, make_state_dir
 
-pytestmark = pytest.mark.unit
-
 SOMEONE = ServiceUser("someone", uid=4242, gid=4242, groups=frozenset({4242}))
 """A user who is nobody on this machine: it can enter only folders open to all."""
 
@@ -31,6 +29,7 @@ def open_folder() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.unit
 def test_the_installed_wheel_is_postgresql_18() -> None:
     version, site = postgres_wheel.installed()
 
