@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -52,7 +51,7 @@ from devstack.stack.stack import Stack, StackInfo
 from ferry.api.migration import GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
 from ferry.clients import TemporalSettings, connect_temporal
-from scripts.bench_postgres import build_source
+from scripts.bench_postgres import build_source, megabytes
 from tests import samples
 from tests.cluster import create_source, install_crd
 from tests.end_to_end import worker_settings
@@ -61,14 +60,6 @@ from worker import runner
 TEMPLATE = "ferry_bench"
 WRITES = "create table public.bench_writes (id bigint primary key, at timestamptz not null default now())"
 MODES = ("Snapshot", "Online")
-
-
-def megabytes(size: str) -> int:
-    """10MB, 1GB, 4GB (powers of 1024) as MB."""
-    found = re.fullmatch(r"(\d+)\s*([MG])B?", size.strip().upper())
-    if found is None:
-        raise argparse.ArgumentTypeError(f"{size!r} is not a size such as 10MB or 4GB")
-    return int(found.group(1)) * (1024 if found.group(2) == "G" else 1)
 
 
 def _at(

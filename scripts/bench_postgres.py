@@ -1,21 +1,25 @@
-"""Benchmark: ferry's PostgreSQL driver against a plain `pg_dump | pg_restore` pipe, on a database of a chosen size.
+"""Benchmark: ferry's Snapshot mode against the direct ways of copying a database, at chosen sizes.
 
-It builds a database of about --size-mb in the stack's source instance (server-side,
-with generate_series), then prints:
+For each size of --sizes it builds a database of about that size in the stack's source
+instance (server-side, with generate_series, spread over --tables tables), then prints,
+in one table:
 
-- the time of a direct `pg_dump -Fc | pg_restore` pipe into a fresh target database, with
-  pg_dump's default compression and with ferry's (lower) level;
-- ferry's time from freeze to verified: freeze, snapshot to S3, migrate from S3 and
-  verify, run directly as activities (ActivityEnvironment) into another fresh database;
-- the write-downtime window: from the start of the freeze until writes could resume,
-  i.e. until verify is done (undo_freeze, which reopens writes, takes milliseconds);
-- the ratio of ferry's time to the pipe's.
+- a direct `pg_dump -Fc | pg_restore` pipe into a fresh target database (pg_dump's
+  default compression, pg_restore in one transaction, as ferry restores);
+- a direct parallel copy: `pg_dump -Fd -j N` into a folder on disk, then
+  `pg_restore -j N` (N from --jobs; no single transaction is possible with -j);
+- ferry's time from freeze to verified, each step too: freeze, snapshot to S3, migrate
+  from S3 and verify, run as the worker runs them (ActivityEnvironment, in this process)
+  into another fresh database; this is the write-downtime window (undo_freeze, which
+  reopens writes, takes milliseconds);
+- the ratio of ferry's time to the faster direct way, and the peak resident memory of
+  this process while ferry's steps ran (VmHWM, reset before them).
 
 It starts a stack of its own (PostgreSQL and S3 only) in a temporary folder, or uses
-the running stack whose state folder --state-dir names.
+the running stack whose state folder --state-dir names. A benchmark: it asserts nothing.
 
-    .venv/bin/python scripts/bench_postgres.py --size-mb 100
-    .venv/bin/python scripts/bench_postgres.py --size-mb 1024 --state-dir .ferry/stack
+    .venv/bin/python scripts/bench_postgres.py --sizes 100MB
+    .venv/bin/python scripts/bench_postgres.py --sizes 1GB,4GB     # the figures of issue #14
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -111,50 +116,77 @@ def _size_mb(endpoint: PostgresEndpoint) -> float:
     return float(row[0]) / 2**20
 
 
-def build_source(admin: PostgresEndpoint, size_mb: int) -> tuple[PostgresEndpoint, int]:
-    """A database of about `size_mb` (pg_database_size), filled in batches; returns it and its row count."""
+def build_source(admin: PostgresEndpoint, size_mb: int, tables: int = 1) -> tuple[PostgresEndpoint, int]:
+    """A database of about `size_mb` (pg_database_size) in `tables` equal tables; returns it and its row count."""
     source = _fresh_database(admin, DATABASE)
+    names = ["orders"] if tables == 1 else [f"orders_{number}" for number in range(1, tables + 1)]
     with psycopg.connect(source.dsn, autocommit=True) as conn:
-        conn.execute(TABLE)
+        for name in names:
+            conn.execute(TABLE.replace("public.orders", f"public.{name}").replace("orders_by_", f"{name}_by_"))
         empty = _size_mb(source)
-        conn.execute(ROWS, (1, 100_000))
+        conn.execute(ROWS.replace("public.orders", f"public.{names[0]}"), (1, 100_000))
         per_row = (_size_mb(source) - empty) / 100_000
-        wanted = max(100_000, int((size_mb - empty) / per_row))
-        done = 100_000
+        wanted = max(100_000 * len(names), int((size_mb - empty) / per_row))
+        done, batch = 100_000, 0
         while done < wanted:
             upto = min(wanted, done + ROWS_PER_BATCH)
-            conn.execute(ROWS, (done + 1, upto))
-            done = upto
+            conn.execute(ROWS.replace("public.orders", f"public.{names[batch % len(names)]}"), (done + 1, upto))
+            done, batch = upto, batch + 1
             print(f"  generated {done:,} of {wanted:,} rows ({_size_mb(source):,.0f} MB)", flush=True)
-        conn.execute("vacuum analyze public.orders")
+        for name in names:
+            conn.execute(f"vacuum analyze public.{name}")
     return source, done
 
 
-def pipe(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, compress: int | None = None) -> float:
-    """Seconds of `pg_dump -Fc | pg_restore`, with the restore options ferry uses; pg_dump's compression by default."""
-
-    def env(endpoint: PostgresEndpoint) -> dict[str, str]:
-        return dict(
-            os.environ,
-            PGHOST=endpoint.host,
-            PGPORT=str(endpoint.port),
-            PGUSER=endpoint.user,
-            PGPASSWORD=endpoint.password,
-            PGDATABASE=endpoint.database,
-        )
-
-    started = time.perf_counter()
-    level = [] if compress is None else [f"--compress={compress}"]
-    dump = subprocess.Popen(
-        [str(bindir / "pg_dump"), "--format=custom", *level], stdout=subprocess.PIPE, env=env(source)
+def _env(endpoint: PostgresEndpoint) -> dict[str, str]:
+    return dict(
+        os.environ,
+        PGHOST=endpoint.host,
+        PGPORT=str(endpoint.port),
+        PGUSER=endpoint.user,
+        PGPASSWORD=endpoint.password,
+        PGDATABASE=endpoint.database,
     )
+
+
+def pipe(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint) -> float:
+    """Seconds of `pg_dump -Fc | pg_restore` (pg_dump's default compression), restored as ferry restores."""
+    started = time.perf_counter()
+    dump = subprocess.Popen([str(bindir / "pg_dump"), "--format=custom"], stdout=subprocess.PIPE, env=_env(source))
     restore_options = ["--single-transaction", "--no-owner", "--no-privileges", f"--dbname={target.database}"]
-    restored = subprocess.run([str(bindir / "pg_restore"), *restore_options], stdin=dump.stdout, env=env(target))
+    restored = subprocess.run([str(bindir / "pg_restore"), *restore_options], stdin=dump.stdout, env=_env(target))
     assert dump.stdout is not None
     dump.stdout.close()
     if dump.wait() != 0 or restored.returncode != 0:
         raise SystemExit("the pg_dump | pg_restore pipe failed")
     return time.perf_counter() - started
+
+
+def parallel(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, jobs: int, folder: Path) -> float:
+    """Seconds of `pg_dump -Fd -j N` into `folder`, then `pg_restore -j N`; the folder is removed after."""
+    started = time.perf_counter()
+    dump = [str(bindir / "pg_dump"), "--format=directory", f"--jobs={jobs}", f"--file={folder}"]
+    if subprocess.run(dump, env=_env(source)).returncode != 0:
+        raise SystemExit("pg_dump -Fd failed")
+    restore = [str(bindir / "pg_restore"), f"--jobs={jobs}", "--no-owner", "--no-privileges"]
+    restored = subprocess.run([*restore, f"--dbname={target.database}", str(folder)], env=_env(target))
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(folder, ignore_errors=True)
+    if restored.returncode != 0:
+        raise SystemExit("pg_restore -j failed")
+    return elapsed
+
+
+def peak_rss_reset() -> None:
+    """Starts this process's peak resident memory (VmHWM) again from its current size."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def timed(call: Callable[[], T]) -> tuple[T, float]:
@@ -181,6 +213,7 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
     def run(activity: Callable[[Any], T], input: Any) -> T:
         return ActivityEnvironment().run(activity, input)
 
+    peak_rss_reset()
     frozen, freeze_s = timed(lambda: run(postgres.freeze, FreezeInput(ref=ref, driver=driver)))
     snapshot_input = SnapshotInput(ref=ref, driver=driver, snapshot=spec, key=snapshot_key(ref, spec))
     artifact, snapshot_s = timed(lambda: run(postgres.snapshot, snapshot_input))
@@ -189,6 +222,7 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
     verified, verify_s = timed(lambda: run(postgres.verify, VerifyInput(ref=ref, driver=driver)))
     undo = UndoFreezeInput(ref=ref, driver=driver, previous_setting=frozen.previous_setting)
     _, undo_s = timed(lambda: run(postgres.undo_freeze, undo))
+    peak = peak_rss_mib()
     s3.delete_object(Bucket=bucket, Key=artifact.key)
     s3.delete_bucket(Bucket=bucket)
     assert all(check.equal for check in verified.tables)
@@ -199,6 +233,7 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
         "verify": verify_s,
         "undo_freeze": undo_s,
         "snapshot_mb": artifact.size_bytes / 2**20,
+        "peak_rss_mib": peak,
     }
 
 
@@ -216,39 +251,77 @@ def stack(state_dir: Path | None) -> Iterator[StackInfo]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def megabytes(size: str) -> int:
+    """10MB, 1GB, 4GB (powers of 1024) as MB."""
+    found = re.fullmatch(r"(\d+)\s*([MG])B?", size.strip().upper())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{size!r} is not a size such as 10MB or 4GB")
+    return int(found.group(1)) * (1024 if found.group(2) == "G" else 1)
+
+
+def measure(info: StackInfo, bindir: Path, size_mb: int, tables: int, jobs: int) -> dict[str, float]:
+    """One size: builds the source, copies it the three ways, drops what it made; returns the figures."""
+    source_admin, target_admin = info.postgres["source"], info.postgres["target"]
+    print(f"building a source database of about {size_mb} MB in {tables} tables ...", flush=True)
+    source, rows = build_source(source_admin, size_mb, tables)
+    figures: dict[str, float] = {"size_mb": _size_mb(source), "rows": rows}
+    print("pg_dump | pg_restore ...", flush=True)
+    figures["pipe"] = pipe(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"))
+    print(f"pg_dump -Fd -j{jobs}, pg_restore -j{jobs} ...", flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
+    figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
+    print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
+    figures.update(ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry")))
+    figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
+    for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
+        with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
+    with psycopg.connect(source_admin.dsn, autocommit=True) as conn:
+        conn.execute(f'drop database if exists "{DATABASE}" with (force)')
+    return figures
+
+
+def table(results: dict[int, dict[str, float]], jobs: int) -> str:
+    rows = [
+        ("source database (MB)", "size_mb", "{:,.0f}"),
+        ("rows", "rows", "{:,.0f}"),
+        ("snapshot object (MB)", "snapshot_mb", "{:,.0f}"),
+        ("pg_dump -Fc | pg_restore (s)", "pipe", "{:.1f}"),
+        (f"pg_dump -Fd -j{jobs} + pg_restore -j{jobs} (s)", "parallel", "{:.1f}"),
+        ("ferry freeze -> verified (s)", "ferry", "{:.1f}"),
+        ("  freeze (s)", "freeze", "{:.2f}"),
+        ("  snapshot (s)", "snapshot", "{:.1f}"),
+        ("  migrate (s)", "migrate", "{:.1f}"),
+        ("  verify (s)", "verify", "{:.1f}"),
+        ("  then undo_freeze (s)", "undo_freeze", "{:.2f}"),
+        ("ferry / faster direct way", "ratio", "{:.2f}"),
+        ("peak RSS during ferry's steps (MiB)", "peak_rss_mib", "{:,.0f}"),
+    ]
+    for figures in results.values():
+        figures["ratio"] = figures["ferry"] / min(figures["pipe"], figures["parallel"])
+    width = max(len(name) for name, _, _ in rows)
+    header = " " * width + "".join(f"{f'{size} MB':>12}" for size in results)
+    lines = [header]
+    for name, key, form in rows:
+        lines.append(f"{name:<{width}}" + "".join(f"{form.format(figures[key]):>12}" for figures in results.values()))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mb", type=int, default=1024, help="size of the source database (default: %(default)s)")
+    parser.add_argument("--sizes", default="1GB", help="source sizes, e.g. 100MB,1GB,4GB (default: %(default)s)")
+    parser.add_argument("--tables", type=int, default=4, help="tables the rows are spread over (default: 4)")
+    parser.add_argument("--jobs", type=int, default=2, help="jobs of the direct parallel copy (default: 2)")
     parser.add_argument("--state-dir", type=Path, help="use the running stack of this state folder")
     args = parser.parse_args()
+    sizes = [megabytes(size) for size in args.sizes.split(",")]
     bindir = ensure_binaries().postgres_bindir
+    results: dict[int, dict[str, float]] = {}
     with stack(args.state_dir) as info:
-        source_admin, target_admin = info.postgres["source"], info.postgres["target"]
-        print(f"building a source database of about {args.size_mb} MB ...", flush=True)
-        source, rows = build_source(source_admin, args.size_mb)
-        size = _size_mb(source)
-        pipe_s = pipe(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"))
-        level = DataActivitySettings().dump_compression
-        same_level_s = pipe(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), compress=level)
-        steps = ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry"))
-        ferry_s = steps["freeze"] + steps["snapshot"] + steps["migrate"] + steps["verify"]
-        print()
-        print(f"source database:            {size:,.0f} MB, {rows:,} rows; snapshot {steps['snapshot_mb']:,.0f} MB")
-        print(f"pg_dump | pg_restore pipe:  {pipe_s:8.1f} s   (pg_dump's default compression)")
-        print(f"  the same at ferry's -Z{level}:   {same_level_s:8.1f} s")
-        print(
-            f"ferry, freeze to verified:  {ferry_s:8.1f} s   (freeze {steps['freeze']:.2f} s, snapshot "
-            f"{steps['snapshot']:.1f} s, migrate {steps['migrate']:.1f} s, verify {steps['verify']:.1f} s)"
-        )
-        print(f"write downtime:             {ferry_s:8.1f} s   (freeze start until verify done)")
-        print(f"  then undo_freeze:         {steps['undo_freeze']:8.2f} s")
-        against_same_level = f"({ferry_s / same_level_s:.2f} against the -Z{level} pipe)"
-        print(f"ratio ferry / pipe:         {ferry_s / pipe_s:8.2f}   {against_same_level}")
-        for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
-            with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
-                conn.execute(f'drop database if exists "{name}" with (force)')
-        with psycopg.connect(source_admin.dsn, autocommit=True) as conn:
-            conn.execute(f'drop database if exists "{DATABASE}" with (force)')
+        for size in sizes:
+            results[size] = measure(info, bindir, size, args.tables, args.jobs)
+    print()
+    print(table(results, args.jobs))
 
 
 if __name__ == "__main__":
