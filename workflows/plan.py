@@ -127,15 +127,16 @@ def record_plan(result: PrecheckResult, status: SagaStatus) -> None:
 
 
 def estimate_online(result: PrecheckResult) -> Estimates | None:
-    """Online: the snapshot and the initial copy run while the source takes writes; only catch-up and verify do not."""
+    """Online: the snapshot, the initial copy and the comparison of the tables run while the source takes writes;
+    only catch-up and verify of the tables written since do not (their share cannot be known in advance)."""
     rates = result.throughput
     if rates is None or min(rates.source_read, rates.target_write, rates.upload) <= 0:
         return None
     size = result.source_size_bytes
     snapshot = size / min(rates.source_read, rates.upload)
-    replicate = size / min(rates.source_read, rates.target_write)
     verify = size / rates.source_read
-    downtime = verify + FIXED_SECONDS / 2
+    replicate = size / min(rates.source_read, rates.target_write) + verify
+    downtime = FIXED_SECONDS / 2
     return Estimates(
         snapshot_seconds=round(snapshot, 1),
         migrate_seconds=0.0,
@@ -399,6 +400,16 @@ CATCH_UP = Step(
 """Waits, writes stopped, until the target has applied everything up to the freeze; copies the sequences; ends the
 replication. Its undo ends the replication too, whatever catch-up got to (replicate's undo then empties the target)."""
 
+
+def compared_ahead(c: Context) -> VerifyInput:
+    """Online: verify reads again only the tables written since replicate compared them (see activities ahead)."""
+    replicated = c.results.get(REPLICATE)
+    return VerifyInput(ref=c.ref, driver=c.spec.driver, ahead=replicated.ahead if replicated else None)
+
+
+ONLINE_VERIFY = dataclasses.replace(VERIFY, build=compared_ahead)
+"""As in mode Snapshot, but the tables replicate found equal and nothing wrote since are not read again."""
+
 ONLINE_PLAN: tuple[Step[Any, Any], ...] = (
     ONLINE_PRECHECK,
     PROVISION,
@@ -406,7 +417,7 @@ ONLINE_PLAN: tuple[Step[Any, Any], ...] = (
     REPLICATE,
     FREEZE,
     CATCH_UP,
-    VERIFY,
+    ONLINE_VERIFY,
     SWITCH_TRAFFIC,
     SCALE_DOWN_OLD,
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 from collections.abc import Callable
+from typing import TypeVar
 
 import psycopg
 from kubernetes import client as k8s
@@ -24,6 +25,7 @@ from temporalio import activity
 from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
 from activities.postgres import (
+    ahead,
     checksums,
     database_settings,
     dumping,
@@ -42,6 +44,7 @@ from activities.settings import DataActivitySettings
 from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import DriverType
 from ferry.api.saga import (
+    AheadComparison,
     CheckFrozenInput,
     CheckFrozenResult,
     CheckUnwrittenInput,
@@ -57,6 +60,7 @@ from ferry.api.saga import (
     PrecheckResult,
     SnapshotInput,
     SnapshotResult,
+    TableAhead,
     UndoFreezeInput,
     UndoMigrateInput,
     UndoMigrateResult,
@@ -326,9 +330,16 @@ class PostgresActivities:
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            source_side, target_side = self._read_sides(source, target, heartbeats)
+            compared = self._compared_ahead(source, target, input.ahead, heartbeats)
+            source_side, target_side = read_both(
+                self._checksum_session,
+                source,
+                target,
+                heartbeats,
+                lambda conn, done: verifying.read(conn, done, frozenset(compared)),
+            )
             source_side = self._reprint_views(target, source_side, target_side)
-            comparison = verifying.compare(source_side, target_side)
+            comparison = verifying.compare(source_side, target_side, compared)
             if comparison.difference:
                 raise VerificationMismatch(
                     f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
@@ -342,6 +353,29 @@ class PostgresActivities:
             fence.writes,
         )
         return VerifyResult(tables=comparison.checks, objects=comparison.objects, target_fence=fence)
+
+    def _compared_ahead(
+        self, source: DatabaseConnection, target: DatabaseConnection, compared: AheadComparison | None,
+        heartbeats: Heartbeats,
+    ) -> dict[str, TableAhead]:  # fmt: skip
+        """The tables replicate compared before the freeze that neither side has written since (see ahead)."""
+        if compared is None or not compared.tables:
+            return {}
+        with self._connect(target) as conn:
+            self._end_sessions(conn, target, heartbeats)  # their counts are flushed when they exit
+            target_marks = ahead.marks(conn)
+        with self._connect(source) as conn:
+            source_marks = ahead.marks(conn)
+        vouched = ahead.vouched(compared, source_marks, target_marks)
+        activity.logger.info(
+            "%d of the %d tables compared before the freeze were not written since: not read again",
+            len(vouched),
+            len(compared.tables),
+        )
+        return vouched
+
+    def _checksum_session(self, db: DatabaseConnection) -> Connection:
+        return self._connect(db, **checksums.SESSION)
 
     def _mark_target(self, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats) -> FenceMark:
         """The target's mark, once its other sessions are gone, kept in the target for undos without results."""
@@ -393,32 +427,6 @@ class PostgresActivities:
         activity.logger.info("%s took no writes since traffic moved to it: traffic may go back", db.describe())
         return CheckUnwrittenResult(compared=True, fence=present)
 
-    def _read_sides(
-        self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats
-    ) -> tuple[verifying.Side, verifying.Side]:
-        """Both sides, read at the same time on a connection each."""
-        with contextlib.ExitStack() as stack:
-            connections = [stack.enter_context(self._connect(db, **checksums.SESSION)) for db in (source, target)]
-
-            def cancel_queries() -> None:
-                for conn in connections:
-                    conn.cancel_safe()
-
-            heartbeats.on_cancel(cancel_queries)
-            with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-                futures = [
-                    pool.submit(verifying.read, conn, _counter(heartbeats, side))
-                    for side, conn in zip(("source", "target"), connections, strict=True)
-                ]
-                try:
-                    return futures[0].result(), futures[1].result()
-                except psycopg.errors.QueryCanceled:
-                    heartbeats.raise_if_cancelled("comparing source and target")
-                    raise
-                except BaseException:
-                    cancel_queries()  # no need to finish the other side
-                    raise
-
     def _reprint_views(
         self, target: DatabaseConnection, source_side: verifying.Side, target_side: verifying.Side
     ) -> verifying.Side:
@@ -440,6 +448,40 @@ class PostgresActivities:
 
     def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
         return connect(db, self._settings, **(session or WRITABLE))
+
+
+R = TypeVar("R")
+
+
+def read_both(
+    connect: Callable[[DatabaseConnection], Connection],
+    source: DatabaseConnection,
+    target: DatabaseConnection,
+    heartbeats: Heartbeats,
+    read: Callable[[Connection, Callable[[int], None]], R],
+) -> tuple[R, R]:
+    """`read` of both sides at the same time, on a connection each (opened by `connect`), for verify and its ahead."""
+    with contextlib.ExitStack() as stack:
+        connections = [stack.enter_context(connect(db)) for db in (source, target)]
+
+        def cancel_queries() -> None:
+            for conn in connections:
+                conn.cancel_safe()
+
+        heartbeats.on_cancel(cancel_queries)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
+            futures = [
+                pool.submit(read, conn, _counter(heartbeats, side))
+                for side, conn in zip(("source", "target"), connections, strict=True)
+            ]
+            try:
+                return futures[0].result(), futures[1].result()
+            except psycopg.errors.QueryCanceled:
+                heartbeats.raise_if_cancelled("comparing source and target")
+                raise
+            except BaseException:
+                cancel_queries()  # no need to finish the other side
+                raise
 
 
 def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:

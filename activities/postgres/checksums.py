@@ -61,11 +61,18 @@ from pg_largeobject_metadata m
 """
 
 
-def fingerprints(conn: Connection, done: Callable[[int], None]) -> dict[str, tuple[int, str]]:
-    """Row count and checksum of each user table, by `schema.table`; calls `done` with the count so far."""
+def fingerprints(
+    conn: Connection,
+    done: Callable[[int], None],
+    wanted: Callable[[str], bool] = lambda _: True,
+    large_objects: bool = True,
+) -> dict[str, tuple[int, str]]:
+    """Row count and checksum of each `wanted` user table, by `schema.table`; calls `done` with the count so far."""
     tables = conn.execute(TABLES).fetchall()
     result: dict[str, tuple[int, str]] = {}
     for schema, name in tables:
+        if not wanted(f"{schema}.{name}"):
+            continue
         query = sql.SQL(CHECKSUM).format(table=sql.Identifier(schema, name))
         row = conn.execute(query).fetchone()
         assert row is not None
@@ -73,6 +80,8 @@ def fingerprints(conn: Connection, done: Callable[[int], None]) -> dict[str, tup
         checksum = hashlib.sha256(f"{rows}:{total}".encode()).hexdigest()[:32]
         result[f"{schema}.{name}"] = (int(rows), checksum)
         done(len(result))
+    if not large_objects:
+        return result
     row = conn.execute(LARGE_OBJECT_CHECKSUM).fetchone()
     assert row is not None
     if row[0]:
@@ -80,8 +89,10 @@ def fingerprints(conn: Connection, done: Callable[[int], None]) -> dict[str, tup
     return result
 
 
-def compare(source: dict[str, tuple[int, str]], target: dict[str, tuple[int, str]]) -> list[TableCheck]:
-    """One check per table of either side, by name."""
+def compare(
+    source: dict[str, tuple[int, str]], target: dict[str, tuple[int, str]], ahead: frozenset[str] = frozenset()
+) -> list[TableCheck]:
+    """One check per table of either side, by name; those in `ahead` were compared before the freeze."""
     absent = (0, MISSING)
     return [
         TableCheck(
@@ -90,6 +101,7 @@ def compare(source: dict[str, tuple[int, str]], target: dict[str, tuple[int, str
             target_rows=target.get(table, absent)[0],
             source_checksum=source.get(table, absent)[1],
             target_checksum=target.get(table, absent)[1],
+            ahead=table in ahead,
         )
         for table in sorted(source.keys() | target.keys())
     ]

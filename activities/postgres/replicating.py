@@ -31,8 +31,8 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import replication, restoring, schema_copy, sequences, subscription
-from activities.postgres.activities import WRITABLE, owner
+from activities.postgres import ahead, checksums, replication, restoring, schema_copy, sequences, subscription
+from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
@@ -40,6 +40,7 @@ from ferry.api.errors import InvalidSpec, ReplicationBroken
 from ferry.api.migration import DriverType
 from ferry.api.quantity import quantity_bytes
 from ferry.api.saga import (
+    AheadComparison,
     CatchUpInput,
     CatchUpResult,
     DriverOperation,
@@ -141,9 +142,10 @@ class ReplicationActivities:
             progress, lag = self._wait_until_close(
                 src, tgt, target, name, found, quantity_bytes(driver.max_lag), heartbeats
             )
+            compared = self._compare_ahead(src, tgt, source, target, name, found, heartbeats)
         activity.logger.info(
-            "replicating %s into %s: %d tables copied, %d bytes behind", source.describe(), target.describe(),
-            progress.ready, lag,
+            "replicating %s into %s: %d tables copied, %d bytes behind; %d tables found equal before the freeze",
+            source.describe(), target.describe(), progress.ready, lag, len(compared.tables) if compared else 0,
         )  # fmt: skip
         return ReplicateResult(
             publication=name,
@@ -153,7 +155,34 @@ class ReplicationActivities:
             lag_bytes=lag,
             replica_identity_full=full,
             schema_copied=schema_copied,
+            ahead=compared,
         )
+
+    def _compare_ahead(
+        self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection, name: str,
+        found: subscription.Subscription, heartbeats: Heartbeats,
+    ) -> AheadComparison | None:  # fmt: skip
+        """Compares the largest tables while the source still takes writes, so verify need not (see ahead).
+
+        None when it could not: verify then compares every table, writes stopped.
+        """
+        try:
+            source_marks = ahead.marks(src)
+            lsn = replication.position(src)
+            self._wait_until_applied(src, tgt, target, name, found, lsn, heartbeats)
+            target_marks = ahead.marks(tgt)
+            wanted = ahead.largest(source_marks)
+            source_tables, target_tables = read_both(
+                lambda db: connect(db, self._settings, **checksums.SESSION),
+                source,
+                target,
+                heartbeats,
+                lambda conn, done: checksums.fingerprints(conn, done, wanted.__contains__, large_objects=False),
+            )
+        except psycopg.Error as error:
+            activity.logger.warning("could not compare the tables before the freeze; verify will: %s", error)
+            return None
+        return ahead.compare(source_marks, target_marks, source_tables, target_tables)
 
     def _publish(
         self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,

@@ -11,11 +11,11 @@ target's server before they are compared (see schema.reprinted).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from activities.postgres import checksums, schema
 from activities.postgres.connection import Connection
-from ferry.api.saga import TableCheck
+from ferry.api.saga import TableAhead, TableCheck
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +39,13 @@ class Comparison:
     """What differs, in words; None when nothing does."""
 
 
-def read(conn: Connection, done: Callable[[int], None]) -> Side:
-    """Reads a side: the schema first (quick), then every table's checksum, calling `done` with the tables read."""
+def read(conn: Connection, done: Callable[[int], None], compared: frozenset[str] = frozenset()) -> Side:
+    """Reads a side: the schema first (quick), then the checksum of every table but those `compared` already,
+    calling `done` with the tables read."""
     objects = schema.describe(conn) | schema.sequence_values(conn)
     queries = schema.view_queries(conn)
-    return Side(tables=checksums.fingerprints(conn, done), objects=objects, queries=queries)
+    tables = checksums.fingerprints(conn, done, lambda table: table not in compared)
+    return Side(tables=tables, objects=objects, queries=queries)
 
 
 def queries_to_reprint(source: Side, target: Side) -> dict[str, str]:
@@ -70,8 +72,11 @@ def with_reprinted(source: Side, reprinted: dict[str, str]) -> Side:
     return dataclasses.replace(source, objects=objects, queries=queries)
 
 
-def compare(source: Side, target: Side) -> Comparison:
-    checks = checksums.compare(source.tables, target.tables)
+def compare(source: Side, target: Side, ahead: Mapping[str, TableAhead] | None = None) -> Comparison:
+    """Both sides' readings compared; the tables of `ahead` count as the equal tables they were before the freeze."""
+    ahead = ahead or {}
+    before = {table.table: (table.rows, table.checksum) for table in ahead.values()}
+    checks = checksums.compare(source.tables | before, target.tables | before, frozenset(ahead))
     in_tables = checksums.differences(checks)
     in_objects = schema.differences(source.objects, target.objects)
     sentences = [in_tables] if in_tables else []

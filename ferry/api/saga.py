@@ -362,9 +362,36 @@ class UndoMigrateResult(ApiModel):
     removed: bool = Field(description="Whether the target held this Migration's restore, now removed.")
 
 
+class TableAhead(ApiModel):
+    """A table found equal on both sides before the freeze, and where each side's writes to it stood then."""
+
+    table: str
+    rows: int
+    checksum: str
+    source_writes: int = Field(description="Rows inserted, updated or deleted in the source's table so far.")
+    source_file: int = Field(description="The source table's relfilenode (TRUNCATE and rewrites change it).")
+    target_writes: int
+    target_file: int
+
+
+class AheadComparison(ApiModel):
+    """Mode Online: the tables replicate compared before the freeze, so verify need not read them again.
+
+    verify compares again, writes stopped, every table written on either side since (its
+    counters or storage moved), and every table not in here (see activities/postgres/ahead.py).
+    """
+
+    tables: list[TableAhead] = Field(default_factory=list)
+    source_stats_reset: str = Field(description="When the source's statistics were last reset (database, server).")
+    target_stats_reset: str
+
+
 class VerifyInput(ApiModel):
     ref: MigrationRef
     driver: DriverSpec
+    ahead: AheadComparison | None = Field(
+        default=None, description="Online: what replicate compared before the freeze (None: compare everything)."
+    )
 
 
 class TableCheck(ApiModel):
@@ -373,6 +400,9 @@ class TableCheck(ApiModel):
     target_rows: int
     source_checksum: str
     target_checksum: str
+    ahead: bool = Field(
+        default=False, description="Compared before the freeze, and neither side written since (mode Online)."
+    )
 
     @property
     def equal(self) -> bool:
@@ -423,6 +453,9 @@ class ReplicateResult(ApiModel):
     )
     schema_copied: bool = Field(
         default=True, description="False when a retry found its subscription and went on with it."
+    )
+    ahead: AheadComparison | None = Field(
+        default=None, description="The tables compared before the freeze (None: none, verify compares every table)."
     )
 
 

@@ -19,6 +19,7 @@ from activities.postgres.replication import name
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.migration import DriverSpec, SnapshotSpec
 from ferry.api.saga import (
+    AheadComparison,
     CatchUpInput,
     CatchUpResult,
     CheckFrozenInput,
@@ -71,8 +72,9 @@ class OnlineSteps:
     def catch_up(self) -> CatchUpResult:
         return self.env.run(self.replication.catch_up, CatchUpInput(ref=self.ref, driver=self.driver))
 
-    def verify(self) -> VerifyResult:
-        return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver))
+    def verify(self, ahead: AheadComparison | None = None) -> VerifyResult:
+        """verify; `ahead` is what replicate compared before the freeze, as the saga passes it in mode Online."""
+        return self.env.run(self.postgres.verify, VerifyInput(ref=self.ref, driver=self.driver, ahead=ahead))
 
     def check_frozen(self, frozen: FreezeResult) -> None:
         assert frozen.fence is not None

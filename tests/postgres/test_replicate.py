@@ -19,7 +19,7 @@ from activities.postgres import replication, restoring, subscription
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
-from ferry.api.saga import ReplicateInput
+from ferry.api.saga import ReplicateInput, VerifyResult
 from tests.end_to_end import Databases
 from tests.postgres.data import connect, contents, create_shop, database_settings
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers, replica_identity, slots
@@ -324,3 +324,62 @@ def test_a_slot_cannot_outlive_the_undo_even_when_the_subscription_is_still_enab
     assert leftovers(databases) == NOTHING
     with pytest.raises(psycopg.errors.UndefinedObject), connect(databases.source) as conn:
         conn.execute("select pg_drop_replication_slot(%s)", (online.name,))
+
+
+def _compared_ahead(verified: VerifyResult) -> dict[str, bool]:
+    return {check.table: check.ahead for check in verified.tables}
+
+
+def test_replicate_compares_the_tables_ahead_and_verify_reads_again_only_those_written_since(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=200, orders=3_000)
+    replicated = online.replicate()
+    assert replicated.ahead is not None
+    assert sorted(table.table for table in replicated.ahead.tables) == ["audit.log", "shop.customers", "shop.orders"]
+    writer = connect(databases.source)  # still open at the freeze: its counts may not be flushed until it ends
+    writer.execute("insert into shop.customers (email, created_at) values ('late@example.com', now())")
+    online.freeze()
+    writer.close()
+    online.catch_up()
+
+    verified = online.verify(replicated.ahead)
+
+    assert _compared_ahead(verified) == {"audit.log": True, "shop.customers": False, "shop.orders": True}
+    assert all(check.equal for check in verified.tables)
+    assert contents(databases.target) == contents(databases.source)
+    online.undo_freeze()
+
+
+def test_a_row_changed_on_the_target_after_the_comparison_ahead_is_found_by_verify(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=200, orders=3_000)
+    replicated = online.replicate()
+    with connect(databases.target) as conn:  # behind the replication's back: the source never wrote this
+        conn.execute("update shop.orders set total = total + 1 where id = 7")
+    online.freeze()
+    online.catch_up()
+
+    with pytest.raises(VerificationMismatch) as mismatch:
+        online.verify(replicated.ahead)
+
+    assert "shop.orders (same 3000 rows, different contents)" in str(mismatch.value)
+    online.undo_freeze()
+
+
+def test_statistics_reset_since_the_comparison_ahead_make_verify_read_every_table_again(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=200, orders=3_000)
+    replicated = online.replicate()
+    with connect(databases.target) as conn:
+        conn.execute("select pg_stat_reset_single_table_counters('shop.orders'::regclass)")
+    online.freeze()
+    online.catch_up()
+
+    verified = online.verify(replicated.ahead)
+
+    assert not any(_compared_ahead(verified).values()), "the counts can no longer vouch for anything"
+    assert all(check.equal for check in verified.tables)
+    online.undo_freeze()
