@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable
 
 import psycopg
@@ -37,10 +38,11 @@ from activities.postgres import (
     verifying,
 )
 from activities.postgres.connection import Connection, connect, privileged
+from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
-from ferry.api.migration import DriverType
+from ferry.api.migration import DriverType, StepName
 from ferry.api.saga import (
     CheckFrozenInput,
     CheckFrozenResult,
@@ -87,8 +89,13 @@ class PostgresActivities:
     def __init__(
         self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
     ) -> None:
-        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark.
+
+        `api_client` also writes the progress of snapshot, migrate and verify into the Migration's status; without
+        one, no progress is written.
+        """
         self._secrets = secrets_from(api_client, secrets)
+        self._api = api_client
         self._settings = settings
 
     # --- precheck ----------------------------------------------------------------------------
@@ -248,19 +255,24 @@ class PostgresActivities:
 
         Idempotent: the key is the same for every attempt, so a retry replaces the
         object; it first aborts the unfinished multipart uploads of that key that a dead
-        attempt left behind. A failed or cancelled attempt aborts its own upload.
+        attempt left behind. A failed or cancelled attempt aborts its own upload. While it
+        runs, status.progress shows the bytes dumped (pg_dump compresses, so no total is
+        known beforehand).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.SNAPSHOT) as progress,
+        ):
             self._connect(db).close()  # refused credentials or a missing database fail here, clearly
             s3 = snapshot_store.client(spec, credentials, self._settings)
             with snapshot_store.permanent_failures(s3, bucket, credentials):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
-                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats)
+                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats, progress)
                 stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
             if stored != size:
                 raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")
@@ -276,19 +288,24 @@ class PostgresActivities:
         """Restores the snapshot into the target, checking its SHA-256; all or nothing.
 
         Idempotent: the restore is one transaction, and a retry first drops whatever an
-        earlier attempt of this Migration committed (see restoring).
+        earlier attempt of this Migration committed (see restoring). While it runs,
+        status.progress shows the bytes restored of the snapshot's size.
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
         credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.MIGRATE) as progress,
+            self._connect(db) as conn,
+        ):
             with privileged(db, "drop and create schemas"):
                 restoring.prepare_target(conn, db, owner(input.ref))
             s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
             with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                 body = restoring.open_snapshot(s3, artifact)
                 try:
-                    read = restoring.restore(db, self._settings, body, artifact, heartbeats)
+                    read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress)
                 finally:
                     body.close()
             tables = restoring.count_tables(conn)
@@ -320,12 +337,17 @@ class PostgresActivities:
         Idempotent: it reads both sides at once, each on its own connection; then it
         ends the target's other sessions (the target is ferry's own until traffic moves)
         and records the target's mark in the target (ferry.verified_mark), replacing
-        the mark of an earlier attempt. See unwritten for why the mark is exact.
+        the mark of an earlier attempt. See unwritten for why the mark is exact. While it
+        reads, status.progress shows the rows compared on both sides, of twice the
+        source's estimate (its statistics), when it has one.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            source_side, target_side = self._read_sides(source, target, heartbeats)
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.VERIFY) as progress,
+        ):
+            source_side, target_side = self._read_sides(source, target, heartbeats, progress)
             source_side = self._reprint_views(target, source_side, target_side)
             comparison = verifying.compare(source_side, target_side)
             if comparison.difference:
@@ -393,11 +415,14 @@ class PostgresActivities:
         return CheckUnwrittenResult(compared=True, fence=present)
 
     def _read_sides(
-        self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats
+        self, source: DatabaseConnection, target: DatabaseConnection, heartbeats: Heartbeats, progress: ProgressWriter
     ) -> tuple[verifying.Side, verifying.Side]:
         """Both sides, read at the same time on a connection each."""
         with contextlib.ExitStack() as stack:
             connections = [stack.enter_context(self._connect(db, **checksums.SESSION)) for db in (source, target)]
+            estimate = checksums.estimated_rows(connections[0])
+            counter = _Counter(heartbeats, progress)
+            progress.update(rows_done=0, rows_total=None if estimate is None else 2 * estimate)
 
             def cancel_queries() -> None:
                 for conn in connections:
@@ -406,7 +431,7 @@ class PostgresActivities:
             heartbeats.on_cancel(cancel_queries)
             with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
                 futures = [
-                    pool.submit(verifying.read, conn, _counter(heartbeats, side))
+                    pool.submit(verifying.read, conn, counter.side(side))
                     for side, conn in zip(("source", "target"), connections, strict=True)
                 ]
                 try:
@@ -440,9 +465,28 @@ class PostgresActivities:
     def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
         return connect(db, self._settings, **(session or WRITABLE))
 
+    def _progress(self, ref: MigrationRef, step: StepName) -> ProgressWriter:
+        return ProgressWriter(self._api, ref, step.value, self._settings.progress_interval)
 
-def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
-    return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
+
+class _Counter:
+    """What verify's two sides have read so far: tables for the heartbeats, the rows of both for status.progress."""
+
+    def __init__(self, heartbeats: Heartbeats, progress: ProgressWriter) -> None:
+        self._heartbeats = heartbeats
+        self._progress = progress
+        self._rows: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def side(self, side: str) -> Callable[[int, int], None]:
+        def done(tables: int, rows: int) -> None:
+            self._heartbeats.note(**{f"{side}_tables": tables})
+            with self._lock:
+                self._rows[side] = rows
+                both = sum(self._rows.values())
+            self._progress.update(rows_done=both)
+
+        return done
 
 
 def _rounds(heartbeats: Heartbeats) -> Callable[[int], None]:

@@ -39,8 +39,9 @@ class Comparison:
     """What differs, in words; None when nothing does."""
 
 
-def read(conn: Connection, done: Callable[[int], None]) -> Side:
-    """Reads a side: the schema first (quick), then every table's checksum, calling `done` with the tables read."""
+def read(conn: Connection, done: Callable[[int, int], None]) -> Side:
+    """Reads a side: the schema first (quick), then every table's checksum, calling `done` with the tables and rows
+    read."""
     objects = schema.describe(conn) | schema.sequence_values(conn)
     queries = schema.view_queries(conn)
     return Side(tables=checksums.fingerprints(conn, done), objects=objects, queries=queries)
