@@ -119,6 +119,10 @@ class DataActivitySettings:
     heartbeat_interval: Annotated[float, Field(gt=0)] = 5.0
     """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""
 
+    progress_interval: Annotated[float, Field(ge=0)] = 5.0
+    """Seconds between two writes of a running snapshot's, migrate's or verify's progress into its Migration's
+    status.progress (bytes or rows done, throughput, time left), which `kubectl get mig -w` shows; 0 writes none."""
+
     replication_poll_interval: Annotated[float, Field(gt=0)] = 1.0
     """Seconds between two looks at the logical replication's progress (mode Online: replicate and catch-up)."""
 

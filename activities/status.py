@@ -1,10 +1,11 @@
 """Mirrors the saga's progress into the Migration's status, and records its Events, for kubectl users.
 
-The status has two owners, kept apart by the API server rather than by ferry's care:
-the saga writes its fields with server-side apply as field manager `ferry-saga`, and
-the watcher writes its own (status.controls, status.deletion) as `ferry-watcher`. An
+The status has three owners, kept apart by the API server rather than by ferry's care:
+the saga writes its fields with server-side apply as field manager `ferry-saga`, the
+watcher writes its own (status.controls, status.deletion) as `ferry-watcher`, and the
+running data activity its status.progress as `ferry-progress` (activities/progress_status.py). An
 apply sets exactly the fields it carries and removes those it carried before and no
-longer does, so neither owner ever copies, or overwrites, the other's fields. The
+longer does, so no owner ever copies, or overwrites, another's fields. The
 apply is conditional on the resourceVersion of a read that showed the Migration's uid:
 a Migration re-created under the same name is another object, left alone.
 Events get names derived from the transition they record, so a retried activity finds
@@ -24,7 +25,16 @@ from temporalio import activity
 from activities import kube_calls
 from activities.events import record_event
 from activities.settings import KubeActivitySettings
-from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION, WATCHER_STATUS_FIELDS, MigrationStatus
+from ferry.api.migration import (
+    ACTIVITY_STATUS_FIELDS,
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    WATCHER_STATUS_FIELDS,
+    MigrationStatus,
+)
 from ferry.api.saga import EventRecord, KubeActivity, MigrationRef, MirrorStatusInput, MirrorStatusResult
 from ferry.observability import metrics
 
@@ -92,7 +102,7 @@ class StatusActivities:
         if migration is None or migration["metadata"].get("uid") != ref.uid:
             return False
         wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for field in WATCHER_STATUS_FIELDS:
+        for field in (*WATCHER_STATUS_FIELDS, *ACTIVITY_STATUS_FIELDS):
             wanted.pop(field, None)
         workflow = wanted.get("workflow")
         if workflow is not None and "url" not in workflow:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -39,10 +40,11 @@ from activities.postgres import (
     verifying,
 )
 from activities.postgres.connection import Connection, connect, privileged
+from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
-from ferry.api.migration import DriverType
+from ferry.api.migration import DriverType, StepName
 from ferry.api.saga import (
     AheadComparison,
     CheckFrozenInput,
@@ -91,8 +93,13 @@ class PostgresActivities:
     def __init__(
         self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
     ) -> None:
-        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark.
+
+        `api_client` also writes the progress of snapshot, migrate and verify into the Migration's status; without
+        one, no progress is written.
+        """
         self._secrets = secrets_from(api_client, secrets)
+        self._api = api_client
         self._settings = settings
 
     # --- precheck ----------------------------------------------------------------------------
@@ -252,12 +259,17 @@ class PostgresActivities:
 
         Idempotent: the key is the same for every attempt, so a retry replaces the
         object; it first aborts the unfinished multipart uploads of that key that a dead
-        attempt left behind. A failed or cancelled attempt aborts its own upload.
+        attempt left behind. A failed or cancelled attempt aborts its own upload. While it
+        runs, status.progress shows the bytes dumped (pg_dump compresses, so no total is
+        known beforehand).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.SNAPSHOT) as progress,
+        ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
             s3 = snapshot_store.client(spec, credentials, self._settings)
@@ -265,7 +277,7 @@ class PostgresActivities:
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
-                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats, estimate)
+                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats, estimate, progress)
                 stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
             if stored != size:
                 raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")
@@ -281,19 +293,24 @@ class PostgresActivities:
         """Restores the snapshot into the target, checking its SHA-256; all or nothing.
 
         Idempotent: the restore is one transaction, and a retry first drops whatever an
-        earlier attempt of this Migration committed (see restoring).
+        earlier attempt of this Migration committed (see restoring). While it runs,
+        status.progress shows the bytes restored of the snapshot's size.
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
         credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.MIGRATE) as progress,
+            self._connect(db) as conn,
+        ):
             with privileged(db, "drop and create schemas"):
                 restoring.prepare_target(conn, db, owner(input.ref))
             s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
             with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                 body = restoring.open_snapshot(s3, artifact)
                 try:
-                    read = restoring.restore(db, self._settings, body, artifact, heartbeats)
+                    read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress)
                 finally:
                     body.close()
             tables = restoring.count_tables(conn)
@@ -325,18 +342,30 @@ class PostgresActivities:
         Idempotent: it reads both sides at once, each on its own connection; then it
         ends the target's other sessions (the target is ferry's own until traffic moves)
         and records the target's mark in the target (ferry.verified_mark), replacing
-        the mark of an earlier attempt. See unwritten for why the mark is exact.
+        the mark of an earlier attempt. See unwritten for why the mark is exact. While it
+        reads, status.progress shows the rows compared on both sides, of twice the
+        source's estimate (its statistics), when it has one.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._progress(input.ref, StepName.VERIFY) as progress,
+        ):
             compared = self._compared_ahead(source, target, input.ahead, heartbeats)
+            with self._checksum_session(source) as conn:
+                estimate = checksums.estimated_rows(conn)
+            if estimate is not None:  # both sides read the rows of every table not compared ahead
+                estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
+            progress.update(rows_done=0, rows_total=estimate)
+            counter = _Counter(heartbeats, progress)
             source_side, target_side = read_both(
                 self._checksum_session,
                 source,
                 target,
                 heartbeats,
                 lambda conn, done: verifying.read(conn, done, frozenset(compared)),
+                counter.side,
             )
             source_side = self._reprint_views(target, source_side, target_side)
             comparison = verifying.compare(source_side, target_side, compared)
@@ -449,6 +478,9 @@ class PostgresActivities:
     def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
         return connect(db, self._settings, **(session or WRITABLE))
 
+    def _progress(self, ref: MigrationRef, step: StepName) -> ProgressWriter:
+        return ProgressWriter(self._api, ref, step.value, self._settings.progress_interval)
+
 
 R = TypeVar("R")
 
@@ -458,9 +490,11 @@ def read_both(
     source: DatabaseConnection,
     target: DatabaseConnection,
     heartbeats: Heartbeats,
-    read: Callable[[Connection, Callable[[int], None]], R],
+    read: Callable[[Connection, Callable[[int, int], None]], R],
+    counter: Callable[[str], Callable[[int, int], None]],
 ) -> tuple[R, R]:
-    """`read` of both sides at the same time, on a connection each (opened by `connect`), for verify and its ahead."""
+    """`read` of both sides at the same time, on a connection each (opened by `connect`), for verify and its ahead;
+    `counter(side)` is what each side's read calls with the tables and rows it has read."""
     with contextlib.ExitStack() as stack:
         connections = [stack.enter_context(connect(db)) for db in (source, target)]
 
@@ -471,7 +505,7 @@ def read_both(
         heartbeats.on_cancel(cancel_queries)
         with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
             futures = [
-                pool.submit(read, conn, _counter(heartbeats, side))
+                pool.submit(read, conn, counter(side))
                 for side, conn in zip(("source", "target"), connections, strict=True)
             ]
             try:
@@ -484,8 +518,24 @@ def read_both(
                 raise
 
 
-def _counter(heartbeats: Heartbeats, side: str) -> Callable[[int], None]:
-    return lambda tables: heartbeats.note(**{f"{side}_tables": tables})
+class _Counter:
+    """What verify's two sides have read so far: tables for the heartbeats, the rows of both for status.progress."""
+
+    def __init__(self, heartbeats: Heartbeats, progress: ProgressWriter) -> None:
+        self._heartbeats = heartbeats
+        self._progress = progress
+        self._rows: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def side(self, side: str) -> Callable[[int, int], None]:
+        def done(tables: int, rows: int) -> None:
+            self._heartbeats.note(**{f"{side}_tables": tables})
+            with self._lock:
+                self._rows[side] = rows
+                both = sum(self._rows.values())
+            self._progress.update(rows_done=both)
+
+        return done
 
 
 def _rounds(heartbeats: Heartbeats) -> Callable[[int], None]:

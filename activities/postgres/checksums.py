@@ -51,6 +51,13 @@ and not exists (select from pg_depend d where d.classid = 'pg_class'::regclass a
 order by 1, 2
 """
 
+ESTIMATE = f"""
+select coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint, count(*) filter (where c.reltuples < 0)
+from ({TABLES}) t join pg_namespace n on n.nspname = t.nspname join pg_class c on c.relnamespace = n.oid
+    and c.relname = t.relname
+"""
+"""The statistics' row estimate of those tables, and how many have none (reltuples -1: never vacuumed or analyzed)."""
+
 CHECKSUM = """
 select count(*), coalesce(sum(('x' || left(md5(t::text), 16))::bit(64)::bigint), 0) from {table} as t
 """
@@ -61,15 +68,26 @@ from pg_largeobject_metadata m
 """
 
 
+def estimated_rows(conn: Connection) -> int | None:
+    """The rows of the tables `fingerprints` reads, as the statistics estimate them; None when some table has none
+    (never analyzed), since a sum without it would promise an end too soon."""
+    row = conn.execute(ESTIMATE).fetchone()
+    if row is None or row[1]:
+        return None
+    return int(row[0])
+
+
 def fingerprints(
     conn: Connection,
-    done: Callable[[int], None],
+    done: Callable[[int, int], None],
     wanted: Callable[[str], bool] = lambda _: True,
     large_objects: bool = True,
 ) -> dict[str, tuple[int, str]]:
-    """Row count and checksum of each `wanted` user table, by `schema.table`; calls `done` with the count so far."""
+    """Row count and checksum of each `wanted` user table, by `schema.table`; calls `done` with the tables and rows
+    read so far."""
     tables = conn.execute(TABLES).fetchall()
     result: dict[str, tuple[int, str]] = {}
+    counted = 0
     for schema, name in tables:
         if not wanted(f"{schema}.{name}"):
             continue
@@ -79,7 +97,8 @@ def fingerprints(
         rows, total = row
         checksum = hashlib.sha256(f"{rows}:{total}".encode()).hexdigest()[:32]
         result[f"{schema}.{name}"] = (int(rows), checksum)
-        done(len(result))
+        counted += int(rows)
+        done(len(result), counted)
     if not large_objects:
         return result
     row = conn.execute(LARGE_OBJECT_CHECKSUM).fetchone()

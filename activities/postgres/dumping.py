@@ -20,6 +20,7 @@ from activities.heartbeats import Heartbeats
 from activities.postgres import tls
 from activities.postgres.connection import Connection
 from activities.postgres.tools import Tool, conninfo, find_bindir
+from activities.progress_status import ProgressWriter
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -37,8 +38,12 @@ def dump_to_s3(
     key: str,
     heartbeats: Heartbeats,
     estimate: int,
+    progress: ProgressWriter | None = None,
 ) -> tuple[str, int]:
-    """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size."""
+    """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size.
+
+    `progress` is given the bytes dumped so far after each part.
+    """
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [
         str(pg_dump),
@@ -69,6 +74,8 @@ def dump_to_s3(
                 digest.update(part)
                 size += len(part)
                 upload.add(part)
+                if progress is not None:
+                    progress.update(bytes_done=size)
                 heartbeats.progress(dumped_bytes=size, uploaded_bytes=upload.uploaded)
                 heartbeats.raise_if_cancelled("uploading the snapshot")
             code = dump.wait()

@@ -178,6 +178,7 @@ class ReplicationActivities:
                 target,
                 heartbeats,
                 lambda conn, done: checksums.fingerprints(conn, done, wanted.__contains__, large_objects=False),
+                lambda side: lambda tables, _rows: heartbeats.note(**{f"ahead_{side}_tables": tables}),
             )
         except psycopg.Error as error:
             activity.logger.warning("could not compare the tables before the freeze; verify will: %s", error)

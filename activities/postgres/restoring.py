@@ -38,6 +38,7 @@ from activities.postgres import database_settings, tls, unwritten
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.tools import Tool, conninfo, find_bindir
+from activities.progress_status import ProgressWriter
 from activities.s3 import error_code
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
@@ -149,8 +150,11 @@ def restore(
     body: Any,
     artifact: SnapshotResult,
     heartbeats: Heartbeats,
+    progress: ProgressWriter | None = None,
 ) -> int:
     """Feeds the object's `body` (a botocore StreamingBody) into pg_restore; returns the bytes read.
+
+    `progress` is given the bytes read so far, of the snapshot's size, after each chunk.
 
     Raises:
         SnapshotCorrupt: the object's SHA-256 is not the recorded one; nothing was committed.
@@ -174,6 +178,8 @@ def restore(
             if held and not stopped:
                 stopped = not _feed(restoring, held)
             held = chunk
+            if progress is not None:
+                progress.update(bytes_done=read, bytes_total=artifact.size_bytes)
             heartbeats.progress(read_bytes=read, size_bytes=artifact.size_bytes)
             heartbeats.raise_if_cancelled("restoring the snapshot")
         if digest.hexdigest() != artifact.sha256 or read != artifact.size_bytes:

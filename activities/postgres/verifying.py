@@ -39,9 +39,9 @@ class Comparison:
     """What differs, in words; None when nothing does."""
 
 
-def read(conn: Connection, done: Callable[[int], None], compared: frozenset[str] = frozenset()) -> Side:
+def read(conn: Connection, done: Callable[[int, int], None], compared: frozenset[str] = frozenset()) -> Side:
     """Reads a side: the schema first (quick), then the checksum of every table but those `compared` already,
-    calling `done` with the tables read."""
+    calling `done` with the tables and rows read."""
     objects = schema.describe(conn) | schema.sequence_values(conn)
     queries = schema.view_queries(conn)
     tables = checksums.fingerprints(conn, done, lambda table: table not in compared)

@@ -192,6 +192,7 @@ def manifest() -> dict[str, Any]:
                     "additionalPrinterColumns": [
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "Step", "type": "string", "jsonPath": ".status.currentStep"},
+                        {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                         {"name": "Message", "type": "string", "jsonPath": ".status.message"},
                     ],

@@ -524,7 +524,11 @@ class DeletionStatus(ApiModel):
 
 
 WATCHER_STATUS_FIELDS = ("controls", "deletion")
-"""Status fields the watcher owns; everything else in the status is the saga's."""
+"""Status fields the watcher owns."""
+
+ACTIVITY_STATUS_FIELDS = ("progress",)
+"""Status fields the running data activity owns (activities/progress_status.py); everything else in the status is
+the saga's."""
 
 
 class Throughput(ApiModel):
@@ -593,6 +597,32 @@ class ReplicationStatus(ApiModel):
     )
 
 
+class ProgressStatus(ApiModel):
+    """How far the running data step (snapshot, migrate, verify) is, written by its activity every few seconds.
+
+    Written by that activity only (field manager ferry-progress), and removed when the activity ends, whether it
+    succeeded, failed or was cancelled; the saga's status mirror keeps it as it is.
+    """
+
+    step: str = Field(description="The step this is about, e.g. migrate.")
+    attempt: int | None = Field(default=None, ge=1, description="The saga's attempt of that step (status.steps).")
+    bytes_done: int | None = Field(default=None, ge=0, description="Bytes dumped (snapshot) or restored (migrate).")
+    bytes_total: int | None = Field(
+        default=None, ge=0, description="Bytes there are in all, when known beforehand (migrate: the snapshot's size)."
+    )
+    rows_done: int | None = Field(default=None, ge=0, description="Rows compared so far (verify, both sides).")
+    rows_total: int | None = Field(
+        default=None, ge=0, description="Rows there are in all, when known: verify's estimate from the statistics."
+    )
+    bytes_per_second: float | None = Field(default=None, ge=0, description="Throughput over the last seconds.")
+    rows_per_second: float | None = Field(default=None, ge=0, description="Throughput over the last seconds.")
+    seconds_left: int | None = Field(
+        default=None, ge=0, description="Estimated at the current throughput; only when a total is known."
+    )
+    updated_at: datetime = Field(description="When the activity wrote this.")
+    summary: str = Field(description="The same in words, e.g. `migrate: 412 MiB of 1.2 GiB, 38 MiB/s, ~21s left`.")
+
+
 class MigrationStatus(ApiModel):
     phase: Phase | None = None
     current_step: str | None = Field(
@@ -614,6 +644,7 @@ class MigrationStatus(ApiModel):
     replication: ReplicationStatus | None = None
     controls: ControlsStatus | None = None
     deletion: DeletionStatus | None = None
+    progress: ProgressStatus | None = None
 
 
 # --- the object ----------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The live step table of one Migration: each step with its state, time and attempts, a bar for data steps.
 
 What it shows comes from where a person would look: the Migration's status (phase,
-steps) and, for the step running now, the heartbeat details of its activity in
-Temporal (bytes dumped, uploaded or restored; tables checked). Rendering is a pure
-function of those and the clock, so `kubectl ferry status` and `make up` show the same
-table. On a terminal `Display` redraws it in place; otherwise it prints a line whenever
-a phase or a step's state changes.
+steps, and status.progress, which snapshot, migrate and verify write every few seconds:
+bytes or rows done, throughput, time left) and, for a running step without it, the
+heartbeat details of its activity in Temporal (bytes dumped, uploaded or restored;
+tables checked). Rendering is a pure function of those and the clock, so `kubectl ferry
+status` and `make up` show the same table. On a terminal `Display` redraws it in place;
+otherwise it prints a line whenever a phase or a step's state changes, and whenever the
+running step's progress does.
 """
 
 from __future__ import annotations
@@ -123,6 +125,27 @@ def detail(step: str, heartbeat: dict[str, Any] | None, elapsed: float | None = 
     return ""
 
 
+def progress_of(status: dict[str, Any]) -> dict[str, Any] | None:
+    """status.progress when it is about the step running now; an older one (a worker that died mid-step) is not."""
+    progress = status.get("progress")
+    if not isinstance(progress, dict) or progress.get("step") != status.get("currentStep"):
+        return None
+    steps = {step.get("name"): step for step in status.get("steps") or []}
+    running = steps.get(progress.get("step"), {})
+    if running.get("state") != "Running" or progress.get("attempt") not in (None, running.get("attempts")):
+        return None
+    return progress
+
+
+def progress_note(progress: dict[str, Any]) -> str:
+    """`[#####...]  43% 412 MiB of 1.2 GiB, 38 MiB/s, ~21s left`: a bar when a total is known, then the summary."""
+    summary = str(progress.get("summary") or "").split(": ", 1)[-1]
+    for done, total in (("bytesDone", "bytesTotal"), ("rowsDone", "rowsTotal")):
+        if progress.get(total):
+            return f"{bar(progress.get(done) or 0, progress[total])} {summary}"
+    return summary
+
+
 def phase_line(status: dict[str, Any], colours: Colours = Colours.NONE) -> str:
     phase = status.get("phase") or "Pending"
     return f"phase: {colours.paint(phase, PHASE_COLOURS.get(phase))}  {status.get('message') or ''}".rstrip()
@@ -148,12 +171,15 @@ def step_lines(
     """
     steps = {step["name"]: step for step in status.get("steps") or []}
     current = status.get("currentStep")
+    progress = progress_of(status)
     lines = []
     for name in steps or order:
         step = steps.get(name, {"state": "Pending"})
         state = step.get("state", "Pending")
         took = seconds(step, now) if now else None
-        note = detail(name, heartbeat, took) if name == current and state == "Running" else ""
+        note = ""
+        if name == current and state == "Running":
+            note = progress_note(progress) if progress else detail(name, heartbeat, took)
         if state in ("Retrying", "Failed", "CompensationFailed") and step.get("lastError"):
             note = f"last error: {step['lastError']}"
         attempts = f" (attempt {step['attempts']})" if step.get("attempts", 0) > 1 else ""
@@ -196,10 +222,14 @@ class Display:
             self.out.write("\n".join(table) + "\n")
             self._drawn = len(table)
         else:
-            # A log of what changed: one line per new phase or step state.
-            for line in lines(status, None, None, order=self.order):
-                key = " ".join(line.split()[:3])
+            # A log of what changed: one line per new phase or step state, and per new progress of a running step.
+            table = lines({k: v for k, v in status.items() if k != "progress"}, None, None, order=self.order)
+            logged = [(" ".join(line.split()[:3]), line.strip()) for line in table]
+            progress = progress_of(status)
+            if progress and progress.get("summary"):
+                logged.append((f"progress {progress['summary']}", f"  {progress['summary']}"))
+            for key, line in logged:
                 if key not in self._seen:
                     self._seen.add(key)
-                    self.out.write(f"{now:%H:%M:%S} {line.strip()}\n")
+                    self.out.write(f"{now:%H:%M:%S} {line}\n")
         self.out.flush()

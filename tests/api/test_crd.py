@@ -45,7 +45,7 @@ def test_kubectl_get_shows_the_printer_columns(kubectl: Kubectl, migration_crd: 
 
     header = kubectl("get", "mig", "-n", namespace).stdout.splitlines()[0].split()
 
-    assert header == ["NAME", "PHASE", "STEP", "AGE", "MESSAGE"]
+    assert header == ["NAME", "PHASE", "STEP", "PROGRESS", "AGE", "MESSAGE"]
 
 
 SNAPSHOT = {"bucket": "ferry-snapshots", "credentialsSecret": "snapshot-credentials"}

@@ -59,7 +59,7 @@ async def test_kubectl_wait_returns_when_the_migration_succeeds_and_describe_lis
     assert "StepStarted" in described
     assert "Succeeded" in described
     listed = (await asyncio.to_thread(kubectl, "get", "migrations", "-n", namespace)).stdout.splitlines()
-    assert listed[0].split() == ["NAME", "PHASE", "STEP", "AGE", "MESSAGE"]
+    assert listed[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "AGE", "MESSAGE"]
     assert listed[1].split()[:2] == [ref.name, "Succeeded"]
     with psycopg.connect(databases.target.dsn) as conn:
         assert conn.execute("select count(*) from orders").fetchone() == (orders,)

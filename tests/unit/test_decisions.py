@@ -9,6 +9,7 @@ from ferry.api.saga import Signal
 from tests import samples
 from watcher.controls import Control
 from watcher.decisions import NOTHING, Action, decide, handling_order, started
+from watcher.inventory import keep
 
 UID = "0b7c"
 WORKFLOW = f"migration/shop/orders-db-to-16/{UID}"
@@ -124,3 +125,19 @@ def test_a_list_hands_over_the_migrations_no_workflow_has_taken_first_and_keeps_
     order = handling_order(listed)
 
     assert [item.metadata.name for item in order] == ["new", "a", "b", "c"]
+
+
+def test_a_progress_write_costs_the_watcher_nothing() -> None:
+    """snapshot, migrate and verify write status.progress every few seconds; each write is a watch event."""
+    progress = {
+        "step": "migrate", "attempt": 1, "bytesDone": 1024, "bytesTotal": 4096, "updatedAt": "2026-11-22T12:00:05Z",
+        "summary": "migrate: 1.0 KiB of 4.0 KiB",
+    }  # fmt: skip
+    running = {**RUNNING, "currentStep": "migrate", "steps": [{"name": "migrate", "state": "Running", "attempts": 1}]}
+
+    with_progress = migration(**running, progress=progress)
+
+    assert with_progress.status.progress is not None, "the watcher reads the field"
+    assert decide(with_progress) == NOTHING
+    assert keep(with_progress).migration is None, "and keeps only the summary it kept before"
+    assert keep(with_progress).summary == keep(migration(**running)).summary

@@ -1,0 +1,224 @@
+"""Writes a running data step's progress into its Migration's status.progress, and removes it when the step ends.
+
+People watch the Migration (`kubectl get mig -w`, `make up`), not Temporal's heartbeats,
+so snapshot, migrate and verify put their bytes or rows done, throughput and time left
+there too, at most once per `progress_interval`. The status has three owners, kept apart
+by the API server: the saga (`ferry-saga`), the watcher (`ferry-watcher`) and this
+writer, `ferry-progress`, which applies status.progress alone. An apply by the saga or
+the watcher neither conflicts with that field nor removes it, and the writer's last apply,
+of no field at all, removes exactly the field it owned, whether the activity succeeded,
+failed or was cancelled.
+
+Each write is an apply conditional on the resourceVersion of a read that showed the
+Migration's uid, as mirror_status does, so a Migration deleted and created again under
+the same name (another uid) is never written. The uid alone would not do: an apply to
+the status subresource of a custom resource carrying another uid in its metadata is
+accepted, since the API server copies the stored object's metadata before it
+validates a status write (tests/activities/test_progress_status.py shows both).
+
+Progress is a courtesy, so it never costs the step anything: the activity only counts
+(no I/O, `update`), a thread of this writer does the writing, every request has short
+connect and read timeouts, and a failure is logged once at warning level and otherwise
+ignored.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+
+from activities import kube_calls
+from activities.api_refusals import server_message
+from activities.progress import Figures, Meter
+from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProgressStatus
+from ferry.api.saga import MigrationRef
+from ferry.api.scrubbing import scrub
+
+FIELD_MANAGER = "ferry-progress"
+"""Field manager of status.progress, as `kubectl get -o yaml --show-managed-fields` shows it."""
+REQUEST_TIMEOUT = (3.0, 5.0)
+"""Seconds to connect to the API server and to wait for its answer, per request: a progress write is worth little."""
+CONFLICT_ATTEMPTS = 2
+"""A write answered 409 (the saga or the watcher wrote in between) is tried once more from a fresh read."""
+
+
+class _NotOurs(Exception):
+    """The Migration is gone, or is another object under the same name."""
+
+
+class ProgressWriter:
+    """Use as a context manager around a data activity's work; `update` records counts from any thread.
+
+    Without an API client, or with an interval of 0, it counts and writes nothing.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient | None,
+        ref: MigrationRef,
+        step: str,
+        interval: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._custom = k8s.CustomObjectsApi(api_client) if api_client is not None and interval > 0 else None
+        self._ref = ref
+        self._interval = interval
+        self._clock = clock
+        self._meter = Meter(step, interval, clock())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        self._gone = False
+        self.writes = 0
+        """Writes the API server accepted, progress and its removal: for tests and logs."""
+
+    @property
+    def gone(self) -> bool:
+        """Whether the Migration turned out gone, or another object under its name: nothing more is written."""
+        return self._gone
+
+    def update(
+        self,
+        *,
+        bytes_done: int | None = None,
+        bytes_total: int | None = None,
+        rows_done: int | None = None,
+        rows_total: int | None = None,
+    ) -> None:
+        """Records how far the step is; counts left out keep their last value. Cheap: the writing is elsewhere."""
+        self._meter.update(
+            self._clock(), bytes_done=bytes_done, bytes_total=bytes_total, rows_done=rows_done, rows_total=rows_total
+        )
+
+    def __enter__(self) -> ProgressWriter:
+        if self._custom is not None:
+            context = contextvars.copy_context()  # the activity's, for its logger
+            self._thread = threading.Thread(target=context.run, args=(self._run,), name="progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()  # a write in flight lands before the removal, never after it
+        self._quietly(self._remove)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval) and not self._gone:
+            self._quietly(self._write_due)
+
+    def _write_due(self) -> None:
+        now = self._clock()
+        figures = self._meter.due(now)
+        if figures is not None:
+            kube_calls.retry_on_conflict(lambda: self._write(figures), CONFLICT_ATTEMPTS)
+            self._meter.written(figures, now)
+
+    def _write(self, figures: Figures) -> None:
+        migration = self._read()
+        steps: list[dict[str, Any]] = (migration.get("status") or {}).get("steps") or []
+        attempts = next((step.get("attempts") for step in steps if step.get("name") == figures.step), None)
+        figures = dataclasses.replace(figures, attempt=attempts or None)
+        reading = figures.reading
+        progress = ProgressStatus(
+            step=figures.step,
+            attempt=figures.attempt,
+            bytes_done=reading.bytes_done,
+            bytes_total=reading.bytes_total,
+            rows_done=reading.rows_done,
+            rows_total=reading.rows_total,
+            bytes_per_second=_rounded(figures.bytes_per_second),
+            rows_per_second=_rounded(figures.rows_per_second),
+            seconds_left=figures.seconds_left,
+            updated_at=datetime.now(UTC),
+            summary=figures.summary,
+        )
+        self._apply(migration, {"progress": progress.model_dump(mode="json", by_alias=True, exclude_none=True)})
+
+    def _remove(self) -> None:
+        """Applies no field at all, which removes the field this manager owned; nothing to do when there is none."""
+        if self._gone:
+            return
+
+        def remove() -> None:
+            migration = self._read()
+            if "progress" in (migration.get("status") or {}):
+                self._apply(migration, None)
+
+        kube_calls.retry_on_conflict(remove, CONFLICT_ATTEMPTS)
+
+    def _read(self) -> dict[str, Any]:
+        assert self._custom is not None
+        ref = self._ref
+        try:
+            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                raise _NotOurs from None
+            raise
+        if migration["metadata"].get("uid") != ref.uid:
+            raise _NotOurs
+        return migration
+
+    def _apply(self, migration: dict[str, Any], status: dict[str, Any] | None) -> None:
+        assert self._custom is not None
+        ref = self._ref
+        applied: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "resourceVersion": migration["metadata"]["resourceVersion"],
+            },
+        }
+        if status is not None:
+            applied["status"] = status
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=FIELD_MANAGER, force=True,
+                _content_type=kube_calls.APPLY_PATCH, _request_timeout=REQUEST_TIMEOUT,
+            )  # fmt: skip
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                raise _NotOurs from None
+            raise
+        self.writes += 1
+
+    def _quietly(self, write: Callable[[], None]) -> None:
+        """Runs a write; what goes wrong is logged (a warning, once) and never reaches the activity."""
+        try:
+            write()
+        except _NotOurs:
+            if not self._gone:
+                self._gone = True
+                activity.logger.info("Migration %s is gone or was created again: no progress written", self._ref)
+        except Exception as error:  # noqa: BLE001 - progress must never fail the step
+            if not self._warned:
+                self._warned = True
+                said = server_message(error) if isinstance(error, ApiException) else scrub(str(error))
+                activity.logger.warning(
+                    "could not write the progress of Migration %s into its status (the step goes on): %s",
+                    self._ref,
+                    said,
+                )
+
+
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 1)
