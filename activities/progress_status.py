@@ -14,7 +14,7 @@ Migration's uid, as mirror_status does, so a Migration deleted and created again
 the same name (another uid) is never written. The uid alone would not do: an apply to
 the status subresource of a custom resource carrying another uid in its metadata is
 accepted, since the API server copies the stored object's metadata before it
-validates a status write (tests/activities/test_progress_status.py shows both).
+validates a status write (tests/postgres/test_progress.py shows both).
 
 Progress is a courtesy, so it never costs the step anything: the activity only counts
 (no I/O, `update`), a thread of this writer does the writing, every request has short
