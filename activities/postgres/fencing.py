@@ -43,6 +43,11 @@ too); a prepared transaction's when it is committed. Hence:
   all, and the next check (check_frozen runs before switch-traffic and again before
   scale-down-old) sees what it wrote.
 
+All of this needs the statistics to count at all: the precheck refuses a source or a
+target where track_counts is off, for the server, the database or any role (a session
+of a superuser that turns it off itself remains outside what any count can see, as a
+superuser is outside every fence).
+
 verify takes the same mark of the target before traffic moves to it, and check_unwritten
 compares it before traffic goes back: see unwritten, which says why that mark is exact
 and what a check of a live target, which ends no session, cannot see.

@@ -43,6 +43,8 @@ from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 log = logging.getLogger("ferry.activities.precheck")
 PROBE = b"ferry precheck: written and deleted at once\n"
+TRACK_COUNTS = "track_counts"
+"""The setting that makes the statistics count rows written, which the freeze's fence and verify's mark read."""
 SIZE_MARGIN = 1.5
 """The target's volumes must hold this many times the source's data: indexes are rebuilt, WAL is written."""
 SESSION = {"default_transaction_read_only": "on"}
@@ -169,6 +171,7 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
                 f"{db.describe()} is frozen by Migration {frozen_by}. Wait until that Migration finished or rolled "
                 "back, or unfreeze it by hand as the README's section Recovery says."
             )
+        _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
             problems.append(
@@ -183,6 +186,7 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
     with problems.catching(), connect(db, settings, **SESSION) as conn:
         server = _server(conn, "select name from pg_available_extensions")
         _may_change(conn, db, "restore into", problems)
+        _counted(conn, db, "the check that nothing is written to the target before traffic goes back", problems)
         contents = [row[0] for row in conn.execute(restoring.CONTENTS)]
         marked_by = database_settings.read(conn).get(RESTORED_BY)
         if contents and marked_by != owner:
@@ -192,6 +196,22 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
             )
         return server
     return None
+
+
+def _counted(conn: Connection, db: DatabaseConnection, check: str, problems: Problems) -> None:
+    """Refuses a database whose writes the statistics would not count: ferry's write checks rest on those counts."""
+    row = conn.execute("select current_setting('track_counts')").fetchone()
+    off = [] if row is not None and is_on(str(row[0])) else [f"for {db.describe()} itself (server or database)"]
+    overrides = database_settings.role_overrides(conn, TRACK_COUNTS)
+    roles = sorted(role for role, value in overrides.items() if not is_on(value))
+    if roles:
+        off.append(f"for the roles {', '.join(roles)}")
+    if off:
+        problems.append(
+            f"{TRACK_COUNTS} is off {' and '.join(off)}, so the statistics do not count the rows written, and "
+            f"{check} would see nothing. Turn it on (ALTER SYSTEM SET {TRACK_COUNTS} = on and reload, or "
+            f"ALTER DATABASE / ALTER ROLE ... RESET {TRACK_COUNTS}); it is on by default."
+        )
 
 
 def _server(conn: Connection, extensions: str) -> Server:

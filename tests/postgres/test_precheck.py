@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import stat
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,31 @@ def test_precheck_refuses_a_source_larger_than_one_object_of_the_snapshot_store(
     assert "is larger than one object of the snapshot store may be (0.00 GiB" in problem
     assert "Migrate it in mode Online (spec.driver.mode)" in problem
     assert database_settings(databases.source) == [], "nothing changed"
+
+
+def test_precheck_refuses_a_source_whose_writes_the_statistics_do_not_count(steps: Steps, databases: Databases) -> None:
+    with connect(databases.source) as conn:
+        conn.execute(f'alter database "{databases.source.database}" set track_counts = off')
+
+    (problem,) = _problems(steps)
+
+    assert problem.startswith(f"track_counts is off for database '{databases.source.database}' on ")
+    assert "the freeze's check that nothing is written to the frozen source would see nothing" in problem
+    assert "ALTER DATABASE / ALTER ROLE ... RESET track_counts" in problem
+
+
+def test_precheck_names_the_roles_whose_writes_to_the_target_the_statistics_do_not_count(
+    steps: Steps, databases: Databases
+) -> None:
+    role = f"uncounted_{uuid.uuid4().hex[:8]}"
+    with connect(databases.target) as conn:
+        conn.execute(f'create role "{role}"')
+        conn.execute(f'alter role "{role}" in database "{databases.target.database}" set track_counts = off')
+    try:
+        (problem,) = _problems(steps)
+    finally:
+        with connect(databases.target) as conn:
+            conn.execute(f'drop role "{role}"')
+
+    assert problem.startswith(f"track_counts is off for the roles {role}, so the statistics do not count")
+    assert "the check that nothing is written to the target before traffic goes back would see nothing" in problem
