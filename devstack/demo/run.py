@@ -189,11 +189,13 @@ async def run(
     orders: int,
     out: TextIO,
     check_stack: Callable[[], None] = lambda: None,
+    stopping: asyncio.Event | None = None,
 ) -> int:
     """Runs the worker, the watcher and (optionally) the sample; returns the exit code.
 
     `check_stack` raises when a process of the stack has stopped; it is called every
-    STACK_CHECK_INTERVAL seconds, and what it raises ends the run.
+    STACK_CHECK_INTERVAL seconds, and what it raises ends the run. `stopping` is set once
+    the run has begun to stop its worker and watcher.
     """
     install_crd(binaries, info)
     worker_settings, watcher_settings = component_settings(info, binaries)
@@ -212,6 +214,8 @@ async def run(
             print("\nThe stack, the worker and the watcher keep running. Press Ctrl-C to stop.", file=out, flush=True)
             await _while_guarded(asyncio.Event().wait(), guards, info)
     finally:
+        if stopping is not None:
+            stopping.set()
         stop.set()
         guards[-1].cancel()
         for task in guards:
@@ -295,12 +299,31 @@ def main_entry(
     is part of stopping, not a failure to report.
     """
 
-    async def supervised() -> int:
-        running = run(
+    def running(stopping: asyncio.Event) -> Coroutine[Any, Any, int]:
+        return run(
             info, binaries, with_sample=with_sample, keep_running=keep_running, orders=orders, out=sys.stdout,
-            check_stack=check_stack,
+            check_stack=check_stack, stopping=stopping,
         )  # fmt: skip
-        task = asyncio.create_task(running)
+
+    return supervise(running)
+
+
+INSIST_INTERVAL = 2.0
+"""Seconds after which a stop that has not reached the run yet is asked for again."""
+
+
+def supervise(running: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
+    """Runs `running(stopping)` in an event loop until it ends, or until Ctrl-C or SIGTERM stop it.
+
+    A stop cancels the run, and is asked for again every INSIST_INTERVAL seconds until the
+    run has begun to stop (it sets `stopping`) or ended: a cancellation can be lost (in
+    Python 3.11, asyncio.wait_for drops one that arrives as the awaited thing completes),
+    and a Ctrl-C must never leave the stack running.
+    """
+
+    async def supervised() -> int:
+        stopping = asyncio.Event()
+        task = asyncio.create_task(running(stopping))
         asked_to_stop = asyncio.Event()
 
         def stop() -> None:
@@ -309,11 +332,24 @@ def main_entry(
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(signum, stop)
+        insisting = asyncio.create_task(_insist(task, asked_to_stop, stopping))
         try:
             return await task
         except (asyncio.CancelledError, Exception):
             if asked_to_stop.is_set():
                 raise KeyboardInterrupt from None
             raise
+        finally:
+            insisting.cancel()
 
     return asyncio.run(supervised())
+
+
+async def _insist(task: asyncio.Task[int], asked_to_stop: asyncio.Event, stopping: asyncio.Event) -> None:
+    await asked_to_stop.wait()
+    while True:
+        await asyncio.wait({task}, timeout=INSIST_INTERVAL)
+        if task.done() or stopping.is_set():
+            return
+        log.warning("the stop asked for has not reached the run after %.0fs: asking again", INSIST_INTERVAL)
+        task.cancel()
