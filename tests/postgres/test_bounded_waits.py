@@ -137,7 +137,7 @@ def test_pg_dump_against_a_database_that_never_answers_gives_up_after_its_connec
 
     def dump() -> None:
         with Heartbeats(quick.heartbeat_interval) as heartbeats:
-            dumping.dump_to_s3(db, quick, s3, bucket, "silent.dump", heartbeats)
+            dumping.dump_to_s3(db, quick, s3, bucket, "silent.dump", heartbeats, estimate=0)
 
     with pytest.raises(RuntimeError, match=r"could not dump .*pg_dump exited with code 1: .*timeout expired"):
         ActivityEnvironment().run(dump)
