@@ -19,6 +19,9 @@ from typing import Any, TypeVar
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from ferry.api.migration import API_VERSION, KIND
+from ferry.api.saga import MigrationRef
+
 T = TypeVar("T")
 
 CONFLICT_ATTEMPTS = 10
@@ -150,3 +153,18 @@ def retry_on_conflict(attempt: Callable[[], T], attempts: int = CONFLICT_ATTEMPT
             if not is_conflict(error) or conflicts + 1 >= attempts:
                 raise
             conflicts += 1
+
+
+def migration_status_apply(ref: MigrationRef, resource_version: str, status: dict[str, Any] | None) -> dict[str, Any]:
+    """A server-side apply of a Migration's status, conditional on `resource_version` (the read that showed its uid).
+
+    `status` None applies no field at all, which removes every field the applying manager owned.
+    """
+    applied: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "resourceVersion": resource_version},
+    }
+    if status is not None:
+        applied["status"] = status
+    return applied

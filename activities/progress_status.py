@@ -40,7 +40,7 @@ from temporalio import activity
 from activities import kube_calls
 from activities.api_refusals import server_message
 from activities.progress import Figures, Meter
-from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProgressStatus
+from ferry.api.migration import GROUP, PLURAL, VERSION, ProgressStatus
 from ferry.api.saga import MigrationRef
 from ferry.api.scrubbing import scrub
 
@@ -179,17 +179,7 @@ class ProgressWriter:
     def _apply(self, migration: dict[str, Any], status: dict[str, Any] | None) -> None:
         assert self._custom is not None
         ref = self._ref
-        applied: dict[str, Any] = {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "resourceVersion": migration["metadata"]["resourceVersion"],
-            },
-        }
-        if status is not None:
-            applied["status"] = status
+        applied = kube_calls.migration_status_apply(ref, migration["metadata"]["resourceVersion"], status)
         try:
             self._custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=FIELD_MANAGER, force=True,

@@ -27,9 +27,7 @@ from activities.events import record_event
 from activities.settings import KubeActivitySettings
 from ferry.api.migration import (
     ACTIVITY_STATUS_FIELDS,
-    API_VERSION,
     GROUP,
-    KIND,
     PLURAL,
     VERSION,
     WATCHER_STATUS_FIELDS,
@@ -109,16 +107,7 @@ class StatusActivities:
             url = self._workflow_url(workflow)
             if url is not None:
                 workflow["url"] = url
-        applied = {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "resourceVersion": migration["metadata"]["resourceVersion"],
-            },
-            "status": wanted,
-        }
+        applied = kube_calls.migration_status_apply(ref, migration["metadata"]["resourceVersion"], wanted)
         try:
             self._custom.patch_namespaced_custom_object_status(
                 GROUP,
