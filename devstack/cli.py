@@ -8,6 +8,7 @@ and runs a sample migration on them.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -50,6 +51,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from devstack.demo import run as demo
 
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    # `kill -USR1` shows where every thread is: what a stop that does not end waits for.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stack = Stack(Path(args.state_dir), timeout=args.timeout)
     # The terminal shows progress; the components' logs go to a file beside the stack's.
     stack.logs_dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ early fails the wait at once, with the terminal's output so far.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -78,10 +79,21 @@ class Terminal:
         try:
             code = self.process.wait(within)
         except subprocess.TimeoutExpired:
-            shown = self.shown()
+            self.show_threads()
+            shown = self.shown(200)
             raise AssertionError(f"ferry up still runs {within:.0f}s after it was told to stop:\n{shown}") from None
         self._reader.join(10)
         return code
+
+    def show_threads(self) -> None:
+        """Asks the program to show every thread's stack (`ferry up` registers SIGUSR1 for that)."""
+        shown = len(self.output)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "File " not in self.output[shown:]:
+            time.sleep(0.2)
+        time.sleep(1)  # the rest of the dump follows its first frame at once
 
     def close(self) -> None:
         if self.process.poll() is None:
