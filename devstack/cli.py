@@ -61,6 +61,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
     logfile.setFormatter(logs.TextFormatter())
     logging.getLogger().handlers[:] = [logfile]
     code = 0
+
+    def stop_from_outside() -> None:
+        # The run is stuck (its threads' stacks are on the terminal): the stack is stopped anyway.
+        print(f"ferry up: the run did not stop; stopping the stack anyway (ferry's log: {ferry_log})", flush=True)
+        stack.stop()
+        print("stopped; no process of the stack is left.", flush=True)
+
     try:
         info = stack.start()
         print(describe(info), flush=True)
@@ -68,7 +75,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print("\nThe stack is up.", flush=True)
         code = demo.main_entry(
             info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
-            orders=args.orders, check_stack=stack.check_running,
+            orders=args.orders, check_stack=stack.check_running, when_stuck=stop_from_outside,
         )  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)

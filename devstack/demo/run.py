@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -291,12 +294,14 @@ def main_entry(
     keep_running: bool,
     orders: int,
     check_stack: Callable[[], None] = lambda: None,
+    when_stuck: Callable[[], None] = lambda: None,
 ) -> int:
     """Runs `run` until it ends or the process gets Ctrl-C or SIGTERM (then KeyboardInterrupt).
 
     Ctrl-C also reaches the short-lived programs `run` starts in the terminal's process
     group (kubectl), which then fail: once a stop was asked for, whatever failed after it
-    is part of stopping, not a failure to report.
+    is part of stopping, not a failure to report. `when_stuck` is what supervise calls
+    when the stop takes longer than STOP_GRACE.
     """
 
     def running(stopping: asyncio.Event) -> Coroutine[Any, Any, int]:
@@ -305,28 +310,41 @@ def main_entry(
             check_stack=check_stack, stopping=stopping,
         )  # fmt: skip
 
-    return supervise(running)
+    return supervise(running, when_stuck=when_stuck)
 
 
 INSIST_INTERVAL = 2.0
 """Seconds after which a stop that has not reached the run yet is asked for again."""
+STOP_GRACE = 120.0
+"""Seconds the run may take to stop once asked to (its worker and watcher take at most 30s each)."""
 
 
-def supervise(running: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
+def supervise(
+    running: Callable[[asyncio.Event], Coroutine[Any, Any, int]], *, when_stuck: Callable[[], None] = lambda: None
+) -> int:
     """Runs `running(stopping)` in an event loop until it ends, or until Ctrl-C or SIGTERM stop it.
 
     A stop cancels the run, and is asked for again every INSIST_INTERVAL seconds until the
     run has begun to stop (it sets `stopping`) or ended: a cancellation can be lost (in
     Python 3.11, asyncio.wait_for drops one that arrives as the awaited thing completes),
-    and a Ctrl-C must never leave the stack running.
+    and a Ctrl-C must never leave the stack running. A run still not ended STOP_GRACE
+    seconds after the stop was asked for is stuck: every thread's stack is shown (where
+    it waits), `when_stuck` runs (from another thread: it stops the stack), and the
+    process exits with code 1.
     """
+    loops: list[asyncio.AbstractEventLoop] = []
+    overdue = threading.Timer(STOP_GRACE, _stuck, args=(when_stuck, loops))
+    overdue.daemon = True
 
     async def supervised() -> int:
         stopping = asyncio.Event()
         task = asyncio.create_task(running(stopping))
         asked_to_stop = asyncio.Event()
+        loops.append(asyncio.get_running_loop())
 
         def stop() -> None:
+            if not asked_to_stop.is_set():
+                overdue.start()
             asked_to_stop.set()
             task.cancel()
 
@@ -342,7 +360,26 @@ def supervise(running: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> i
         finally:
             insisting.cancel()
 
-    return asyncio.run(supervised())
+    try:
+        return asyncio.run(supervised())  # its own end waits for every task and thread left: within the grace too
+    finally:
+        overdue.cancel()
+
+
+def _stuck(when_stuck: Callable[[], None], loops: list[asyncio.AbstractEventLoop]) -> None:
+    log.error("the run has not stopped %gs after it was asked to: stopping the stack from outside it", STOP_GRACE)
+    print(f"\nthe run has not stopped {STOP_GRACE:g}s after it was asked to; where each thread waits:",
+          file=sys.stderr, flush=True)  # fmt: skip
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    with contextlib.suppress(Exception):  # read from another thread than the loop's: the best it can show
+        for task in list(asyncio.all_tasks(loops[0])):
+            print(f"task {task.get_name()}:", file=sys.stderr)
+            task.print_stack(limit=8, file=sys.stderr)
+        sys.stderr.flush()
+    try:
+        when_stuck()
+    finally:
+        os._exit(1)
 
 
 async def _insist(task: asyncio.Task[int], asked_to_stop: asyncio.Event, stopping: asyncio.Event) -> None:
