@@ -4,10 +4,12 @@ Starts a stack of its own (Kubernetes and Temporal only) unless --state-dir name
 running one, and runs `ferry watcher` as a separate process. No worker runs: workflows
 start and wait, so no data moves. Two modes:
 
-- a burst (default): creates --count Migrations as fast as one client can and prints the
-  median, p95, p99 and maximum of (workflow start time, from Temporal) - (create returned);
+- a burst (default): creates --count Migrations as fast as one client can (--threads at
+  once) and prints the median, p99 and maximum of (workflow start time, from Temporal) -
+  (create returned), then the same for as many direct start_workflow calls on the same
+  Temporal server, and the ratio of the two throughputs;
 
-      .venv/bin/python scripts/bench_watcher.py --count 200
+      .venv/bin/python scripts/bench_watcher.py --count 500
 
 - at scale (--scale N): N Migrations present first (half Succeeded, half Paused with
   their workflow recorded, all created in parallel with no workflow behind them), then
@@ -237,24 +239,27 @@ async def start_times(client: Client, refs: dict[str, MigrationRef], within: flo
 # --- the burst mode (as before) ------------------------------------------------------------
 
 
-async def burst_mode(info: StackInfo, count: int, concurrency: int, logs: Path) -> list[float]:
+async def burst_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> Figures:
+    """A watcher on an empty namespace, then `burst` of --count creates."""
+    figures = Figures()
     namespace = f"bench-{int(time.time())}"
+    task_queue = f"bench-{namespace}"
     cluster = prepare(info, namespace)
-    process = watcher_process(info, namespace, f"bench-{namespace}", logs, f"--concurrency={concurrency}")
+    process = watcher_process(info, namespace, task_queue, logs, f"--concurrency={args.concurrency}")
     process.start()
     client = await connect_temporal(TemporalSettings(address=str(info.temporal_address)))
+    load = os.getloadavg()[0]
     try:
         wait_until("the watcher's first list", lambda: bool(process.listings()), 60)
-        refs, created = {}, {}
-        for index in range(count):
-            name = f"bench-{index:04d}"
-            refs[name] = cluster.create(name)
-            created[name] = time.time()
-        started = await start_times(client, refs, 300)
-        return [started[name] - created[name] for name in refs]
+        await burst(cluster, client, args, args.count, f"{task_queue}-direct", figures)
+        figures.add(
+            "machine: cores, load average (1 min) at start / end",
+            f"{os.cpu_count()}, {load:.1f} / {os.getloadavg()[0]:.1f}",
+        )
+        return figures
     finally:
         process.stop()
-        await terminate_all(client, f"TaskQueue = 'bench-{namespace}'")
+        await terminate_all(client, f"(TaskQueue = '{task_queue}' OR TaskQueue = '{task_queue}-direct')")
 
 
 async def terminate_all(client: Client, query: str) -> None:
@@ -381,20 +386,28 @@ async def restart(process: WatcherProcess, cluster: Cluster, client: Client, fig
     figures.add("restart: listed → new Migration's workflow", f"{probe_started - listed_at:+.2f} s", "≤ 1 s")
 
 
-async def burst(cluster: Cluster, client: Client, args: argparse.Namespace, task_queue: str, figures: Figures) -> None:
-    """--burst creates as fast as one client can, then as many direct starts on a task queue nobody polls."""
-    refs, created = {}, {}
-    first = time.time()
-    for index in range(args.burst):
+async def burst(
+    cluster: Cluster, client: Client, args: argparse.Namespace, count: int, task_queue: str, figures: Figures
+) -> None:
+    """`count` creates as fast as one client can (--threads at once), then as many direct starts on a task queue
+    nobody polls. Creating one at a time would measure the client's round trips, not the watcher."""
+
+    def create(index: int) -> tuple[str, MigrationRef, float]:
         name = f"burst-{index:04d}"
-        refs[name] = cluster.create(name)
-        created[name] = time.time()
+        ref = cluster.create(name)
+        return name, ref, time.time()
+
+    first = time.time()
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        made = list(pool.map(create, range(count)))
     creating = time.time() - first
+    refs = {name: ref for name, ref, _ in made}
+    created = {name: at for name, _, at in made}
     started = await start_times(client, refs, 300)
-    ferry = args.burst / (max(started.values()) - first)
-    figures.add(f"burst: {args.burst} creates by one client", f"{args.burst / creating:.0f} creates/s")
+    ferry = count / (max(started.values()) - first)
+    figures.add(f"burst: {count} creates by one client ({args.threads} at once)", f"{count / creating:.0f} creates/s")
     figures.latencies("burst via ferry create → start", [started[name] - created[name] for name in refs])
-    latencies, direct = await direct_starts(client, task_queue, cluster.namespace, args.burst, args.concurrency)
+    latencies, direct = await direct_starts(client, task_queue, cluster.namespace, count, args.concurrency)
     figures.latencies(f"burst direct start_workflow ({args.concurrency} at once)", latencies)
     figures.add("burst throughput: ferry / direct", f"{ferry:.0f}/s / {direct:.0f}/s = {ferry / direct:.2f}", "≥ 0.8")
 
@@ -419,7 +432,7 @@ async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
         created = await steady(process, cluster, client, args, figures)
         await restart(process, cluster, client, figures)
         wait_until("a pass over every Migration, restarted", handled_all(process, args.scale + created), 300, every=0.5)
-        await burst(cluster, client, args, f"{task_queue}-direct", figures)
+        await burst(cluster, client, args, args.burst, f"{task_queue}-direct", figures)
         rss, hwm = process.memory_mib()
         figures.add("watcher RSS after the burst", f"{rss:.0f} MiB", "≤ 150 MB")
         figures.add("watcher RSS peak (VmHWM, restarted)", f"{hwm:.0f} MiB", "≤ 150 MB")
@@ -463,12 +476,10 @@ async def direct_starts(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--count", type=int, default=200, help="burst mode: Migrations to create (default: %(default)s)"
+        "--count", type=int, default=500, help="burst mode: Migrations to create (default: %(default)s)"
     )
     parser.add_argument("--scale", type=int, help="scale mode: Migrations present while measuring, e.g. 10000")
-    parser.add_argument(
-        "--threads", type=int, default=8, help="scale mode: threads creating them (default: %(default)s)"
-    )
+    parser.add_argument("--threads", type=int, default=8, help="threads creating Migrations (default: %(default)s)")
     parser.add_argument("--resync-interval", type=float, default=30.0, help="the watcher's (default: %(default)s)")
     parser.add_argument(
         "--concurrency", type=int, default=16, help="the watcher's, and the direct starts' (default: %(default)s)"
@@ -495,16 +506,11 @@ def main() -> int:
         if args.scale:
             asyncio.run(scale_mode(info, args, logs)).print()
             return 0
-        latencies = asyncio.run(burst_mode(info, args.count, args.concurrency, logs))
+        asyncio.run(burst_mode(info, args, logs)).print()
     finally:
         if stack is not None:
             stack.stop()
             shutil.rmtree(stack.state_dir, ignore_errors=True)
-    print(f"Migrations created: {len(latencies)}")
-    print(f"create -> workflow start, median: {statistics.median(latencies) * 1000:.0f} ms")
-    print(f"create -> workflow start, p95:    {percentile(latencies, 0.95) * 1000:.0f} ms")
-    print(f"create -> workflow start, p99:    {percentile(latencies, 0.99) * 1000:.0f} ms")
-    print(f"create -> workflow start, max:    {max(latencies) * 1000:.0f} ms")
     return 0
 
 
