@@ -1,7 +1,6 @@
-"""`python -m devstack setup|up`: see devstack/cli.py."""
-
-import sys
+"""`python -m devstack setup|up`: see devstack/cli.py. It ends without the interpreter's teardown (ferry/process.py)."""
 
 from devstack.cli import main
+from ferry.process import exit_without_teardown
 
-sys.exit(main())
+exit_without_teardown(main())

@@ -18,6 +18,7 @@ from pathlib import Path
 from ferry.configuration import arguments
 from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
+from ferry.process import exit_without_teardown
 from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
@@ -211,5 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `ferry` command: `main`, then the end of the process without the interpreter's teardown.
+
+    See ferry/process.py for why.
+    """
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

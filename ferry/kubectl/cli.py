@@ -26,6 +26,7 @@ from ferry.kubectl.cluster import Cluster, Target, connected
 from ferry.kubectl.errors import EXIT_CODES_HELP, Exit, PluginError, exit_for_phase
 from ferry.kubectl.following import follow, running_heartbeat, warn
 from ferry.kubectl.output import Colours, dump, table
+from ferry.process import exit_without_teardown
 
 PROG = "kubectl ferry"
 FINISHED = {phase.value for phase in FINISHED_PHASES}
@@ -316,3 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(error.code)
     except KeyboardInterrupt:
         return 130
+
+
+def entry() -> None:
+    """The `kubectl-ferry` command: `main`, then the end of the process without the interpreter's teardown.
+
+    Its Temporal client's threads would otherwise be able to abort it there (see ferry/process.py).
+    """
+    exit_without_teardown(main())

@@ -47,7 +47,7 @@ def test_the_image_runs_the_ferry_console_script_and_by_default_its_worker() -> 
     (command,) = _arguments("CMD")
 
     assert exec_form(entrypoint) == ["ferry"]
-    assert pyproject()["project"]["scripts"]["ferry"] == "ferry.cli:main"
+    assert pyproject()["project"]["scripts"]["ferry"] == "ferry.cli:entry"
     assert exec_form(command) == ["worker"]
     assert "worker" in subcommands()
 

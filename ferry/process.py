@@ -1,0 +1,29 @@
+"""Ending a process that hosted a Temporal client, without the interpreter's teardown.
+
+The Temporal SDK runs its core in Rust threads that outlive the event loop. When one of
+them calls into Python while the interpreter tears itself down, CPython aborts the
+process (SIGABRT, "Fatal Python error: PyGILState_Release: thread state ... must be
+current when releasing"; temporalio/sdk-python#300). A worker told to stop then exits
+with -6 instead of 0 after a clean shutdown, which a supervisor reads as a crash.
+
+So the `ferry` and `python -m devstack` commands end through `exit_without_teardown`: the
+exit handlers run (they flush the logs and the spans), the standard streams are flushed,
+and the process ends with its exit code before any teardown starts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+from typing import NoReturn
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Runs the exit handlers, flushes stdout and stderr, and ends the process with `code`."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left: nothing to say there
+            stream.flush()
+    os._exit(code)
