@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from devstack.stack import install
 from devstack.stack.errors import StackError
 from devstack.stack.stack import START_TIMEOUT, Stack, describe
 from ferry.observability import logs
+from ferry.process import take_stop_signals
 
 log = logging.getLogger("devstack")
 
@@ -43,14 +45,22 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+STOP_ASKED = threading.Event()
+"""Set by Ctrl-C or SIGTERM. The KeyboardInterrupt they raise can be lost (CPython ignores one raised while it runs
+its fork handlers, as subprocess does), so the run also looks at this before it goes on."""
+
+
+def _ask_to_stop(signum: int, frame: FrameType | None) -> None:
+    STOP_ASKED.set()
     raise KeyboardInterrupt
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from devstack.demo import run as demo
 
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    take_stop_signals()  # a Ctrl-C stops `make up` at any moment, even one started with SIGINT ignored
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _ask_to_stop)
     # `kill -USR1` shows where every thread is: what a stop that does not end waits for.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     stack = Stack(Path(args.state_dir), timeout=args.timeout)
@@ -70,12 +80,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     try:
         info = stack.start()
+        if STOP_ASKED.is_set():  # asked while the stack started, and its KeyboardInterrupt was lost
+            raise KeyboardInterrupt
         print(describe(info), flush=True)
         print(f"ferry's own log:   {ferry_log}", flush=True)
         print("\nThe stack is up.", flush=True)
         code = demo.main_entry(
             info, install.ensure_binaries(), with_sample=not args.no_sample, keep_running=args.keep_running,
             orders=args.orders, check_stack=stack.check_running, when_stuck=stop_from_outside,
+            stop_asked_before=STOP_ASKED.is_set,
         )  # fmt: skip
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)

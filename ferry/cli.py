@@ -18,7 +18,7 @@ from pathlib import Path
 from ferry.configuration import arguments
 from ferry.configuration.loading import SettingsError
 from ferry.observability import logs
-from ferry.process import exit_without_teardown
+from ferry.process import exit_without_teardown, take_stop_signals
 from ferry.startup import StartupError
 
 log = logging.getLogger("ferry")
@@ -64,6 +64,7 @@ def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> in
             loop.add_signal_handler(signum, stop.set)
         await main(stop)
 
+    take_stop_signals()  # until the loop's own handlers: a Ctrl-C then raises KeyboardInterrupt (exit code 130)
     asyncio.run(supervise())
     return 0
 

@@ -1,4 +1,13 @@
-"""Ending a process that hosted a Temporal client, without the interpreter's teardown.
+"""How ferry's commands take stop signals, and how they end.
+
+**Stop signals.** A program started with SIGINT ignored (a background job of a script,
+some CI runners and supervisors) keeps it ignored across exec, and Python then installs
+no handler of its own: a Ctrl-C that comes before the command installs its handlers
+would be lost, and the command would run on as if nobody had asked it to stop.
+`take_stop_signals` makes SIGINT raise KeyboardInterrupt from that moment on and
+unblocks SIGINT and SIGTERM, whatever the parent left.
+
+**Ending.** A process that hosted a Temporal client ends without the interpreter's teardown.
 
 The Temporal SDK runs its core in Rust threads that outlive the event loop. When one of
 them calls into Python while the interpreter tears itself down, CPython aborts the
@@ -16,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -27,3 +37,9 @@ def exit_without_teardown(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left: nothing to say there
             stream.flush()
     os._exit(code)
+
+
+def take_stop_signals() -> None:
+    """From now on Ctrl-C raises KeyboardInterrupt, and SIGINT and SIGTERM reach the process, as they were inherited."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -295,6 +295,7 @@ def main_entry(
     orders: int,
     check_stack: Callable[[], None] = lambda: None,
     when_stuck: Callable[[], None] = lambda: None,
+    stop_asked_before: Callable[[], bool] = lambda: False,
 ) -> int:
     """Runs `run` until it ends or the process gets Ctrl-C or SIGTERM (then KeyboardInterrupt).
 
@@ -310,7 +311,7 @@ def main_entry(
             check_stack=check_stack, stopping=stopping,
         )  # fmt: skip
 
-    return supervise(running, when_stuck=when_stuck)
+    return supervise(running, when_stuck=when_stuck, stop_asked_before=stop_asked_before)
 
 
 INSIST_INTERVAL = 2.0
@@ -320,7 +321,10 @@ STOP_GRACE = 120.0
 
 
 def supervise(
-    running: Callable[[asyncio.Event], Coroutine[Any, Any, int]], *, when_stuck: Callable[[], None] = lambda: None
+    running: Callable[[asyncio.Event], Coroutine[Any, Any, int]],
+    *,
+    when_stuck: Callable[[], None] = lambda: None,
+    stop_asked_before: Callable[[], bool] = lambda: False,
 ) -> int:
     """Runs `running(stopping)` in an event loop until it ends, or until Ctrl-C or SIGTERM stop it.
 
@@ -330,7 +334,8 @@ def supervise(
     and a Ctrl-C must never leave the stack running. A run still not ended STOP_GRACE
     seconds after the stop was asked for is stuck: every thread's stack is shown (where
     it waits), `when_stuck` runs (from another thread: it stops the stack), and the
-    process exits with code 1.
+    process exits with code 1. `stop_asked_before` says whether a stop was asked for before
+    the handlers were in place (and its KeyboardInterrupt lost): then the run stops at once.
     """
     loops: list[asyncio.AbstractEventLoop] = []
     overdue = threading.Timer(STOP_GRACE, _stuck, args=(when_stuck, loops))
@@ -350,6 +355,8 @@ def supervise(
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(signum, stop)
+        if stop_asked_before():
+            stop()
         insisting = asyncio.create_task(_insist(task, asked_to_stop, stopping))
         try:
             return await task

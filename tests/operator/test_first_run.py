@@ -124,6 +124,35 @@ def test_ferry_up_as_root_in_a_folder_closed_to_postgres_migrates_its_sample_kee
     assert _left_running(closed_state_dir, groups) == []
 
 
+IGNORING_CTRL_C = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+)
+"""Runs argv[1:] with SIGINT ignored, as a script's background job or a CI runner may start `make up`: exec keeps it."""
+
+
+@pytest.mark.timeout(STACK_UP + STOPPED + 60)
+def test_ferry_up_started_with_ctrl_c_ignored_still_stops_on_a_ctrl_c_while_the_stack_starts(state_dir: Path) -> None:
+    up = Terminal(
+        [sys.executable, "-c", IGNORING_CTRL_C, sys.executable, "-m", "devstack", "up", f"--state-dir={state_dir}",
+         "--no-sample"]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + STACK_UP
+        while not (state_dir / "logs" / "etcd.log").exists():  # the stack is starting: its first component's log
+            assert up.process.poll() is None, up.shown()
+            assert time.monotonic() < deadline, up.shown()
+            time.sleep(0.1)
+        up.interrupt()
+        code = up.wait_exit(STOPPED)
+    finally:
+        up.close()
+
+    assert code == 0, up.shown()
+    assert "interrupted" in up.output
+    assert "stopped; no process of the stack is left." in up.output
+    assert _left_running(state_dir, set()) == []
+
+
 def _etcd_data_folder_is_a_file(state_dir: Path, tmp_path: Path) -> dict[str, str]:
     (state_dir / "kubernetes").mkdir(parents=True)
     (state_dir / "kubernetes" / "etcd").write_text("not a folder\n")

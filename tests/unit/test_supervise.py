@@ -64,3 +64,16 @@ def test_a_run_that_ends_on_its_own_gives_its_exit_code() -> None:
         return 3
 
     assert demo.supervise(quick) == 3
+
+
+def test_a_stop_asked_for_before_the_handlers_were_in_place_stops_the_run_at_once() -> None:
+    async def forever(stopping: asyncio.Event) -> int:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopping.set()
+            raise
+        return 0
+
+    with pytest.raises(KeyboardInterrupt):
+        demo.supervise(forever, stop_asked_before=lambda: True)
