@@ -58,9 +58,8 @@ def _ask_to_stop(signum: int, frame: FrameType | None) -> None:
 def _cmd_up(args: argparse.Namespace) -> int:
     from devstack.demo import run as demo
 
-    take_stop_signals()  # a Ctrl-C stops `make up` at any moment, even one started with SIGINT ignored
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _ask_to_stop)
+    # A Ctrl-C or SIGTERM stops `make up` at any moment, even one started with SIGINT ignored.
+    take_stop_signals(_ask_to_stop, (signal.SIGINT, signal.SIGTERM))
     # `kill -USR1` shows where every thread is: what a stop that does not end waits for.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     stack = Stack(Path(args.state_dir), timeout=args.timeout)

@@ -4,8 +4,9 @@
 some CI runners and supervisors) keeps it ignored across exec, and Python then installs
 no handler of its own: a Ctrl-C that comes before the command installs its handlers
 would be lost, and the command would run on as if nobody had asked it to stop.
-`take_stop_signals` makes SIGINT raise KeyboardInterrupt from that moment on and
-unblocks SIGINT and SIGTERM, whatever the parent left.
+`take_stop_signals` installs the command's handler (by default, SIGINT raises
+KeyboardInterrupt) from that moment on and unblocks SIGINT and SIGTERM, whatever the
+parent left.
 
 **Ending.** A process that hosted a Temporal client ends without the interpreter's teardown.
 
@@ -27,7 +28,9 @@ import contextlib
 import os
 import signal
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
 
 
 def exit_without_teardown(code: int) -> NoReturn:
@@ -39,7 +42,12 @@ def exit_without_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
-def take_stop_signals() -> None:
-    """From now on Ctrl-C raises KeyboardInterrupt, and SIGINT and SIGTERM reach the process, as they were inherited."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def take_stop_signals(
+    handler: Callable[[int, FrameType | None], Any] = signal.default_int_handler,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT,),
+) -> None:
+    """From now on `handler` answers `signals` (by default: Ctrl-C raises KeyboardInterrupt), and SIGINT and SIGTERM
+    reach the process, whatever it inherited."""
+    for signum in signals:
+        signal.signal(signum, handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -14,6 +14,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Terminal:
@@ -51,21 +55,27 @@ class Terminal:
 
     def wait_for(self, what: str, pattern: str, within: float) -> re.Match[str]:
         """Waits until the output matches `pattern`; fails early if the program exits first."""
+        found = self.wait_until(what, lambda: re.search(pattern, self.output), within)
+        assert found is not None
+        return found
+
+    def wait_until(self, what: str, condition: Callable[[], T], within: float) -> T:
+        """Waits until `condition()` is true and returns it; fails early if the program exits first."""
         deadline = time.monotonic() + within
         while True:
-            found = re.search(pattern, self.output)
+            found = condition()
             if found:
                 return found
             code = self.process.poll()
             if code is not None:
                 self._reader.join(5)  # whatever it wrote last
-                found = re.search(pattern, self.output)
+                found = condition()
                 if found:
                     return found
                 raise AssertionError(f"ferry up exited ({code}) waiting for {what}; its terminal:\n{self.shown()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {within:.0f}s waiting for {what}; its terminal:\n{self.shown()}")
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def interrupt(self) -> None:
         """What Ctrl-C does: SIGINT to the terminal's foreground process group."""
@@ -91,9 +101,13 @@ class Terminal:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGUSR1)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "File " not in self.output[shown:]:
-            time.sleep(0.2)
-        time.sleep(1)  # the rest of the dump follows its first frame at once
+        seen, quiet_since = len(self.output), time.monotonic()
+        while time.monotonic() < deadline:  # until the dump has come and the terminal is quiet for half a second
+            if len(self.output) != seen:
+                seen, quiet_since = len(self.output), time.monotonic()
+            elif "File " in self.output[shown:] and time.monotonic() - quiet_since > 0.5:
+                return
+            time.sleep(0.1)
 
     def close(self) -> None:
         if self.process.poll() is None:

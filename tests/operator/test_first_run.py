@@ -137,11 +137,8 @@ def test_ferry_up_started_with_ctrl_c_ignored_still_stops_on_a_ctrl_c_while_the_
          "--no-sample"]
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + STACK_UP
-        while not (state_dir / "logs" / "etcd.log").exists():  # the stack is starting: its first component's log
-            assert up.process.poll() is None, up.shown()
-            assert time.monotonic() < deadline, up.shown()
-            time.sleep(0.1)
+        etcd_log = state_dir / "logs" / "etcd.log"
+        up.wait_until("the stack to start (its first component's log)", etcd_log.exists, STACK_UP)
         up.interrupt()
         code = up.wait_exit(STOPPED)
     finally:
