@@ -55,6 +55,26 @@ def remove_state_dir(state_dir: Path) -> None:
     shutil.rmtree(state_dir, ignore_errors=True)
 
 
+UNIT_FOLDER = Path(__file__).parent / "unit"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m unit` alone, skips importing test modules that hold no unit test.
+
+    Importing (and assertion-rewriting) every end-to-end module only to deselect it
+    costs more than the unit tests themselves. A module holds unit tests when it lives in
+    tests/unit or says `mark.unit`; FERRY_COLLECT_ALL=1 turns this shortcut off
+    (tests/test_unit_layer.py checks that both ways select the same tests).
+    """
+    if config.option.markexpr != "unit" or os.environ.get("FERRY_COLLECT_ALL") == "1":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if UNIT_FOLDER in collection_path.parents:
+        return None
+    return "mark.unit" not in collection_path.read_text(encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def binaries() -> Binaries:
     return ensure_binaries()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import functools
 import json
 import re
 import subprocess
@@ -61,9 +62,15 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     raise AssertionError("ferry's parser has no subcommands")
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """ferry's parser, built once: parsing does not change it, and building it is what costs."""
+    return cli.build_parser()
+
+
 def settings(argv: list[str], variables: dict[str, str] | None = None) -> Any:
     """What `ferry <argv>` would run with, given exactly these environment variables (none of the test run's)."""
-    args = cli.build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     return from_arguments(SETTINGS[args.command], args, variables or {})
 
 

@@ -10,29 +10,24 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from activities.settings import MIB
 from ferry import cli
-from ferry.configuration.arguments import from_arguments
 from ferry.configuration.knobs import options
-from watcher.settings import LeaseSettings, WatcherSettings
-from worker.settings import WorkerSettings
+from tests.deploy.files import SETTINGS, settings
+from watcher.settings import LeaseSettings
 
 pytestmark = pytest.mark.unit
 
-SETTINGS: dict[str, type[Any]] = {"worker": WorkerSettings, "watcher": WatcherSettings}
 KUBECONFIG = Path(__file__)
 """Any existing file does: the kubeconfig is only checked to be a file until a component starts."""
 
 
-def load(argv: list[str], environ: dict[str, str] | None = None) -> Any:
-    """What `ferry <argv>` runs with, given exactly these environment variables."""
-    args = cli.build_parser().parse_args(argv)
-    return from_arguments(SETTINGS[args.command], args, environ or {})
+load = settings
+"""What `ferry <argv>` runs with, given exactly these environment variables."""
 
 
 @pytest.fixture

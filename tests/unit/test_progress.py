@@ -134,9 +134,9 @@ def test_an_api_server_that_does_not_answer_costs_one_warning_and_never_fails_th
 
     def step() -> int:
         with ProgressWriter(k8s.ApiClient(nobody), REF, "migrate", interval=0.05, clock=clock) as progress:
-            for done in range(1, 40):
+            for done in range(1, 12):
                 clock.now += 1
-                progress.update(bytes_done=done * MIB, bytes_total=40 * MIB)
+                progress.update(bytes_done=done * MIB, bytes_total=12 * MIB)
                 # Let the writer try a few times; each try fails at once (connection refused).
                 progress._stop.wait(0.02)
         return progress.writes
