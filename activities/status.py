@@ -6,15 +6,20 @@ watcher writes its own (status.controls, status.deletion) as `ferry-watcher`, an
 running data activity its status.progress as `ferry-progress` (activities/progress_status.py). An
 apply sets exactly the fields it carries and removes those it carried before and no
 longer does, so no owner ever copies, or overwrites, another's fields. The
-apply is conditional on the resourceVersion of a read that showed the Migration's uid:
-a Migration re-created under the same name is another object, left alone.
+apply is conditional on a resourceVersion known to be this Migration's (its uid): the
+one this worker's previous write of it produced, or else a fresh read's. A write in
+between (the watcher's, the progress writer's) makes that a 409, and the activity reads
+again; a Migration re-created under the same name is another object, left alone. So a
+transition usually costs one request, not a read and a write.
 Events get names derived from the transition they record, so a retried activity finds
 its Event already there instead of recording it twice (see activities/events.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
@@ -41,6 +46,38 @@ SAGA_FIELD_MANAGER = "ferry-saga"
 """Field manager of the saga's status fields, as `kubectl get -o yaml --show-managed-fields` shows it."""
 
 
+KNOWN_VERSIONS = 4096
+"""Migrations whose latest written resourceVersion a worker keeps; a Migration past that costs one read more."""
+
+
+class KnownVersions:
+    """Per Migration uid, the resourceVersion this worker's last status write of it produced (thread-safe).
+
+    Only a shortcut: a version someone else's write has made stale costs a 409 and a
+    read, a forgotten one a read; neither changes what is written.
+    """
+
+    def __init__(self, limit: int = KNOWN_VERSIONS) -> None:
+        self._limit = limit
+        self._versions: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, uid: str) -> str | None:
+        with self._lock:
+            return self._versions.get(uid)
+
+    def remember(self, uid: str, resource_version: str) -> None:
+        with self._lock:
+            self._versions[uid] = resource_version
+            self._versions.move_to_end(uid)
+            while len(self._versions) > self._limit:
+                self._versions.popitem(last=False)
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._versions.pop(uid, None)
+
+
 class StatusActivities:
     """The activity that writes the workflow's view of a Migration into the Migration itself."""
 
@@ -48,6 +85,7 @@ class StatusActivities:
         self._custom = k8s.CustomObjectsApi(api_client)
         self._core = k8s.CoreV1Api(api_client)
         self._settings = settings
+        self._known = KnownVersions()
 
     @activity.defn(name=KubeActivity.MIRROR_STATUS.value)
     def mirror_status(self, input: MirrorStatusInput) -> MirrorStatusResult:
@@ -92,13 +130,16 @@ class StatusActivities:
     def _write_status(self, ref: MigrationRef, status: MigrationStatus) -> bool:
         """Applies the saga's status fields; False when the Migration is not (or no longer) this one.
 
-        The apply carries the resourceVersion of a read that showed the Migration's uid, so
-        it lands on that very object: after a write in between the API server answers 409,
-        and the caller reads again.
+        The apply carries a resourceVersion of the object with the Migration's uid (the
+        last write's, else a read's), so it lands on that very object: after a write in
+        between the API server answers 409, and the caller tries again from a read.
         """
-        migration = self._read(ref)
-        if migration is None or migration["metadata"].get("uid") != ref.uid:
-            return False
+        resource_version = self._known.get(ref.uid)
+        if resource_version is None:
+            migration = self._read(ref)
+            if migration is None or migration["metadata"].get("uid") != ref.uid:
+                return False
+            resource_version = migration["metadata"]["resourceVersion"]
         wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         for field in (*WATCHER_STATUS_FIELDS, *ACTIVITY_STATUS_FIELDS):
             wanted.pop(field, None)
@@ -107,9 +148,9 @@ class StatusActivities:
             url = self._workflow_url(workflow)
             if url is not None:
                 workflow["url"] = url
-        applied = kube_calls.migration_status_apply(ref, migration["metadata"]["resourceVersion"], wanted)
+        applied = kube_calls.migration_status_apply(ref, resource_version, wanted)
         try:
-            self._custom.patch_namespaced_custom_object_status(
+            written: dict[str, Any] = self._custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
                 ref.namespace,
@@ -121,9 +162,11 @@ class StatusActivities:
                 _content_type=kube_calls.APPLY_PATCH,
             )
         except ApiException as error:
+            self._known.forget(ref.uid)
             if kube_calls.is_not_found(error):
                 return False
             raise
+        self._known.remember(ref.uid, written["metadata"]["resourceVersion"])
         return True
 
     def _workflow_url(self, workflow: dict[str, Any]) -> str | None:

@@ -52,7 +52,7 @@ from tests.cluster import install_crd
 
 SLOTS = "temporal_worker_task_slots_used"
 MEANS = {
-    "status write (read, apply, Events)": "ferry_status_patch_seconds",
+    "status write (apply, Events; a read when needed)": "ferry_status_patch_seconds",
     "status write as local activity": "temporal_local_activity_execution_latency",
     "workflow task schedule-to-start": "temporal_workflow_task_schedule_to_start_latency",
     "workflow task execution": "temporal_workflow_task_execution_latency",

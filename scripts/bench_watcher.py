@@ -7,7 +7,8 @@ start and wait, so no data moves. Two modes:
 - a burst (default): creates --count Migrations as fast as one client can (--threads at
   once) and prints the median, p99 and maximum of (workflow start time, from Temporal) -
   (create returned), then the same for as many direct start_workflow calls on the same
-  Temporal server, and the ratio of the two throughputs;
+  Temporal server, the ratio of the two throughputs, and the CPU each component spent
+  on each burst (API server, etcd, Temporal, watcher, this client);
 
       .venv/bin/python scripts/bench_watcher.py --count 500
 
@@ -40,7 +41,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,42 @@ class WatcherProcess:
         return found
 
 
+COMPONENTS = {
+    "kube-apiserver": "kube-apiserver",
+    "etcd": "etcd",
+    "temporal server start-dev": "Temporal",
+    "ferry.cli watcher": "watcher",
+}
+"""Command-line fragments of the processes whose CPU a burst's figures break down, and their names there."""
+
+
+def cpu_by_component() -> dict[str, float]:
+    """CPU seconds used so far by each component of COMPONENTS, and by this benchmark (the creating client)."""
+    used = dict.fromkeys([*COMPONENTS.values(), "benchmark client"], 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            after_name = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
+        if int(entry.name) == os.getpid():
+            used["benchmark client"] += seconds
+            continue
+        for fragment, name in COMPONENTS.items():
+            if fragment in command:
+                used[name] += seconds
+                break
+    return used
+
+
+def cpu_spent(before: dict[str, float]) -> str:
+    after = cpu_by_component()
+    return ", ".join(f"{name} {after[name] - before.get(name, 0.0):.1f}" for name in after)
+
+
 def wait_until(what: str, check: Callable[[], bool], within: float, every: float = 0.05) -> float:
     """Polls `check` until it holds; returns when (time.time()); fails naming `what` at the deadline."""
     deadline = time.monotonic() + within
@@ -213,27 +250,31 @@ def watcher_process(info: StackInfo, namespace: str, task_queue: str, logs: Path
     return WatcherProcess(argv, logs / "watcher.log", f"http://{address}/metrics")
 
 
-async def start_times(client: Client, refs: dict[str, MigrationRef], within: float) -> dict[str, float]:
-    """When each Migration's workflow started (Temporal's clock), by name; fails if one has none in time."""
-    found: dict[str, float] = {}
-    limit = asyncio.Semaphore(16)
+async def start_times(
+    client: Client, refs: dict[str, MigrationRef], within: float, task_queue: str, since: float
+) -> dict[str, float]:
+    """When each Migration's workflow started (Temporal's clock), by name; fails if one has none in time.
+
+    One visibility query a second (the workflows on `task_queue` started since `since`),
+    not a describe per Migration in a loop: polling must not load the Temporal server
+    whose starts it measures.
+    """
+    names = {workflow_id(ref): name for name, ref in refs.items()}
+    after = datetime.fromtimestamp(since - 1, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    query = f"TaskQueue = '{task_queue}' AND StartTime >= '{after}'"
     deadline = time.monotonic() + within
-
-    async def one(name: str, ref: MigrationRef) -> None:
-        async with limit:
-            while time.monotonic() < deadline:
-                try:
-                    described = await client.get_workflow_handle(workflow_id(ref)).describe()
-                except Exception:  # noqa: BLE001 - not started yet
-                    await asyncio.sleep(0.2)
-                    continue
-                found[name] = described.start_time.timestamp()
-                return
-
-    await asyncio.gather(*(one(name, ref) for name, ref in refs.items()))
-    if missing := sorted(set(refs) - set(found)):
-        raise SystemExit(f"{len(missing)} Migrations got no workflow within {within:.0f}s, e.g. {missing[:3]}")
-    return found
+    while True:
+        found = {
+            names[execution.id]: execution.start_time.timestamp()
+            async for execution in client.list_workflows(query)
+            if execution.id in names
+        }
+        if len(found) == len(names):
+            return found
+        if time.monotonic() > deadline:
+            missing = sorted(set(refs) - set(found))
+            raise SystemExit(f"{len(missing)} Migrations got no workflow within {within:.0f}s, e.g. {missing[:3]}")
+        await asyncio.sleep(1.0)
 
 
 # --- the burst mode (as before) ------------------------------------------------------------
@@ -251,7 +292,7 @@ async def burst_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
     load = os.getloadavg()[0]
     try:
         wait_until("the watcher's first list", lambda: bool(process.listings()), 60)
-        await burst(cluster, client, args, args.count, f"{task_queue}-direct", figures)
+        await burst(cluster, client, args, args.count, task_queue, figures)
         figures.add(
             "machine: cores, load average (1 min) at start / end",
             f"{os.cpu_count()}, {load:.1f} / {os.getloadavg()[0]:.1f}",
@@ -353,18 +394,19 @@ def at_rest(process: WatcherProcess, args: argparse.Namespace, figures: Figures)
 
 
 async def steady(
-    process: WatcherProcess, cluster: Cluster, client: Client, args: argparse.Namespace, figures: Figures
-) -> int:
+    process: WatcherProcess, cluster: Cluster, client: Client, args: argparse.Namespace, task_queue: str,
+    figures: Figures,
+) -> int:  # fmt: skip
     """Creates at --steady-rate for --steady-seconds; returns how many."""
     own_before = process.event_to_start()
     refs, created = {}, {}
-    began = time.monotonic()
+    began, since = time.monotonic(), time.time()
     for index in range(int(args.steady_rate * args.steady_seconds)):
         time.sleep(max(0.0, began + index / args.steady_rate - time.monotonic()))
         name = f"steady-{index:04d}"
         refs[name] = cluster.create(name)
         created[name] = time.time()
-    started = await start_times(client, refs, 120)
+    started = await start_times(client, refs, 120, task_queue, since)
     what = f"steady {args.steady_rate:g}/s create → start ({len(refs)})"
     figures.latencies(what, [started[name] - created[name] for name in refs], "≤ 100 ms", "≤ 500 ms")
     own = [after - before for after, before in zip(process.event_to_start(), own_before, strict=True)]
@@ -372,15 +414,15 @@ async def steady(
     return len(refs)
 
 
-async def restart(process: WatcherProcess, cluster: Cluster, client: Client, figures: Figures) -> None:
+async def restart(process: WatcherProcess, cluster: Cluster, client: Client, task_queue: str, figures: Figures) -> None:
     """SIGKILL, then a start: how long until it has listed everything and started a Migration created meanwhile."""
     process.stop(signal.SIGKILL)
-    lists_before = len(process.listings())
+    lists_before, since = len(process.listings()), time.time()
     probe = {"restart-probe": cluster.create("restart-probe")}
     process.start()
     wait_until("the list after the restart", lambda: len(process.listings()) > lists_before, 120)
     count, listed_at = process.listings()[lists_before]
-    probe_started = (await start_times(client, probe, 60))["restart-probe"]
+    probe_started = (await start_times(client, probe, 60, task_queue, since))["restart-probe"]
     figures.add(f"restart: start → listed all {count}", f"{listed_at - process.started_at:.1f} s", "≤ 10 s")
     figures.add("restart: start → new Migration's workflow", f"{probe_started - process.started_at:.1f} s")
     figures.add("restart: listed → new Migration's workflow", f"{probe_started - listed_at:+.2f} s", "≤ 1 s")
@@ -389,26 +431,31 @@ async def restart(process: WatcherProcess, cluster: Cluster, client: Client, fig
 async def burst(
     cluster: Cluster, client: Client, args: argparse.Namespace, count: int, task_queue: str, figures: Figures
 ) -> None:
-    """`count` creates as fast as one client can (--threads at once), then as many direct starts on a task queue
-    nobody polls. Creating one at a time would measure the client's round trips, not the watcher."""
+    """`count` creates as fast as one client can (--threads at once), then as many direct starts on another task
+    queue nobody polls. Creating one at a time would measure the client's round trips, not the watcher.
+    `task_queue` is the watcher's."""
 
     def create(index: int) -> tuple[str, MigrationRef, float]:
         name = f"burst-{index:04d}"
         ref = cluster.create(name)
         return name, ref, time.time()
 
+    cpu = cpu_by_component()
     first = time.time()
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         made = list(pool.map(create, range(count)))
     creating = time.time() - first
     refs = {name: ref for name, ref, _ in made}
     created = {name: at for name, _, at in made}
-    started = await start_times(client, refs, 300)
+    started = await start_times(client, refs, 300, task_queue, first)
     ferry = count / (max(started.values()) - first)
     figures.add(f"burst: {count} creates by one client ({args.threads} at once)", f"{count / creating:.0f} creates/s")
     figures.latencies("burst via ferry create → start", [started[name] - created[name] for name in refs])
-    latencies, direct = await direct_starts(client, task_queue, cluster.namespace, count, args.concurrency)
+    figures.add("burst via ferry: CPU seconds spent", cpu_spent(cpu))
+    cpu = cpu_by_component()
+    latencies, direct = await direct_starts(client, f"{task_queue}-direct", cluster.namespace, count, args.concurrency)
     figures.latencies(f"burst direct start_workflow ({args.concurrency} at once)", latencies)
+    figures.add("burst direct: CPU seconds spent", cpu_spent(cpu))
     figures.add("burst throughput: ferry / direct", f"{ferry:.0f}/s / {direct:.0f}/s = {ferry / direct:.2f}", "≥ 0.8")
 
 
@@ -429,10 +476,10 @@ async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
         wait_until("a pass over every Migration", handled_all(process, args.scale), 300, every=0.5)
         time.sleep(2)
         at_rest(process, args, figures)
-        created = await steady(process, cluster, client, args, figures)
-        await restart(process, cluster, client, figures)
+        created = await steady(process, cluster, client, args, task_queue, figures)
+        await restart(process, cluster, client, task_queue, figures)
         wait_until("a pass over every Migration, restarted", handled_all(process, args.scale + created), 300, every=0.5)
-        await burst(cluster, client, args, args.burst, f"{task_queue}-direct", figures)
+        await burst(cluster, client, args, args.burst, task_queue, figures)
         rss, hwm = process.memory_mib()
         figures.add("watcher RSS after the burst", f"{rss:.0f} MiB", "≤ 150 MB")
         figures.add("watcher RSS peak (VmHWM, restarted)", f"{hwm:.0f} MiB", "≤ 150 MB")
@@ -469,7 +516,7 @@ async def direct_starts(
     first = time.time()
     await asyncio.gather(*(one(index) for index in range(count)))
     refs = {name: MigrationRef(namespace=namespace, name=name, uid=f"direct-{int(name[7:])}") for name in sent}
-    started = await start_times(client, refs, 60)
+    started = await start_times(client, refs, 60, task_queue, first)
     return [started[name] - sent[name] for name in sent], count / (max(started.values()) - first)
 
 

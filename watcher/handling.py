@@ -83,8 +83,8 @@ class MigrationHandler:
         if action.invalid_spec is not None:
             await self._reject(migration, ref, action.invalid_spec)
             return
-        if action.add_finalizer:
-            await self._writer.add_finalizer(migration)
+        if action.add_finalizer and not await self._writer.add_finalizer(migration):
+            return  # gone, or being deleted meanwhile: the watch brings that state
         if action.start:
             await self._start(migration, ref, received)
         for item in action.controls:

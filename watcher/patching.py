@@ -44,31 +44,41 @@ class MigrationWriter:
         if migration is not None:
             self._written.setdefault(ref.uid, []).append(migration.metadata.resource_version)
 
-    async def add_finalizer(self, migration: Migration) -> None:
-        await self._change_finalizers(migration, add=True)
+    async def add_finalizer(self, migration: Migration) -> bool:
+        """Puts ferry's finalizer on the Migration; False when it cannot hold one: the Migration is gone, or is being
+        deleted without it (the API server adds no finalizer then), and no workflow may start for it."""
+        return await self._change_finalizers(migration, add=True)
 
     async def remove_finalizer(self, migration: Migration) -> None:
         await self._change_finalizers(migration, add=False)
 
-    async def _change_finalizers(self, seen: Migration, *, add: bool) -> None:
-        """Starts from the object as the watch delivered it; re-reads only after a conflict."""
+    async def _change_finalizers(self, seen: Migration, *, add: bool) -> bool:
+        """Starts from the object as the watch delivered it; re-reads only after a conflict.
+
+        Returns whether the Migration ends with the finalizer as wanted."""
         ref = ref_of(seen)
         migration: Migration | None = seen
         for _ in range(CONFLICT_ATTEMPTS):
             if migration is None:
-                return
+                return not add
             finalizers = migration.metadata.finalizers
             if (FINALIZER in finalizers) == add:
-                return
+                return True
+            if add and migration.metadata.deletion_timestamp is not None:
+                log.info("Migration %s is being deleted: no finalizer added, no workflow started", ref)
+                return False
             wanted = [*finalizers, FINALIZER] if add else [f for f in finalizers if f != FINALIZER]
             patch = {"metadata": {"finalizers": wanted, "resourceVersion": migration.metadata.resource_version}}
             try:
-                self._wrote(ref, await self._kube.patch_migration(ref, patch))
+                written = await self._kube.patch_migration(ref, patch)
             except Conflict:
                 migration = await self._kube.read_migration(ref)
                 continue
+            if written is None:
+                return not add  # gone meanwhile
+            self._wrote(ref, written)
             log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
-            return
+            return True
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
 
     async def record_workflow(self, migration: Migration, workflow_id: str) -> None:

@@ -212,3 +212,70 @@ def test_a_status_write_survives_a_conflicting_write_between_its_read_and_its_wr
     status = _status(kubectl, migration)
     assert status["controls"] == ACKNOWLEDGED, "the conflicting write is kept"
     assert status["phase"] == "Running", "and so is the mirrored status"
+
+
+class CountingReads(StatusActivities):
+    """StatusActivities that counts its reads of the Migration (the API server answers them as usual)."""
+
+    def __init__(self, kube_api: k8s.ApiClient, settings: KubeActivitySettings) -> None:
+        super().__init__(kube_api, settings)
+        self.reads = 0
+
+    def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
+        self.reads += 1
+        return super()._read(ref)
+
+
+def _succeeded(ref: MigrationRef) -> MigrationStatus:
+    return _running(ref).model_copy(update={"phase": Phase.SUCCEEDED, "current_step": None, "message": "done"})
+
+
+def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_and_a_write(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    settings: KubeActivitySettings,
+    activity_env: ActivityEnvironment,
+    migration: MigrationRef,
+) -> None:
+    counting = CountingReads(kube_api, settings)
+
+    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
+    result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
+
+    assert result == MirrorStatusResult(found=True, conflicts=0)
+    assert counting.reads == 1, "the second write carries the version the first one produced"
+    assert _status(kubectl, migration)["phase"] == "Succeeded"
+
+
+def test_a_write_by_the_watcher_between_two_transitions_is_kept_and_the_second_transition_lands(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    settings: KubeActivitySettings,
+    activity_env: ActivityEnvironment,
+    migration: MigrationRef,
+) -> None:
+    counting = CountingReads(kube_api, settings)
+    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
+
+    _acknowledge_a_control(kubectl, migration)
+    result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
+
+    assert result == MirrorStatusResult(found=True, conflicts=1), "the version it knew was stale: a 409, then a read"
+    assert counting.reads == 2
+    status = _status(kubectl, migration)
+    assert (status["phase"], status["controls"]) == ("Succeeded", ACKNOWLEDGED)
+
+
+def test_a_migration_re_created_under_the_same_name_after_a_write_is_left_alone(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
+    kubectl("delete", "migration", migration.name, "-n", migration.namespace, "--wait=true")
+    kubectl("apply", "-n", migration.namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+
+    result = activity_env.run(
+        status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration))
+    )
+
+    assert result.found is False
+    assert _status(kubectl, migration) == {}, "the new object (another uid) gets nothing of the earlier one's run"

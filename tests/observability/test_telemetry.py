@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from devstack.stack.stack import StackInfo
 from ferry.api.saga import WORKFLOW_NAME
 from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, migration_manifest
+from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest
 from tests.observability.conftest import Observed, scrape
 
 pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
@@ -30,8 +31,8 @@ async def _migrate(kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: s
     return ref.uid
 
 
-def _value(metrics: str, name: str, **labels: str) -> float:
-    """The sample of `name` whose labels include `labels` (summed when several match)."""
+def _sample(metrics: str, name: str, **labels: str) -> float | None:
+    """The sample of `name` whose labels include `labels` (summed when several match); None when there is none."""
     total, found = 0.0, False
     for line in metrics.splitlines():
         match = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
@@ -40,31 +41,49 @@ def _value(metrics: str, name: str, **labels: str) -> float:
         have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
         if all(have.get(key) == value for key, value in labels.items()):
             total, found = total + float(match.group(2)), True
-    assert found, f"no sample of {name} with {labels}"
-    return total
+    return total if found else None
+
+
+def _value(metrics: str, name: str, **labels: str) -> float:
+    value = _sample(metrics, name, **labels)
+    assert value is not None, f"no sample of {name} with {labels}"
+    return value
+
+
+def _trace(observed: Observed, namespace: str) -> list[dict[str, Any]]:
+    """The spans exported so far of the trace the watcher's start of the namespace's Migration roots."""
+    spans = [json.loads(line) for line in observed.trace_file.read_text().splitlines()]
+    roots = [
+        span for span in spans
+        if span["name"] == "ferry.watcher.start_migration" and span["attributes"].get("ferry.namespace") == namespace
+    ]  # fmt: skip
+    assert len(roots) <= 1, json.dumps(roots, indent=1)
+    if not roots:
+        return []
+    return [span for span in spans if span["context"]["trace_id"] == roots[0]["context"]["trace_id"]]
+
+
+ACTIVITIES = ("provision", "postgresql.snapshot", "postgresql.verify", "switch_traffic", "scale_down_old")
 
 
 async def test_one_trace_runs_from_the_watchers_event_to_the_last_activity(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, observed_ferry: Observed
 ) -> None:
     uid = await _migrate(kubectl, namespace, stack, bucket, databases)
-    await asyncio.sleep(1)  # the last spans end just after the status says Succeeded
 
-    spans = [json.loads(line) for line in observed_ferry.trace_file.read_text().splitlines()]
-    roots = [
-        span for span in spans
-        if span["name"] == "ferry.watcher.start_migration" and span["attributes"].get("ferry.namespace") == namespace
-    ]  # fmt: skip
-    assert len(roots) == 1, json.dumps(roots, indent=1)
-    trace_id = roots[0]["context"]["trace_id"]
-    tree = [span for span in spans if span["context"]["trace_id"] == trace_id]
+    async def whole() -> bool:  # the last spans end, and are exported, just after the status says Succeeded
+        names = {span["name"] for span in _trace(observed_ferry, namespace)}
+        return f"RunWorkflow:{WORKFLOW_NAME}" in names and f"RunActivity:{ACTIVITIES[-1]}" in names
+
+    await eventually("the run's spans, exported", whole, within=30)
+    tree = _trace(observed_ferry, namespace)
     ids = {span["context"]["span_id"] for span in tree}
     parentless = [span["name"] for span in tree if span.get("parent_id") not in ids]
     assert parentless == ["ferry.watcher.start_migration"]
     names = {span["name"] for span in tree}
     assert f"StartWorkflow:{WORKFLOW_NAME}" in names
     assert f"RunWorkflow:{WORKFLOW_NAME}" in names
-    for activity in ("provision", "postgresql.snapshot", "postgresql.verify", "switch_traffic", "scale_down_old"):
+    for activity in ACTIVITIES:
         assert f"RunActivity:{activity}" in names
     assert uid in json.dumps(tree)
 
@@ -73,8 +92,12 @@ async def test_metrics_after_a_migration_count_what_happened(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, observed_ferry: Observed
 ) -> None:
     await _migrate(kubectl, namespace, stack, bucket, databases)
-    await asyncio.sleep(3)  # a watcher resync (every 2s) updates the phase gauge
 
+    async def counted() -> bool:  # the watcher's phase gauge follows at its next resync (every 2s)
+        watcher = await asyncio.to_thread(scrape, observed_ferry.watcher_metrics)
+        return _sample(watcher, "ferry_migrations", phase="Succeeded") == 1
+
+    await eventually("the watcher's gauge to count the Migration Succeeded", counted, within=30)
     worker = await asyncio.to_thread(scrape, observed_ferry.worker_metrics)
     watcher = await asyncio.to_thread(scrape, observed_ferry.watcher_metrics)
 

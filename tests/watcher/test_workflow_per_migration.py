@@ -9,14 +9,23 @@ import signal
 
 from kubernetes import client as k8s
 from temporalio.client import Client
+from temporalio.common import MetricMeter
 
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER
-from ferry.api.saga import WORKFLOW_NAME, workflow_id
+from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
 from tests.conftest import Kubectl
-from tests.end_to_end import apply_migration, eventually, migration_manifest
+from tests.end_to_end import apply_migration, eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import has_workflow, workflows_in
+from watcher.deletion import DeletionHandler
+from watcher.handling import MigrationHandler
+from watcher.kube import Kube
+from watcher.metrics import WatcherMetrics
+from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
+
+GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
+OTHER_FINALIZER = "example.com/backup-first"
 
 
 async def test_applying_a_migration_starts_one_workflow_and_sets_the_finalizer(
@@ -34,10 +43,12 @@ async def test_applying_a_migration_starts_one_workflow_and_sets_the_finalizer(
         "finalizers"
     ]
     assert finalizers == [FINALIZER]
-    # Later events about the same object (here: a new label) start nothing more.
-    kubectl("label", "migration", ref.name, "-n", namespace, "team=payments")
-    await asyncio.sleep(3)  # a resync (every 2s) has listed it again meanwhile
-    assert await workflows_in(temporal_client, namespace) == [workflow_id(ref)]
+    # Later events about the same object (here: a new label) start nothing more. The watch delivers the label's
+    # event before a later Migration's, and that pass does nothing: it is over before the later one's start.
+    await asyncio.to_thread(kubectl, "label", "migration", ref.name, "-n", namespace, "team=payments")
+    later = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", name="later"))
+    await eventually("the later Migration's workflow", lambda: has_workflow(temporal_client, later))
+    assert sorted(await workflows_in(temporal_client, namespace)) == sorted([workflow_id(ref), workflow_id(later)])
 
 
 async def test_a_migration_created_again_under_the_same_name_gets_a_new_workflow(
@@ -105,3 +116,38 @@ async def test_a_burst_of_creates_with_the_watcher_killed_and_restarted_gives_on
 async def _terminate_all(client: Client, ids: list[str]) -> None:
     for workflow in ids:
         await client.get_workflow_handle(workflow).terminate("test finished")
+
+
+async def test_a_migration_deleted_before_its_first_pass_wrote_gets_neither_a_finalizer_nor_a_workflow(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    """Deleted while someone else's finalizer holds it: the API server refuses any new finalizer, so the pass started
+    from the state seen before the deletion must stop there, not fail and retry forever, and start nothing."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, "snapshots", name="held")
+    manifest["metadata"]["finalizers"] = [OTHER_FINALIZER]
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="held", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
+    assert seen is not None
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+    settings = watcher_settings(stack, task_queue, namespace)
+    writer = MigrationWriter(kube)
+    metrics = WatcherMetrics(MetricMeter.noop)
+    deletion = DeletionHandler(temporal_client, writer, settings, lambda _: None)
+    handler = MigrationHandler(temporal_client, writer, settings, deletion, metrics)
+
+    try:
+        await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+
+        now = await kube.read_migration(ref)
+        assert now is not None
+        assert now.metadata.deletion_timestamp is not None
+        assert now.metadata.finalizers == [OTHER_FINALIZER]
+        assert not await has_workflow(temporal_client, ref)
+    finally:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, ref.name, {"metadata": {"finalizers": None}}
+        )
