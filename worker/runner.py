@@ -62,6 +62,7 @@ def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..
         postgres.undo_freeze,
         postgres.check_frozen,
         postgres.snapshot,
+        postgres.undo_snapshot,
         postgres.migrate,
         postgres.undo_migrate,
         postgres.verify,

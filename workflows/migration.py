@@ -49,14 +49,22 @@ class MigrationWorkflow:
     """The plan this workflow runs in mode Snapshot; a subclass may run another (a test adds a step this way)."""
     online_steps: ClassVar[tuple[Step[Any, Any], ...]] = plan.ONLINE_PLAN
     """The plan this workflow runs in mode Online (spec.driver.mode)."""
+    sequential_steps: ClassVar[tuple[Step[Any, Any], ...]] = plan.SEQUENTIAL_PLAN
+    """The plan of runs in mode Snapshot started before plan.RESTORED_WHILE_DUMPING, replayed as they ran."""
 
     @workflow.init
     def __init__(self, input: MigrationInput) -> None:
         info = workflow.info()
         self._controls = Controls(approval_required=input.spec.approval.required)
         self._controls.pause_requested = input.spec.paused
-        # The input never changes, so the choice is the same at every replay.
-        steps = self.online_steps if input.spec.driver.mode is DriverMode.ONLINE else self.steps
+        # The input never changes, so the choice is the same at every replay; runs started before the snapshot step
+        # restored while dumping replay the plan they started with.
+        if input.spec.driver.mode is DriverMode.ONLINE:
+            steps = self.online_steps
+        elif workflow.patched(plan.RESTORED_WHILE_DUMPING):
+            steps = self.steps
+        else:
+            steps = self.sequential_steps
         status = SagaStatus(
             workflow=WorkflowRef(namespace=info.namespace, id=info.workflow_id, run_id=info.run_id),
             generation=input.generation,

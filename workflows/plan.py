@@ -5,7 +5,8 @@ This table is the one place to read what the saga does. A new step is a new entr
 change. Data-driver activities resolve to `<driver>.<operation>` from the spec, so one
 plan serves every driver. There is one plan per mode (spec.driver.mode): PLAN copies
 while the source is frozen, ONLINE_PLAN replicates before the freeze and only catches
-up after it; `plan_for` picks one from the spec.
+up after it; `plan_for` picks one from the spec. SEQUENTIAL_PLAN is mode Snapshot as
+runs started before the RESTORED_WHILE_DUMPING patch run it.
 """
 
 from __future__ import annotations
@@ -260,6 +261,35 @@ SNAPSHOT = Step(
         report=record_snapshot_deleted,
     ),
 )
+"""Dumps the source into S3 only: mode Online's recovery snapshot, and mode Snapshot in runs started before
+SNAPSHOT_AND_RESTORE (SEQUENTIAL_PLAN)."""
+
+SNAPSHOT_AND_RESTORE = dataclasses.replace(
+    SNAPSHOT,
+    build=lambda c: SnapshotInput(
+        ref=c.ref,
+        driver=c.spec.driver,
+        snapshot=c.spec.snapshot,
+        key=snapshot_key(c.ref, c.spec.snapshot),
+        restore=True,
+    ),
+    undo=Undo(
+        driver(DriverOperation.UNDO_SNAPSHOT),
+        lambda c, done: UndoSnapshotInput(
+            ref=c.ref,
+            snapshot=c.spec.snapshot,
+            artifact=done,
+            key=snapshot_key(c.ref, c.spec.snapshot),
+            keep=keep_after_rollback(c.spec.snapshot.retention.after_rollback),
+            driver=c.spec.driver,
+        ),
+        result=UndoSnapshotResult,
+        report=record_snapshot_deleted,
+    ),
+)
+"""Mode Snapshot: the dump goes to S3 and into the target's restore at once, and the restore commits once the
+whole object is stored (the data crosses once; migrate then finds it restored). Its undo empties the target, then
+deletes the object, since the snapshot step may have restored even when migrate never started."""
 
 MIGRATE = Step(
     StepName.MIGRATE,
@@ -353,13 +383,20 @@ PLAN: tuple[Step[Any, Any], ...] = (
     PRECHECK,
     PROVISION,
     FREEZE,
-    SNAPSHOT,
+    SNAPSHOT_AND_RESTORE,
     MIGRATE,
     VERIFY,
     SWITCH_TRAFFIC,
     SCALE_DOWN_OLD,
 )
 """Mode Snapshot (the default): the steps in the order they run; undone in reverse."""
+
+SEQUENTIAL_PLAN: tuple[Step[Any, Any], ...] = tuple(SNAPSHOT if step is SNAPSHOT_AND_RESTORE else step for step in PLAN)
+"""Mode Snapshot as runs started before RESTORED_WHILE_DUMPING run it: migrate reads the snapshot back from S3.
+Replaying them must schedule the same activities, so they keep this plan to their end."""
+
+RESTORED_WHILE_DUMPING = "snapshot-restores-while-dumping"
+"""The patch that moved mode Snapshot from SEQUENTIAL_PLAN to PLAN (workflow.patched at the start of a run)."""
 
 # --- mode Online ---------------------------------------------------------------------------
 
@@ -425,6 +462,8 @@ ONLINE_PLAN: tuple[Step[Any, Any], ...] = (
 approval before it) comes once the target is nearly caught up. Undone in reverse, as PLAN."""
 
 
-def plan_for(spec: MigrationSpec) -> tuple[Step[Any, Any], ...]:
-    """The plan of the Migration's mode."""
-    return ONLINE_PLAN if spec.driver.mode is DriverMode.ONLINE else PLAN
+def plan_for(spec: MigrationSpec, *, restores_while_dumping: bool = True) -> tuple[Step[Any, Any], ...]:
+    """The plan of the Migration's mode; mode Snapshot's as it was before RESTORED_WHILE_DUMPING when asked."""
+    if spec.driver.mode is DriverMode.ONLINE:
+        return ONLINE_PLAN
+    return PLAN if restores_while_dumping else SEQUENTIAL_PLAN

@@ -35,7 +35,7 @@ class MigrationUndoWorkflow:
     async def run(self, input: UndoMigrationInput) -> MigrationResult:
         info = workflow.info()
         here = WorkflowRef(namespace=info.namespace, id=info.workflow_id, run_id=info.run_id)
-        steps = plan.plan_for(input.spec)
+        steps = plan.plan_for(input.spec, restores_while_dumping=workflow.patched(plan.RESTORED_WHILE_DUMPING))
         order = tuple(step.name for step in steps)
         status = (
             SagaStatus.resumed_from(input.status, here, input.generation, order)

@@ -43,6 +43,7 @@ from activities.postgres.connection import Connection, connect, privileged
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
+from activities.snapshots import SnapshotStoreActivities
 from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import DriverType, StepName
 from ferry.api.saga import (
@@ -66,6 +67,8 @@ from ferry.api.saga import (
     UndoFreezeInput,
     UndoMigrateInput,
     UndoMigrateResult,
+    UndoSnapshotInput,
+    UndoSnapshotResult,
     VerifyInput,
     VerifyResult,
     driver_activity,
@@ -101,6 +104,7 @@ class PostgresActivities:
         self._secrets = secrets_from(api_client, secrets)
         self._api = api_client
         self._settings = settings
+        self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
 
     # --- precheck ----------------------------------------------------------------------------
 
@@ -257,14 +261,24 @@ class PostgresActivities:
     def snapshot(self, input: SnapshotInput) -> SnapshotResult:
         """Streams a pg_dump of the source into s3://bucket/key; returns its SHA-256 and size.
 
+        With `input.restore` (mode Snapshot), the same stream goes into a pg_restore of
+        the target at the same time, in one transaction that commits only once pg_dump
+        exited cleanly and the whole object is in S3 (see restoring): then migrate has
+        nothing left to restore, and this step's undo (undo_snapshot) empties the target.
+
         Idempotent: the key is the same for every attempt, so a retry replaces the
         object; it first aborts the unfinished multipart uploads of that key that a dead
-        attempt left behind. A failed or cancelled attempt aborts its own upload. While it
-        runs, status.progress shows the bytes dumped (pg_dump compresses, so no total is
-        known beforehand).
+        attempt left behind, and a restoring retry first empties what an earlier attempt
+        of this Migration restored. A failed or cancelled attempt aborts its own upload
+        and kills its pg_restore before it commits. While it runs, status.progress shows
+        the bytes dumped (pg_dump compresses, so no total is known beforehand).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        target = None
+        if input.restore:
+            target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
+        location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
@@ -272,19 +286,48 @@ class PostgresActivities:
         ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
+            if target is not None:
+                with self._connect(target) as conn, privileged(target, "drop and create schemas"):
+                    restoring.prepare_target(conn, target, owner(input.ref))
             s3 = snapshot_store.client(spec, credentials, self._settings)
-            with snapshot_store.permanent_failures(s3, bucket, credentials):
+            with (
+                snapshot_store.permanent_failures(s3, bucket, credentials),
+                restoring.Restore(target, self._settings, heartbeats, location)
+                if target
+                else contextlib.nullcontext() as restore,
+            ):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
-                    activity.logger.info("aborted %d unfinished uploads of s3://%s/%s", aborted, bucket, key)
-                sha256, size = dumping.dump_to_s3(db, self._settings, s3, bucket, key, heartbeats, estimate, progress)
+                    activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
+                sha256, size = dumping.dump_to_s3(
+                    db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
+                )
                 stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
-            if stored != size:
-                raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")
+                if stored != size:
+                    raise RuntimeError(f"{location} holds {stored} bytes after uploading {size}")
+                if restore is not None:
+                    restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
         activity.logger.info(
-            "snapshot of %s: s3://%s/%s, %d bytes, sha256 %s", db.describe(), bucket, key, size, sha256
+            "snapshot of %s: %s, %d bytes, sha256 %s%s",
+            db.describe(),
+            location,
+            size,
+            sha256,
+            f"; restored into {target.describe()}" if target else "",
         )
-        return SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
+        return SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size, restored=target is not None)
+
+    @activity.defn(name=_name(DriverOperation.UNDO_SNAPSHOT), no_thread_cancel_exception=True)
+    def undo_snapshot(self, input: UndoSnapshotInput) -> UndoSnapshotResult:
+        """Undoes a snapshot that also restored into the target: empties the target of this Migration's restore (as
+        undo_migrate does), then aborts the snapshot's uploads and deletes its object unless retention keeps it.
+
+        Idempotent, and right without the snapshot's result: the target's marker and the
+        deterministic key say what any attempt did.
+        """
+        if input.driver is not None:
+            self.undo_migrate(UndoMigrateInput(ref=input.ref, driver=input.driver))
+        return self._store.undo_snapshot(input)
 
     # --- migrate -----------------------------------------------------------------------------
 
@@ -292,12 +335,24 @@ class PostgresActivities:
     def migrate(self, input: MigrateInput) -> MigrateResult:
         """Restores the snapshot into the target, checking its SHA-256; all or nothing.
 
-        Idempotent: the restore is one transaction, and a retry first drops whatever an
-        earlier attempt of this Migration committed (see restoring). While it runs,
-        status.progress shows the bytes restored of the snapshot's size.
+        When the snapshot step restored it already (`artifact.restored`) and the target
+        still holds that restore, there is nothing to do. Otherwise it reads the object
+        back from S3. Idempotent: the restore is one transaction, and a retry first drops
+        whatever an earlier attempt of this Migration committed (see restoring). While it
+        runs, status.progress shows the bytes restored of the snapshot's size.
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
+        with self._connect(db) as conn:
+            if artifact.restored and restoring.holds_restore(conn, owner(input.ref)):
+                tables = restoring.count_tables(conn)
+                activity.logger.info(
+                    "%s holds %s already, restored while the snapshot was taken: %d tables",
+                    db.describe(),
+                    artifact.location,
+                    tables,
+                )
+                return MigrateResult(tables=tables, bytes_restored=artifact.size_bytes, during_snapshot=True)
         credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,

@@ -2,7 +2,10 @@
 
 pg_dump writes the custom format (compressed, and what pg_restore reads) into a pipe.
 The activity reads it one part at a time, hashing and counting as it goes, and
-uploads each part while pg_dump writes the next, a few parts in flight. The parts'
+uploads each part while pg_dump writes the next, a few parts in flight. In mode
+Snapshot each part also goes to a pg_restore into the target as it is uploaded (see
+restoring.Restore), which commits only after the upload completed: the data crosses
+once, and dump, upload and restore run at the same time. The parts'
 sizes follow the source's size and memory stays bounded (activities/parts.py). Any
 failure or cancellation kills pg_dump and aborts the multipart upload, so S3 keeps no
 half-written parts.
@@ -19,6 +22,7 @@ from activities import parts
 from activities.heartbeats import Heartbeats
 from activities.postgres import tls
 from activities.postgres.connection import Connection
+from activities.postgres.restoring import Restore
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress_status import ProgressWriter
 from activities.s3 import MultipartUpload
@@ -39,10 +43,12 @@ def dump_to_s3(
     heartbeats: Heartbeats,
     estimate: int,
     progress: ProgressWriter | None = None,
+    restore: Restore | None = None,
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size.
 
-    `progress` is given the bytes dumped so far after each part.
+    `progress` is given the bytes dumped so far after each part. `restore` is fed each
+    part as it is uploaded; the caller commits it once the object is known complete.
     """
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [
@@ -74,6 +80,8 @@ def dump_to_s3(
                 digest.update(part)
                 size += len(part)
                 upload.add(part)
+                if restore is not None:
+                    restore.feed(part)
                 if progress is not None:
                     progress.update(bytes_done=size)
                 heartbeats.progress(dumped_bytes=size, uploaded_bytes=upload.uploaded)

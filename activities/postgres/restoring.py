@@ -1,12 +1,20 @@
-"""Restoring a snapshot from S3 into the target: streamed, checked against its SHA-256, all or nothing.
+"""Restoring a snapshot into the target: streamed, checked against its SHA-256, all or nothing.
 
-The object is read from S3 and written into pg_restore's stdin as it arrives, hashed
-on the way; nothing lands on the worker's disk. pg_restore runs in one transaction
-(--single-transaction), so the target gets the whole snapshot or nothing, and the
-last piece of the object is held back until the hash of the whole object is known:
-when it differs from the SHA-256 recorded at snapshot time, pg_restore is killed
-before it can commit, the target keeps nothing of it, and the step fails with
-SnapshotCorrupt.
+pg_restore runs in one transaction (--single-transaction) and reads the snapshot on its
+stdin (`Restore`), so the target gets the whole snapshot or nothing. It is fed from one
+of two streams, hashed on the way; nothing lands on the worker's disk:
+
+- in mode Snapshot, the snapshot step's own pg_dump stream, while the same bytes go to
+  S3 (see dumping): the restore commits only once pg_dump has exited cleanly and the
+  whole object is stored in S3 with the size written, so the SHA-256 the step records
+  is the hash of exactly what was restored. migrate then finds the target restored
+  (`holds_restore`) and does not restore again;
+- in migrate, when the snapshot step did not restore (a run started before ferry
+  restored while dumping) or the target no longer holds its restore, the object read
+  back from S3 (`restore`): the last piece is held back
+  until the hash of the whole object is known, and when it differs from the SHA-256
+  recorded at snapshot time, pg_restore is killed before it can commit, the target
+  keeps nothing of it, and the step fails with SnapshotCorrupt.
 
 A retry starts from a clean target. Before restoring, the target must be empty (no
 schema but an empty public), or hold what an earlier attempt of the same Migration
@@ -25,8 +33,12 @@ target's server need not have the source's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from typing import TYPE_CHECKING, Any
+import queue
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
@@ -144,6 +156,146 @@ def _clean(conn: Connection) -> None:
     conn.execute("comment on schema public is 'standard public schema'")
 
 
+class Restore:
+    """One pg_restore into the target that commits only when told to: fed from the caller's thread, written by its own.
+
+    pg_restore runs in one transaction (--single-transaction) and reads the snapshot on
+    its stdin. `feed` hands it bytes; a thread writes them while the caller reads the
+    next ones (from S3, or from pg_dump), so reading and restoring overlap. At most
+    QUEUED bytes wait between the two: past that, `feed` waits, and pg_restore sets the
+    pace. The thread always holds back the last piece it was given, so pg_restore cannot
+    reach the end of the snapshot, hence cannot commit, until `commit` hands that piece
+    over. `abort`, a cancellation, or leaving the context without `commit` kills
+    pg_restore, and the server rolls its transaction back: the target keeps nothing.
+
+    Memory: the pieces are slices of the caller's buffers, not copies; at most QUEUED
+    bytes of them wait, plus the piece held back, so the caller's last two or three
+    buffers stay alive (a snapshot part each, when fed from pg_dump: see dumping).
+    """
+
+    QUEUED = 8 * CHUNK
+
+    def __init__(
+        self, db: DatabaseConnection, settings: DataActivitySettings, heartbeats: Heartbeats, location: str
+    ) -> None:
+        self._db, self._settings, self._heartbeats, self._location = db, settings, heartbeats, location
+        self._queue: queue.Queue[memoryview | None] = queue.Queue(maxsize=self.QUEUED // CHUNK)
+        self._stopped = threading.Event()
+        """pg_restore stopped reading (it exited, or was killed): nothing more reaches it."""
+        self._committed = False
+        self._tool: Tool | None = None
+        self._writer: threading.Thread | None = None
+
+    def __enter__(self) -> Restore:
+        argv = [
+            str(find_bindir(self._settings.postgres_bindir) / "pg_restore"),
+            f"--dbname={conninfo(self._db, self._settings)}",
+            "--format=custom",
+            "--single-transaction",
+            "--no-owner",
+            "--no-privileges",
+            "--no-password",
+        ]
+        self._tool = Tool(argv, self._db, self._settings, reads=True, writes=False)
+        self._heartbeats.on_cancel(self.abort)
+        self._writer = threading.Thread(target=self._write, name="pg_restore-stdin", daemon=True)
+        self._writer.start()
+        return self
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """Queues `data` for pg_restore, waiting while QUEUED bytes wait already.
+
+        Raises:
+            RuntimeError: pg_restore has stopped (its exit code and what it said are in the message).
+        """
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK):
+            self._put(view[start : start + CHUNK])
+
+    def commit(self) -> None:
+        """Hands pg_restore the last piece and waits for it to commit.
+
+        Raises:
+            RuntimeError: pg_restore failed; its transaction was rolled back.
+        """
+        self._put(None)
+        assert self._writer is not None
+        assert self._tool is not None
+        self._writer.join()
+        code = self._tool.wait()
+        if code != 0:  # killed by a cancellation, or it failed: rolled back either way
+            self._heartbeats.raise_if_cancelled("restoring the snapshot")
+            raise self._failure(code)
+        self._committed = True  # even if a cancellation came meanwhile: the step did its work, and its undo knows
+
+    def abort(self) -> None:
+        """Kills pg_restore before it can commit; callable from any thread."""
+        self._stopped.set()
+        if self._tool is not None:
+            self._tool.kill()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if not self._committed:
+            self.abort()
+        if self._writer is not None:
+            self._writer.join()
+        if self._tool is not None:
+            self._tool.__exit__(kind, error, traceback)
+
+    def _put(self, item: memoryview | None) -> None:
+        while True:
+            if self._stopped.is_set():
+                self._raise_stopped()
+            try:
+                self._queue.put(item, timeout=0.2)
+            except queue.Full:
+                continue
+            return
+
+    def _raise_stopped(self) -> NoReturn:
+        self._heartbeats.raise_if_cancelled("restoring the snapshot")
+        assert self._tool is not None
+        raise self._failure(self._tool.wait())
+
+    def _failure(self, code: int) -> Exception:
+        assert self._tool is not None
+        failure = self._tool.failure(code)
+        refused = tls.refusal(self._db, failure)
+        if refused is not None:
+            return refused
+        return RuntimeError(f"could not restore {self._location} into {self._db.describe()}: {failure}")
+
+    def _write(self) -> None:
+        """The writing thread: everything but the last piece, then that piece once `commit` queues its None."""
+        assert self._tool is not None
+        held: memoryview | None = None
+        while not self._stopped.is_set():
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if held is not None and not self._send(held):
+                break
+            if item is None:
+                with contextlib.suppress(OSError):
+                    self._tool.stdin.close()
+                return
+            held = item
+        self._stopped.set()
+
+    def _send(self, data: memoryview) -> bool:
+        """Writes to pg_restore; False when it has stopped reading (it exited: its exit code says why)."""
+        assert self._tool is not None
+        try:
+            self._tool.stdin.write(data)
+        except (BrokenPipeError, ValueError):  # ValueError: the pipe was closed by a kill meanwhile
+            self._stopped.set()
+            return False
+        return True
+
+
 def restore(
     db: DatabaseConnection,
     settings: DataActivitySettings,
@@ -159,47 +311,31 @@ def restore(
     Raises:
         SnapshotCorrupt: the object's SHA-256 is not the recorded one; nothing was committed.
     """
-    argv = [
-        str(find_bindir(settings.postgres_bindir) / "pg_restore"),
-        f"--dbname={conninfo(db, settings)}",
-        "--format=custom",
-        "--single-transaction",
-        "--no-owner",
-        "--no-privileges",
-        "--no-password",
-    ]
     digest, read = hashlib.sha256(), 0
-    with Tool(argv, db, settings, reads=True, writes=False) as restoring:
-        heartbeats.on_cancel(restoring.kill)
-        held, stopped = b"", False
+    with Restore(db, settings, heartbeats, artifact.location) as restoring:
         for chunk in body.iter_chunks(CHUNK):
             digest.update(chunk)
             read += len(chunk)
-            if held and not stopped:
-                stopped = not _feed(restoring, held)
-            held = chunk
+            restoring.feed(chunk)
             if progress is not None:
                 progress.update(bytes_done=read, bytes_total=artifact.size_bytes)
             heartbeats.progress(read_bytes=read, size_bytes=artifact.size_bytes)
             heartbeats.raise_if_cancelled("restoring the snapshot")
         if digest.hexdigest() != artifact.sha256 or read != artifact.size_bytes:
-            restoring.kill()
+            restoring.abort()
             raise SnapshotCorrupt(
                 f"the snapshot {artifact.location} is not the one written: its SHA-256 is {digest.hexdigest()} "
                 f"({read} bytes), recorded was {artifact.sha256} ({artifact.size_bytes} bytes). Nothing of it was "
                 "restored. Roll back and migrate again to take a new snapshot, and find out what changed the object."
             )
-        if not stopped and _feed(restoring, held):
-            restoring.stdin.close()
-        code = restoring.wait()
-        heartbeats.raise_if_cancelled("restoring the snapshot")
-        if code != 0:
-            failure = restoring.failure(code)
-            refused = tls.refusal(db, failure)
-            if refused is not None:
-                raise refused
-            raise RuntimeError(f"could not restore {artifact.location} into {db.describe()}: {failure}")
+        restoring.commit()
     return read
+
+
+def holds_restore(conn: Connection, owner: str) -> bool:
+    """Whether the target holds a committed restore of `owner`'s: marked as its own, and not empty."""
+    marked_by = database_settings.read(conn).get(RESTORED_BY)
+    return marked_by == owner and bool(conn.execute(CONTENTS).fetchall())
 
 
 def count_tables(conn: Connection) -> int:
@@ -208,12 +344,3 @@ def count_tables(conn: Connection) -> int:
         f"where c.relkind in ('r', 'p') and {USER_SCHEMAS}"
     ).fetchone()
     return int(row[0]) if row else 0
-
-
-def _feed(restoring: Tool, data: bytes) -> bool:
-    """Writes to pg_restore; False when it has stopped reading (it exited: its exit code says why)."""
-    try:
-        restoring.stdin.write(data)
-    except BrokenPipeError:
-        return False
-    return True

@@ -207,6 +207,7 @@ class DriverOperation(enum.StrEnum):
     SNAPSHOT = "snapshot"
     MIGRATE = "migrate"
     UNDO_MIGRATE = "undo_migrate"
+    UNDO_SNAPSHOT = "undo_snapshot"
     VERIFY = "verify"
     CHECK_UNWRITTEN = "check_unwritten"
     REPLICATE = "replicate"
@@ -312,6 +313,11 @@ class SnapshotInput(ApiModel):
     driver: DriverSpec
     snapshot: SnapshotSpec
     key: str = Field(description="Object key, deterministic per Migration, so a retry replaces, never duplicates.")
+    restore: bool = Field(
+        default=False,
+        description="Also restore the dump into the target while it is uploaded (mode Snapshot); the restore commits "
+        "only once the whole object is stored.",
+    )
 
 
 class SnapshotResult(ApiModel):
@@ -319,6 +325,9 @@ class SnapshotResult(ApiModel):
     key: str
     sha256: str
     size_bytes: int
+    restored: bool = Field(
+        default=False, description="The target holds this snapshot, restored while it was uploaded (committed)."
+    )
 
     @property
     def location(self) -> str:
@@ -333,6 +342,11 @@ class UndoSnapshotInput(ApiModel):
     )
     key: str = Field(default="", description="The snapshot's deterministic key, for a snapshot that did not finish.")
     keep: bool = Field(description="Retention says to keep the object; the undo then leaves it.")
+    driver: DriverSpec | None = Field(
+        default=None,
+        description="The data driver's spec, when the snapshot step also restored into the target: its undo (the "
+        "driver's undo_snapshot) then empties the target too.",
+    )
 
 
 class UndoSnapshotResult(ApiModel):
@@ -349,6 +363,9 @@ class MigrateInput(ApiModel):
 class MigrateResult(ApiModel):
     tables: int = 0
     bytes_restored: int = 0
+    during_snapshot: bool = Field(
+        default=False, description="The snapshot step restored the target while uploading; nothing was read back."
+    )
 
 
 class UndoMigrateInput(ApiModel):

@@ -44,6 +44,8 @@ from ferry.api.saga import (
     UndoFreezeInput,
     UndoMigrateInput,
     UndoMigrateResult,
+    UndoSnapshotInput,
+    UndoSnapshotResult,
     VerifyInput,
     VerifyResult,
     snapshot_key,
@@ -140,9 +142,19 @@ class Steps:
         call = CheckFrozenInput(ref=self.ref, driver=self.driver, fence=fence, before=before)
         return self.env.run(self.postgres.check_frozen, call)
 
-    def snapshot(self) -> SnapshotResult:
-        call = SnapshotInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, key=self.key)
+    def snapshot(self, *, restore: bool = False) -> SnapshotResult:
+        """Dumps the source into S3; with `restore`, into the target too, as mode Snapshot's plan asks."""
+        call = SnapshotInput(
+            ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, key=self.key, restore=restore
+        )
         return self.env.run(self.postgres.snapshot, call)
+
+    def undo_snapshot(self, artifact: SnapshotResult | None = None) -> UndoSnapshotResult:
+        """The undo of a snapshot that restored too (the driver's), with or without its result."""
+        call = UndoSnapshotInput(
+            ref=self.ref, snapshot=self.snapshot_spec, artifact=artifact, key=self.key, keep=False, driver=self.driver
+        )
+        return self.env.run(self.postgres.undo_snapshot, call)
 
     def migrate(self, artifact: SnapshotResult) -> MigrateResult:
         call = MigrateInput(ref=self.ref, driver=self.driver, snapshot=self.snapshot_spec, artifact=artifact)

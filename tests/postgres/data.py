@@ -127,6 +127,24 @@ def database_settings(endpoint: PostgresEndpoint) -> list[str]:
     return sorted(row[0]) if row is not None and row[0] else []
 
 
+def as_new(endpoint: PostgresEndpoint) -> bool:
+    """Whether the database is as CREATE DATABASE makes it: public alone, plpgsql alone, no large object, no setting."""
+    with connect(endpoint) as conn:
+        schemas = [
+            row[0] for row in conn.execute("select nspname from pg_namespace where nspname !~ '^pg_' order by 1")
+        ]
+        extensions = [row[0] for row in conn.execute("select extname from pg_extension")]
+        large_objects = conn.execute("select count(*) from pg_largeobject_metadata").fetchone()
+        in_public = conn.execute("select count(*) from pg_class where relnamespace = 'public'::regnamespace").fetchone()
+    return (schemas, extensions, large_objects, in_public, database_settings(endpoint)) == (
+        ["information_schema", "public"],
+        ["plpgsql"],
+        (0,),
+        (0,),
+        [],
+    )
+
+
 def new_session_is_read_only(endpoint: PostgresEndpoint) -> bool:
     with connect(endpoint) as conn:
         row = conn.execute("show transaction_read_only").fetchone()

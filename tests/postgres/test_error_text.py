@@ -79,12 +79,13 @@ async def test_a_restore_refusing_a_row_names_the_constraint_and_quotes_the_row_
 
     migration: dict[str, Any] = json.loads(kubectl("get", "migration", ref.name, "-n", namespace, "-o", "json").stdout)
     status = migration["status"]
-    migrate = next(step for step in status["steps"] if step["name"] == "migrate")
+    # In mode Snapshot the snapshot step restores the target from its own dump stream.
+    restoring = next(step for step in status["steps"] if step["name"] == "snapshot")
     assert status["phase"] == "RolledBack"
     # What a person acts on is there: the tool, the table and the constraint.
-    assert "pg_restore exited with code 1" in migrate["lastError"]
-    assert 'COPY failed for table "customers"' in migrate["lastError"]
-    assert 'violates check constraint "customers_email_allowed"' in migrate["lastError"]
+    assert "pg_restore exited with code 1" in restoring["lastError"]
+    assert 'COPY failed for table "customers"' in restoring["lastError"]
+    assert 'violates check constraint "customers_email_allowed"' in restoring["lastError"]
     records = {
         "Migration": json.dumps(migration),
         "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,

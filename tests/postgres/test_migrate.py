@@ -15,7 +15,7 @@ from ferry.api.errors import InvalidSpec, SnapshotCorrupt
 from ferry.api.saga import SnapshotResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_shop, database_settings, tables
+from tests.postgres.data import as_new, connect, contents, create_shop, database_settings, tables
 
 
 @pytest.fixture
@@ -29,24 +29,6 @@ def snapshot(steps: Steps, databases: Databases) -> SnapshotResult:
 def _target_tables(databases: Databases) -> list[str]:
     with connect(databases.target) as conn:
         return tables(conn)
-
-
-def _as_new(databases: Databases) -> bool:
-    """Whether the target is as CREATE DATABASE makes it: public alone, plpgsql alone, no large object, no setting."""
-    with connect(databases.target) as conn:
-        schemas = [
-            row[0] for row in conn.execute("select nspname from pg_namespace where nspname !~ '^pg_' order by 1")
-        ]
-        extensions = [row[0] for row in conn.execute("select extname from pg_extension")]
-        large_objects = conn.execute("select count(*) from pg_largeobject_metadata").fetchone()
-        in_public = conn.execute("select count(*) from pg_class where relnamespace = 'public'::regnamespace").fetchone()
-    return (schemas, extensions, large_objects, in_public, database_settings(databases.target)) == (
-        ["information_schema", "public"],
-        ["plpgsql"],
-        (0,),
-        (0,),
-        [],
-    )
 
 
 def _another_migration(steps: Steps) -> Steps:
@@ -137,7 +119,7 @@ def test_undo_migrate_empties_the_target_so_that_another_migration_can_migrate_i
     again = steps.undo_migrate()  # a second run finds nothing to do
 
     assert (undone.removed, again.removed) == (True, False)
-    assert _as_new(databases)
+    assert as_new(databases.target)
     steps.undo_freeze()
     other = _another_migration(steps)
     other.freeze()
@@ -179,4 +161,4 @@ def test_undo_migrate_after_a_migrate_that_never_ran_or_failed_half_way(
 
     assert steps.undo_migrate().removed
 
-    assert _as_new(databases)
+    assert as_new(databases.target)

@@ -90,7 +90,7 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
     # Each record holds what it should, so the search below searches something real.
     assert result["snapshot"]["sha256"] in records["workflow history"]
     assert "froze database" in records["logs"]
-    assert "restored s3://" in records["logs"]
+    assert "restored into database" in records["logs"]  # the snapshot step restores as it uploads
     assert '"phase": "Succeeded"' in records["Migration"]
     assert "StepSucceeded" in records["Events"]
     secrets = {
@@ -166,14 +166,16 @@ async def test_a_whole_migration_carries_the_data_from_postgresql_15_up_to_18(
 
 
 class CorruptTheSnapshot(Interceptor):
-    """Changes one byte of the snapshot object in S3 right after the snapshot step wrote it.
+    """Changes one byte of the snapshot object in S3 right after the snapshot step wrote it, and empties the target
+    of the restore the step made while uploading, so that migrate must read the object back.
 
     A stand-in for bit rot or a meddling hand: the real S3 server cannot be made to change an
     object on demand. Everything else (worker, saga, databases, S3) is real.
     """
 
-    def __init__(self, stack: StackInfo) -> None:
+    def __init__(self, stack: StackInfo, target: PostgresEndpoint) -> None:
         self._stack = stack
+        self._target = target
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _Corrupting(next, self._corrupt)
@@ -183,6 +185,9 @@ class CorruptTheSnapshot(Interceptor):
         stored = bytearray(s3.get_object(Bucket=artifact.bucket, Key=artifact.key)["Body"].read())
         stored[len(stored) // 2] ^= 0x01
         s3.put_object(Bucket=artifact.bucket, Key=artifact.key, Body=bytes(stored))
+        with connect(self._target) as conn:  # a person emptying the target, marker and all
+            conn.execute("drop schema if exists shop, audit cascade")
+            conn.execute(f"alter database {self._target.database} reset ferry.restored_by")
 
 
 class _Corrupting(ActivityInboundInterceptor):
@@ -217,7 +222,7 @@ async def _worker(
             yield
 
 
-async def test_a_snapshot_changed_before_migrate_rolls_the_migration_back_and_leaves_the_source_as_it_was(
+async def test_a_snapshot_changed_before_migrate_reads_it_back_rolls_the_migration_back_and_leaves_the_source_as_it_was(
     stack: StackInfo,
     databases: Databases,
     bucket: str,
@@ -237,7 +242,7 @@ async def test_a_snapshot_changed_before_migrate_rolls_the_migration_back_and_le
     manifest = migration_manifest(stack, bucket)
     ref = apply_migration(kubectl, namespace, manifest)
 
-    async with _worker(temporal_client, kube_api, stack, task_queue, CorruptTheSnapshot(stack)):
+    async with _worker(temporal_client, kube_api, stack, task_queue, CorruptTheSnapshot(stack, databases.target)):
         handle = await start_migration(temporal_client, ref, manifest, task_queue)
         with pytest.raises(WorkflowFailureError):
             await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)

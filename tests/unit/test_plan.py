@@ -14,6 +14,7 @@ from ferry.api.saga import (
     FreezeResult,
     MigrateInput,
     MigrationRef,
+    SnapshotInput,
     SnapshotResult,
     UndoFreezeInput,
     UndoScaleDownOldInput,
@@ -87,6 +88,36 @@ def test_undos_are_built_with_or_without_their_steps_result() -> None:
     assert scale_undo is not None
     assert isinstance(scale_undo.argument, UndoScaleDownOldInput)
     assert scale_undo.argument.replicas is None
+
+
+def test_in_mode_snapshot_the_snapshot_restores_while_dumping_and_its_undo_empties_the_target() -> None:
+    c = context()
+    step = plan.plan_for(SPEC)[STEP_ORDER.index("snapshot")]
+
+    call = step.call(c)
+    undo = step.undo_call(c)
+
+    assert isinstance(call.argument, SnapshotInput)
+    assert call.argument.restore
+    assert undo is not None
+    assert undo.activity == "postgresql.undo_snapshot", "the step may have restored even if migrate never started"
+    assert isinstance(undo.argument, UndoSnapshotInput)
+    assert undo.argument.driver == SPEC.driver
+
+
+def test_runs_started_before_restoring_while_dumping_keep_the_sequential_plan() -> None:
+    c = context()
+    before = plan.plan_for(SPEC, restores_while_dumping=False)
+
+    assert tuple(step.name for step in before) == STEP_ORDER
+    snapshot = before[STEP_ORDER.index("snapshot")]
+    assert snapshot is plan.SNAPSHOT
+    assert isinstance(snapshot.call(c).argument, SnapshotInput)
+    assert not snapshot.call(c).argument.restore
+    undo = snapshot.undo_call(c)
+    assert undo is not None
+    assert undo.activity == "undo_snapshot"
+    assert [a is b for a, b in zip(before, plan.PLAN, strict=True)].count(False) == 1
 
 
 def test_traffic_moves_only_after_checking_for_writes_since_a_freeze_that_left_a_mark() -> None:

@@ -68,6 +68,7 @@ REPLICATE = name_of(plan.REPLICATE.activity)
 CATCH_UP = name_of(plan.CATCH_UP.activity)
 UNDO_REPLICATE = name_of(driver(DriverOperation.UNDO_REPLICATE))
 UNDO_CATCH_UP = name_of(driver(DriverOperation.UNDO_CATCH_UP))
+UNDO_SNAPSHOT_AND_RESTORE = name_of(driver(DriverOperation.UNDO_SNAPSHOT))
 DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
 MIRROR = KubeActivity.MIRROR_STATUS.value
 
@@ -105,6 +106,7 @@ OTHER_RESULTS: dict[str, ApiModel] = {
     CHECK_FROZEN: CheckFrozenResult(),
     CHECK_UNWRITTEN: CheckUnwrittenResult(compared=True),
     SnapshotStoreActivity.UNDO_SNAPSHOT.value: UndoSnapshotResult(deleted=True),
+    UNDO_SNAPSHOT_AND_RESTORE: UndoSnapshotResult(deleted=True),
     UNDO_REPLICATE: EndReplicationResult(ended=True, emptied=True),
     UNDO_CATCH_UP: EndReplicationResult(ended=True),
 }

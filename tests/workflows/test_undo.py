@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 from ferry.api.errors import WritesOnTarget
 from ferry.api.migration import MigrationStatus, Phase, StepState
 from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput, undo_workflow_id
-from tests.workflows.conftest import HISTORIES, migration_input
+from tests.workflows.conftest import history_path, migration_input
 from tests.workflows.fakes import CHECK_UNWRITTEN, STEP_ACTIVITIES, UNDO, UNDO_GUARD, FakeSaga
 from workflows.undo import MigrationUndoWorkflow
 
@@ -42,7 +42,7 @@ async def undo(client: Client, task_queue: str, fakes: FakeSaga, status: Migrati
         result = await handle.result()
         if os.environ.get("FERRY_RECORD_HISTORIES") == "1":
             history = await handle.fetch_history()
-            (HISTORIES / "v2-undo-after-success.json").write_text(history.to_json())
+            history_path("undo-after-success").write_text(history.to_json())
     return result
 
 

@@ -30,6 +30,7 @@ def test_there_are_recorded_histories_of_both_versions_to_replay() -> None:
     names = [path.stem for path in RECORDED]
     assert len([name for name in names if name.startswith("v1-")]) >= 6
     assert len([name for name in names if name.startswith("v2-")]) >= 6
+    assert len([name for name in names if name.startswith("v2.1-")]) >= 6
 
 
 @pytest.mark.parametrize("history", RECORDED, ids=[path.stem for path in RECORDED])

@@ -1,0 +1,264 @@
+"""In mode Snapshot the snapshot step restores the target from its own dump stream while it uploads it.
+
+The restore commits only once pg_dump exited cleanly and the whole object is stored;
+whatever stops the step before that (pg_dump failing, a cancellation) leaves the target
+without a table, S3 without the object, and no pg_dump or pg_restore running. migrate
+then finds the target restored and reads nothing back; the step's undo empties the
+target and deletes the object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.heartbeats import Heartbeats
+from activities.postgres.restoring import Restore
+from activities.secrets import SecretReader
+from activities.settings import MIB, DataActivitySettings
+from devstack.stack.stack import StackInfo
+from tests.cluster import eventually
+from tests.end_to_end import TARGET_SECRET, Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import as_new, connect, contents, create_bulky, create_shop, tables
+
+
+def _objects_and_uploads(stack: StackInfo, bucket: str) -> tuple[list[str], list[str]]:
+    s3 = stack.s3_client()
+    objects = [item["Key"] for item in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    uploads = [upload["Key"] for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    return objects, uploads
+
+
+def _children(*names: str, running: bool = False) -> list[str]:
+    """This process's child processes with one of `names` (the activity runs here, in ActivityEnvironment); with
+    `running`, not those that exited and wait to be reaped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it exited meanwhile
+        command, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if int(rest[1]) == os.getpid() and command in names and not (running and rest[0] == "Z"):
+            found.append(f"{command} (pid {entry.name}, state {rest[0]})")
+    return found
+
+
+def _sessions(databases: Databases, side: str) -> int:
+    """Sessions on one side's database other than the one asking."""
+    with connect(getattr(databases, side)) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def _target_tables(databases: Databases) -> list[str]:
+    with connect(databases.target) as conn:
+        return tables(conn)
+
+
+def test_the_snapshot_restores_the_target_while_uploading_and_migrate_finds_it_done(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+
+    snapshot = steps.snapshot(restore=True)
+    migrated = steps.migrate(snapshot)
+    verified = steps.verify()
+
+    assert snapshot.restored
+    assert contents(databases.target) == contents(databases.source)
+    assert (migrated.during_snapshot, migrated.tables, migrated.bytes_restored) == (True, 3, snapshot.size_bytes)
+    assert len(verified.tables) == 3
+    assert _objects_and_uploads(stack, bucket) == ([snapshot.key], [])
+
+
+def test_migrate_restores_from_s3_when_the_target_no_longer_holds_the_snapshots_restore(
+    steps: Steps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    snapshot = steps.snapshot(restore=True)
+    steps.undo_migrate()  # what a person emptying the target would leave: nothing, and no marker
+
+    migrated = steps.migrate(snapshot)
+
+    assert not migrated.during_snapshot
+    assert migrated.bytes_restored == snapshot.size_bytes
+    assert contents(databases.target) == contents(databases.source)
+
+
+def test_a_snapshot_run_again_after_its_restore_committed_restores_once_more_from_a_clean_target(
+    steps: Steps, databases: Databases
+) -> None:
+    """The attempt whose worker died after the commit, before its result was recorded."""
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    steps.snapshot(restore=True)
+
+    again = steps.snapshot(restore=True)
+
+    assert again.restored
+    assert contents(databases.target) == contents(databases.source)
+    assert _target_tables(databases) == ["audit.log", "shop.customers", "shop.orders"]
+
+
+def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    """pg_dump's session is ended on the source after the first parts: pg_restore had all but the end of the stream."""
+    create_bulky(databases.source, rows=400_000)  # about 26 MB: several 5 MiB parts
+    env = ActivityEnvironment()
+    ended: list[int] = []
+
+    def end_pg_dump_after_two_parts(*details: Any) -> None:
+        if details[0].get("dumped_bytes", 0) >= 10 * MIB and not ended:
+            with connect(databases.source) as conn:
+                row = conn.execute(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+                    "where datname = current_database() and pid <> pg_backend_pid() and query ilike 'copy %'"
+                ).fetchone()
+            ended.append(row[0] if row else 0)
+
+    env.on_heartbeat = end_pg_dump_after_two_parts
+
+    with pytest.raises(RuntimeError, match="could not dump"):
+        dataclasses.replace(steps, env=env).snapshot(restore=True)
+
+    assert ended == [1], "pg_dump's session was ended while it dumped"
+    assert _target_tables(databases) == []
+    assert _objects_and_uploads(stack, bucket) == ([], [])
+    assert _children("pg_dump", "pg_restore") == []
+    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+
+
+def test_a_snapshot_cancelled_while_restoring_stops_pg_dump_and_pg_restore_and_leaves_no_partial_target(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_bulky(databases.source, rows=400_000)
+    env = ActivityEnvironment()
+    seen: list[dict[str, Any]] = []
+
+    def cancel_after_two_parts(*details: Any) -> None:
+        seen.append(details[0])
+        if details[0].get("dumped_bytes", 0) >= 10 * MIB:
+            env.cancel()
+
+    env.on_heartbeat = cancel_after_two_parts
+    give_up = threading.Timer(60, env.cancel)  # should the heartbeats never come
+    give_up.start()
+    try:
+        with pytest.raises(CancelledError):
+            dataclasses.replace(steps, env=env).snapshot(restore=True)
+    finally:
+        give_up.cancel()
+
+    assert seen[-1]["dumped_bytes"] < 26 * MIB, "it stopped before the dump was through"
+    assert _target_tables(databases) == []
+    assert _objects_and_uploads(stack, bucket) == ([], [])
+    assert _children("pg_dump", "pg_restore") == []
+    eventually("pg_dump's session to end", lambda: _sessions(databases, "source") == 0, timeout=10)
+    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+
+
+def test_the_undo_of_a_restoring_snapshot_empties_the_target_and_deletes_the_object(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    snapshot = steps.snapshot(restore=True)
+
+    first = steps.undo_snapshot(snapshot)
+    again = steps.undo_snapshot()  # without the result, as after an interrupted step: harmless
+
+    assert (first.deleted, again.deleted) == (True, True)
+    assert as_new(databases.target)
+    assert _objects_and_uploads(stack, bucket) == ([], [])
+
+
+def test_the_undo_of_a_restoring_snapshot_leaves_a_target_another_migration_restored(
+    steps: Steps, databases: Databases
+) -> None:
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    steps.snapshot(restore=True)
+    other = dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": "another-uid"}))
+
+    other.undo_snapshot()
+
+    assert contents(databases.target) == contents(databases.source)
+
+
+class RestoreSession:
+    """pg_restore's session on the target, sampled: whether it has sat waiting for input with nothing restored since."""
+
+    def __init__(self, databases: Databases) -> None:
+        self._databases = databases
+        self._last: tuple[object, ...] | None = None
+        self._since = time.monotonic()
+
+    def stalled(self, seconds: float = 1.0) -> bool:
+        """Waiting for its client (ClientRead), the same bytes copied, for `seconds` or more."""
+        with connect(self._databases.target) as conn:
+            row = conn.execute(
+                "select a.pid, a.state, a.wait_event, p.bytes_processed from pg_stat_activity a "
+                "left join pg_stat_progress_copy p on p.pid = a.pid where a.datname = current_database() "
+                "and a.pid <> pg_backend_pid() and a.backend_type = 'client backend'"
+            ).fetchone()
+        sample = tuple(row) if row is not None and row[2] == "ClientRead" else None
+        if sample is None or sample != self._last:
+            self._last, self._since = sample, time.monotonic()
+            return False
+        return time.monotonic() - self._since >= seconds
+
+
+def test_pg_restore_given_all_but_the_held_back_piece_never_commits_and_commits_once_given_it(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient,
+    data_settings: DataActivitySettings,
+) -> None:  # fmt: skip
+    """Without the held-back piece, pg_restore would reach the end of the dump and commit before anyone knew the
+    stream was whole: here it has the complete dump, the upload could still fail, and it must not commit."""
+    create_bulky(databases.source, rows=100_000)  # about 6 MB: pg_restore gets all but the last of six pieces
+    steps.freeze()
+    snapshot = steps.snapshot()
+    dump = stack.s3_client().get_object(Bucket=bucket, Key=snapshot.key)["Body"].read()
+    target = SecretReader(kube_api).database(steps.ref.namespace, TARGET_SECRET, "spec.driver.targetSecret")
+
+    def restore(commit: bool) -> None:
+        with Heartbeats(data_settings.heartbeat_interval) as heartbeats, Restore(
+            target, data_settings, heartbeats, snapshot.location
+        ) as restoring:  # fmt: skip
+            restoring.feed(dump)
+            if commit:
+                restoring.commit()
+                return
+            session = RestoreSession(databases)
+            eventually(
+                "pg_restore to wait for the held-back piece (or to commit without it)",
+                lambda: session.stalled() or not _children("pg_restore", running=True),
+                timeout=60,
+            )
+            assert _children("pg_restore", running=True), "pg_restore ended before it was given the last piece"
+
+    ActivityEnvironment().run(restore, False)
+
+    assert _target_tables(databases) == []
+    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+
+    ActivityEnvironment().run(restore, True)
+
+    assert contents(databases.target) == contents(databases.source)
