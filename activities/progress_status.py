@@ -9,12 +9,14 @@ the watcher neither conflicts with that field nor removes it, and the writer's l
 of no field at all, removes exactly the field it owned, whether the activity succeeded,
 failed or was cancelled.
 
-Each write is an apply conditional on the resourceVersion of a read that showed the
-Migration's uid, as mirror_status does, so a Migration deleted and created again under
-the same name (another uid) is never written. The uid alone would not do: an apply to
-the status subresource of a custom resource carrying another uid in its metadata is
-accepted, since the API server copies the stored object's metadata before it
-validates a status write (tests/postgres/test_progress.py shows both).
+Each write is an apply conditional on a resourceVersion known to be the Migration's
+uid's, as mirror_status's are: the one the worker's last status write of it produced
+(this writer's or mirror_status's: they share the worker's KnownVersions, so neither
+costs the other a 409), else that of a read that showed the uid. So a Migration deleted
+and created again under the same name (another uid) is never written. The uid alone
+would not do: an apply to the status subresource of a custom resource carrying another
+uid in its metadata is accepted, since the API server copies the stored object's
+metadata before it validates a status write (tests/postgres/test_progress.py shows both).
 
 Progress is a courtesy, so it never costs the step anything: the activity only counts
 (no I/O, `update`), a thread of this writer does the writing, every request has short
@@ -39,6 +41,7 @@ from temporalio import activity
 
 from activities import kube_calls
 from activities.api_refusals import server_message
+from activities.known_versions import KnownVersion, KnownVersions
 from activities.progress import Figures, Meter
 from ferry.api.migration import GROUP, PLURAL, VERSION, ProgressStatus
 from ferry.api.saga import MigrationRef
@@ -48,8 +51,9 @@ FIELD_MANAGER = "ferry-progress"
 """Field manager of status.progress, as `kubectl get -o yaml --show-managed-fields` shows it."""
 REQUEST_TIMEOUT = (3.0, 5.0)
 """Seconds to connect to the API server and to wait for its answer, per request: a progress write is worth little."""
-CONFLICT_ATTEMPTS = 2
-"""A write answered 409 (the saga or the watcher wrote in between) is tried once more from a fresh read."""
+CONFLICT_ATTEMPTS = 3
+"""A write answered 409 (its known version was stale, or the watcher wrote in between) is tried again from a fresh read,
+twice at most."""
 
 
 class _NotOurs(Exception):
@@ -59,7 +63,8 @@ class _NotOurs(Exception):
 class ProgressWriter:
     """Use as a context manager around a data activity's work; `update` records counts from any thread.
 
-    Without an API client, or with an interval of 0, it counts and writes nothing.
+    Without an API client, or with an interval of 0, it counts and writes nothing. `versions` is the worker's one
+    cache of the versions its status writes produced, shared with mirror_status; without it, a cache of its own.
     """
 
     def __init__(
@@ -69,9 +74,11 @@ class ProgressWriter:
         step: str,
         interval: float,
         *,
+        versions: KnownVersions | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._custom = k8s.CustomObjectsApi(api_client) if api_client is not None and interval > 0 else None
+        self._versions = versions if versions is not None else KnownVersions()
         self._ref = ref
         self._interval = interval
         self._clock = clock
@@ -129,10 +136,8 @@ class ProgressWriter:
             self._meter.written(figures, now)
 
     def _write(self, figures: Figures) -> None:
-        migration = self._read()
-        steps: list[dict[str, Any]] = (migration.get("status") or {}).get("steps") or []
-        attempts = next((step.get("attempts") for step in steps if step.get("name") == figures.step), None)
-        figures = dataclasses.replace(figures, attempt=attempts or None)
+        known = self._versions.get(self._ref.uid) or self._read()
+        figures = dataclasses.replace(figures, attempt=known.attempts.get(figures.step) or None)
         reading = figures.reading
         progress = ProgressStatus(
             step=figures.step,
@@ -147,21 +152,28 @@ class ProgressWriter:
             updated_at=datetime.now(UTC),
             summary=figures.summary,
         )
-        self._apply(migration, {"progress": progress.model_dump(mode="json", by_alias=True, exclude_none=True)})
+        self._apply(known, {"progress": progress.model_dump(mode="json", by_alias=True, exclude_none=True)})
 
     def _remove(self) -> None:
-        """Applies no field at all, which removes the field this manager owned; nothing to do when there is none."""
+        """Applies no field at all, which removes the field this manager owned; nothing to do when there is none.
+
+        That there is none is taken only from a read: a known version that shows none may be stale, and no write
+        would tell, since none is made.
+        """
         if self._gone:
             return
 
         def remove() -> None:
-            migration = self._read()
-            if "progress" in (migration.get("status") or {}):
-                self._apply(migration, None)
+            known = self._versions.get(self._ref.uid)
+            if known is None or not known.shows_progress:
+                known = self._read()
+            if known.shows_progress:
+                self._apply(known, None)
 
         kube_calls.retry_on_conflict(remove, CONFLICT_ATTEMPTS)
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> KnownVersion:
+        """A read of the Migration, which must show the uid of the one this writer is for."""
         assert self._custom is not None
         ref = self._ref
         try:
@@ -174,21 +186,26 @@ class ProgressWriter:
             raise
         if migration["metadata"].get("uid") != ref.uid:
             raise _NotOurs
-        return migration
+        return KnownVersion.of(migration)
 
-    def _apply(self, migration: dict[str, Any], status: dict[str, Any] | None) -> None:
+    def _apply(self, known: KnownVersion, status: dict[str, Any] | None) -> None:
+        """Applies `status` conditional on the `known` version; the answer's version is the next write's."""
         assert self._custom is not None
         ref = self._ref
-        applied = kube_calls.migration_status_apply(ref, migration["metadata"]["resourceVersion"], status)
+        applied = kube_calls.migration_status_apply(ref, known.resource_version, status)
         try:
-            self._custom.patch_namespaced_custom_object_status(
+            written: dict[str, Any] = self._custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=FIELD_MANAGER, force=True,
                 _content_type=kube_calls.APPLY_PATCH, _request_timeout=REQUEST_TIMEOUT,
             )  # fmt: skip
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
+        except Exception as error:
+            # It may have landed all the same (a timeout): the version it carried, then stale, would cost a 409 and a
+            # read, to this writer or to mirror_status; forgotten, it costs the read alone.
+            self._versions.forget(ref.uid, known.resource_version)
+            if isinstance(error, ApiException) and kube_calls.is_not_found(error):
                 raise _NotOurs from None
             raise
+        self._versions.remember(written)
         self.writes += 1
 
     def _quietly(self, write: Callable[[], None]) -> None:

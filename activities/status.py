@@ -7,19 +7,19 @@ running data activity its status.progress as `ferry-progress` (activities/progre
 apply sets exactly the fields it carries and removes those it carried before and no
 longer does, so no owner ever copies, or overwrites, another's fields. The
 apply is conditional on a resourceVersion known to be this Migration's (its uid): the
-one this worker's previous write of it produced, or else a fresh read's. A write in
-between (the watcher's, the progress writer's) makes that a 409, and the activity reads
-again; a Migration re-created under the same name is another object, left alone. So a
-transition usually costs one request, not a read and a write.
+one this worker's previous write of it produced, or else a fresh read's. The progress
+writer of the same worker shares that knowledge (activities/known_versions.py), so its
+writes cost a transition nothing; a write by another (the watcher's, another worker's)
+makes the apply a 409, and the activity reads again; a Migration re-created under the
+same name is another object, left alone. So a transition usually costs one request, not
+a read and a write.
 Events get names derived from the transition they record, so a retried activity finds
 its Event already there instead of recording it twice (see activities/events.py).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
@@ -29,6 +29,7 @@ from temporalio import activity
 
 from activities import kube_calls
 from activities.events import record_event
+from activities.known_versions import KnownVersions
 from activities.settings import KubeActivitySettings
 from ferry.api.migration import (
     ACTIVITY_STATUS_FIELDS,
@@ -46,46 +47,18 @@ SAGA_FIELD_MANAGER = "ferry-saga"
 """Field manager of the saga's status fields, as `kubectl get -o yaml --show-managed-fields` shows it."""
 
 
-KNOWN_VERSIONS = 4096
-"""Migrations whose latest written resourceVersion a worker keeps; a Migration past that costs one read more."""
-
-
-class KnownVersions:
-    """Per Migration uid, the resourceVersion this worker's last status write of it produced (thread-safe).
-
-    Only a shortcut: a version someone else's write has made stale costs a 409 and a
-    read, a forgotten one a read; neither changes what is written.
-    """
-
-    def __init__(self, limit: int = KNOWN_VERSIONS) -> None:
-        self._limit = limit
-        self._versions: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, uid: str) -> str | None:
-        with self._lock:
-            return self._versions.get(uid)
-
-    def remember(self, uid: str, resource_version: str) -> None:
-        with self._lock:
-            self._versions[uid] = resource_version
-            self._versions.move_to_end(uid)
-            while len(self._versions) > self._limit:
-                self._versions.popitem(last=False)
-
-    def forget(self, uid: str) -> None:
-        with self._lock:
-            self._versions.pop(uid, None)
-
-
 class StatusActivities:
     """The activity that writes the workflow's view of a Migration into the Migration itself."""
 
-    def __init__(self, api_client: k8s.ApiClient, settings: KubeActivitySettings) -> None:
+    def __init__(
+        self, api_client: k8s.ApiClient, settings: KubeActivitySettings, *, versions: KnownVersions | None = None
+    ) -> None:
+        """`versions` is the worker's one cache of the versions its status writes produced, shared with the progress
+        writer (see PostgresActivities); without it, the activity keeps one of its own."""
         self._custom = k8s.CustomObjectsApi(api_client)
         self._core = k8s.CoreV1Api(api_client)
         self._settings = settings
-        self._known = KnownVersions()
+        self._versions = versions if versions is not None else KnownVersions()
 
     @activity.defn(name=KubeActivity.MIRROR_STATUS.value)
     def mirror_status(self, input: MirrorStatusInput) -> MirrorStatusResult:
@@ -131,11 +104,14 @@ class StatusActivities:
         """Applies the saga's status fields; False when the Migration is not (or no longer) this one.
 
         The apply carries a resourceVersion of the object with the Migration's uid (the
-        last write's, else a read's), so it lands on that very object: after a write in
-        between the API server answers 409, and the caller tries again from a read.
+        worker's last write's, this activity's or the progress writer's, else a read's), so
+        it lands on that very object: after another write in between the API server answers
+        409, and the caller tries again from a read.
         """
-        resource_version = self._known.get(ref.uid)
-        if resource_version is None:
+        known = self._versions.get(ref.uid)
+        if known is not None:
+            resource_version = known.resource_version
+        else:
             migration = self._read(ref)
             if migration is None or migration["metadata"].get("uid") != ref.uid:
                 return False
@@ -161,12 +137,14 @@ class StatusActivities:
                 force=True,
                 _content_type=kube_calls.APPLY_PATCH,
             )
-        except ApiException as error:
-            self._known.forget(ref.uid)
-            if kube_calls.is_not_found(error):
+        except Exception as error:
+            # It may have landed all the same (a timeout): the version it carried, then stale, would cost a 409 and a
+            # read, to this activity or to the progress writer; forgotten, it costs the read alone.
+            self._versions.forget(ref.uid, resource_version)
+            if isinstance(error, ApiException) and kube_calls.is_not_found(error):
                 return False
             raise
-        self._known.remember(ref.uid, written["metadata"]["resourceVersion"])
+        self._versions.remember(written)
         return True
 
     def _workflow_url(self, workflow: dict[str, Any]) -> str | None:

@@ -22,6 +22,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Worker
 
 from activities.cluster import ClusterActivities
+from activities.known_versions import KnownVersions
 from activities.postgres.activities import PostgresActivities
 from activities.postgres.replicating import ReplicationActivities
 from activities.snapshots import SnapshotStoreActivities
@@ -43,9 +44,12 @@ HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
     """Every activity the saga calls, bound to its clients."""
+    # The two writers of a Migration's status, mirror_status and the data steps' progress, each write on the version
+    # the other's last write produced: one request per write, not a 409, a read and a write.
+    versions = KnownVersions()
     cluster = ClusterActivities(api, settings.kube_activities)
-    status = StatusActivities(api, settings.kube_activities)
-    postgres = PostgresActivities(api, settings.data_activities)
+    status = StatusActivities(api, settings.kube_activities, versions=versions)
+    postgres = PostgresActivities(api, settings.data_activities, versions=versions)
     replication = ReplicationActivities(api, settings.data_activities)
     snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [

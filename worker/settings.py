@@ -19,8 +19,8 @@ class WorkerSettings(ComponentSettings):
     max_concurrent_activities: Annotated[int, Field(ge=1)] = 20
     """Activities this worker runs at once; each long one (a snapshot, a restore) holds a thread."""
     max_concurrent_status_writes: Annotated[int, Field(ge=1)] = 20
-    """Status writes (local activities, each a read and an apply of a Migration's status) this worker runs at once,
-    in threads of their own: they never wait behind the activities above."""
+    """Status writes (local activities, each an apply of a Migration's status, after a read when needed) this worker
+    runs at once, in threads of their own: they never wait behind the activities above."""
     max_concurrent_workflow_tasks: Annotated[int, Field(ge=2)] = 100
     """Workflow tasks this worker runs at once (each a few milliseconds of the saga's code, replaying what it has not
     cached); at least 2, as the SDK requires."""

@@ -25,6 +25,7 @@ from temporalio import activity
 
 from activities import s3 as snapshot_store
 from activities.heartbeats import Heartbeats
+from activities.known_versions import KnownVersions
 from activities.postgres import (
     ahead,
     checksums,
@@ -94,17 +95,25 @@ class PostgresActivities:
     """The PostgreSQL data driver, reading connections from the Secrets the Migration names."""
 
     def __init__(
-        self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
+        self,
+        api_client: k8s.ApiClient | None,
+        settings: DataActivitySettings,
+        *,
+        secrets: Secrets | None = None,
+        versions: KnownVersions | None = None,
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark.
 
         `api_client` also writes the progress of snapshot, migrate and verify into the Migration's status; without
-        one, no progress is written.
+        one, no progress is written. `versions` is the worker's one cache of the versions its status writes produced,
+        shared with mirror_status (see activities/known_versions.py); without it, these activities keep one of their
+        own.
         """
         self._secrets = secrets_from(api_client, secrets)
         self._api = api_client
         self._settings = settings
         self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
+        self._versions = versions if versions is not None else KnownVersions()
 
     # --- precheck ----------------------------------------------------------------------------
 
@@ -534,7 +543,7 @@ class PostgresActivities:
         return connect(db, self._settings, **(session or WRITABLE))
 
     def _progress(self, ref: MigrationRef, step: StepName) -> ProgressWriter:
-        return ProgressWriter(self._api, ref, step.value, self._settings.progress_interval)
+        return ProgressWriter(self._api, ref, step.value, self._settings.progress_interval, versions=self._versions)
 
 
 R = TypeVar("R")

@@ -10,6 +10,8 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
+from activities.known_versions import KnownVersion, KnownVersions
+from activities.progress_status import ProgressWriter
 from activities.settings import KubeActivitySettings
 from activities.status import StatusActivities
 from ferry.api.migration import (
@@ -26,7 +28,10 @@ from ferry.api.migration import (
 from ferry.api.saga import EventRecord, MigrationRef, MirrorStatusInput, MirrorStatusResult, workflow_id
 from tests import samples
 from tests.activities.conftest import MIGRATION, UI_URL
+from tests.cluster import eventually
 from tests.conftest import Kubectl
+from worker import runner
+from worker.settings import WorkerSettings
 
 STARTED = datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
 ACKNOWLEDGED = {"acknowledged": {"ferry.dev/approve": "approved-by-alice"}}
@@ -45,12 +50,12 @@ def status_activities(kube_api: k8s.ApiClient, settings: KubeActivitySettings) -
     return StatusActivities(kube_api, settings)
 
 
-def _running(ref: MigrationRef) -> MigrationStatus:
+def _running(ref: MigrationRef, step: StepName = StepName.PROVISION, attempts: int = 1) -> MigrationStatus:
     return MigrationStatus(
         phase=Phase.RUNNING,
-        current_step=StepName.PROVISION,
-        message="provisioning orders-db-16",
-        steps=[StepStatus(name=StepName.PROVISION, state=StepState.RUNNING, attempts=1, started_at=STARTED)],
+        current_step=step,
+        message=f"{step.value}: running (attempt {attempts})",
+        steps=[StepStatus(name=step, state=StepState.RUNNING, attempts=attempts, started_at=STARTED)],
         conditions=[
             Condition(
                 type="Ready",
@@ -217,8 +222,8 @@ def test_a_status_write_survives_a_conflicting_write_between_its_read_and_its_wr
 class CountingReads(StatusActivities):
     """StatusActivities that counts its reads of the Migration (the API server answers them as usual)."""
 
-    def __init__(self, kube_api: k8s.ApiClient, settings: KubeActivitySettings) -> None:
-        super().__init__(kube_api, settings)
+    def __init__(self, kube_api: k8s.ApiClient, settings: KubeActivitySettings, versions: KnownVersions) -> None:
+        super().__init__(kube_api, settings, versions=versions)
         self.reads = 0
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
@@ -226,19 +231,50 @@ class CountingReads(StatusActivities):
         return super()._read(ref)
 
 
+class CountingProgressReads(ProgressWriter):
+    """The progress writer of a data step, counting its reads of the Migration likewise."""
+
+    def __init__(self, kube_api: k8s.ApiClient, ref: MigrationRef, step: StepName, versions: KnownVersions) -> None:
+        super().__init__(kube_api, ref, step.value, interval=0.05, versions=versions)
+        self.reads = 0
+
+    def _read(self) -> KnownVersion:
+        self.reads += 1
+        return super()._read()
+
+
+@pytest.fixture
+def versions() -> KnownVersions:
+    """The worker's one cache of the versions its status writes produced, which both its status writers share."""
+    return KnownVersions()
+
+
+@pytest.fixture
+def counting(kube_api: k8s.ApiClient, settings: KubeActivitySettings, versions: KnownVersions) -> CountingReads:
+    return CountingReads(kube_api, settings, versions)
+
+
 def _succeeded(ref: MigrationRef) -> MigrationStatus:
     return _running(ref).model_copy(update={"phase": Phase.SUCCEEDED, "current_step": None, "message": "done"})
 
 
-def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_and_a_write(
-    kubectl: Kubectl,
-    kube_api: k8s.ApiClient,
-    settings: KubeActivitySettings,
-    activity_env: ActivityEnvironment,
-    migration: MigrationRef,
-) -> None:
-    counting = CountingReads(kube_api, settings)
+def _show_progress(
+    kubectl: Kubectl, kube_api: k8s.ApiClient, ref: MigrationRef, versions: KnownVersions
+) -> tuple[CountingProgressReads, dict[str, Any]]:
+    """A snapshot's progress writer, as the worker's data activities make it: it writes the step's progress (the status
+    that shows it is returned), then removes it as the step ends."""
+    with CountingProgressReads(kube_api, ref, StepName.SNAPSHOT, versions) as writer:
+        writer.update(bytes_done=3 * 2**20)
+        eventually("the progress to be written", lambda: writer.writes >= 1, timeout=30)
+        shown = _status(kubectl, ref)
+    assert writer.writes >= 2, "the progress, then its removal"
+    assert not writer.gone
+    return writer, shown
 
+
+def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_and_a_write(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, counting: CountingReads, migration: MigrationRef
+) -> None:
     activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
@@ -248,13 +284,8 @@ def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_a
 
 
 def test_a_write_by_the_watcher_between_two_transitions_is_kept_and_the_second_transition_lands(
-    kubectl: Kubectl,
-    kube_api: k8s.ApiClient,
-    settings: KubeActivitySettings,
-    activity_env: ActivityEnvironment,
-    migration: MigrationRef,
+    kubectl: Kubectl, activity_env: ActivityEnvironment, counting: CountingReads, migration: MigrationRef
 ) -> None:
-    counting = CountingReads(kube_api, settings)
     activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
 
     _acknowledge_a_control(kubectl, migration)
@@ -264,6 +295,105 @@ def test_a_write_by_the_watcher_between_two_transitions_is_kept_and_the_second_t
     assert counting.reads == 2
     status = _status(kubectl, migration)
     assert (status["phase"], status["controls"]) == ("Succeeded", ACKNOWLEDGED)
+
+
+def test_a_transition_after_the_workers_progress_write_costs_one_request_not_a_conflict_a_read_and_a_write(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    versions: KnownVersions,
+    migration: MigrationRef,
+) -> None:
+    snapshotting = _running(migration, StepName.SNAPSHOT)
+    assert activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=snapshotting)).found
+    assert counting.reads == 1, "the first write of the Migration reads it"
+
+    activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
+    result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
+
+    assert result == MirrorStatusResult(found=True, conflicts=0), "it writes on the version the progress left"
+    assert counting.reads == 1
+    status = _status(kubectl, migration)
+    assert status["phase"] == "Succeeded"
+    assert "progress" not in status
+
+
+def test_progress_written_after_a_transition_costs_one_request_and_says_the_sagas_attempt(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    versions: KnownVersions,
+    migration: MigrationRef,
+) -> None:
+    second_attempt = _running(migration, StepName.SNAPSHOT, attempts=2)
+    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=second_attempt))
+
+    writer, shown = activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
+
+    assert writer.reads == 0, "the progress and its removal each carry the version the write before produced"
+    assert (shown["progress"]["step"], shown["progress"]["attempt"]) == ("snapshot", 2)
+    assert shown["phase"] == "Running", "the saga's fields are untouched"
+    assert "progress" not in _status(kubectl, migration)
+
+
+def test_progress_after_a_write_by_the_watcher_reads_again_and_keeps_it(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    versions: KnownVersions,
+    migration: MigrationRef,
+) -> None:
+    activity_env.run(
+        counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.SNAPSHOT))
+    )
+    _acknowledge_a_control(kubectl, migration)
+
+    writer, shown = activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
+
+    assert writer.reads == 1, "the version it knew was stale: a 409, then a read; the removal needs none"
+    assert (shown["progress"]["attempt"], shown["controls"]) == (1, ACKNOWLEDGED)
+    assert _status(kubectl, migration)["controls"] == ACKNOWLEDGED
+
+
+def test_the_worker_gives_its_saga_status_and_progress_writers_one_cache_of_versions() -> None:
+    bound = {activity.__name__: activity for activity in runner.activities(k8s.ApiClient(), WorkerSettings())}
+
+    writers = [getattr(bound[name], "__self__", None) for name in ("mirror_status", "snapshot", "migrate", "verify")]
+
+    shared = [getattr(writer, "_versions", None) for writer in writers]
+    assert isinstance(shared[0], KnownVersions)
+    assert all(versions is shared[0] for versions in shared)
+
+
+def test_a_migration_re_created_under_the_same_name_after_a_write_gets_no_progress_of_the_first(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    versions: KnownVersions,
+    migration: MigrationRef,
+) -> None:
+    activity_env.run(
+        counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.SNAPSHOT))
+    )
+    kubectl("delete", "migration", migration.name, "-n", migration.namespace, "--wait=true")
+    kubectl("apply", "-n", migration.namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+    before = json.loads(kubectl("get", "migration", MIGRATION, "-n", migration.namespace, "-o", "json").stdout)
+
+    def write_for_the_first() -> CountingProgressReads:
+        with CountingProgressReads(kube_api, migration, StepName.SNAPSHOT, versions) as writer:
+            writer.update(bytes_done=2**20)
+            eventually("the writer to see another uid", lambda: writer.gone, timeout=30)
+        return writer
+
+    writer = activity_env.run(write_for_the_first)
+
+    assert (writer.writes, writer.reads) == (0, 1), "the version it knew was the first one's: a 409, then a read"
+    after = json.loads(kubectl("get", "migration", MIGRATION, "-n", migration.namespace, "-o", "json").stdout)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], "not written at all"
 
 
 def test_a_migration_re_created_under_the_same_name_after_a_write_is_left_alone(
