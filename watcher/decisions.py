@@ -10,6 +10,12 @@ Terminated or TimedOut" (see watcher/abandoned.py).
 A finished Migration that is not being deleted and has no new control decides
 `nothing`: it costs neither a Temporal call nor an API write, and a list keeps no more
 of it than a summary (watcher/inventory.py).
+
+A new Migration's workflow starts before ferry's finalizer is added (with the
+annotation, in one write), so a deleted Migration without the finalizer may have a run
+going on: the object says nothing of a start whose write it refused. Unless its status
+is finished, its pass cancels the run by ID, which costs one call whether or not a run
+is there.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ class Action:
 
     deletion: bool = False
     """Deleted and still holding ferry's finalizer: the deletion handler decides when to let it go."""
+    cancel: bool = False
+    """Deleted without ferry's finalizer and not finished: a run may be going on that nothing holds the Migration
+    for (its deletion landed between the start and the write that adds the finalizer, while another finalizer kept
+    the object). Cancel the run, if there is one; it rolls back."""
     invalid_spec: str | None = None
     """The spec does not validate (an older CRD let it through): a Warning Event and phase Failed, saying why."""
-    add_finalizer: bool = False
     start: bool = False
     """Neither status.workflow nor the watcher's annotation names the workflow: start it (once, by its ID)."""
+    add_finalizer: bool = False
+    """Added after the start, in one write with the annotation that records it (see watcher/handling.py)."""
     controls: tuple[Control | Rejection, ...] = ()
     check_run: bool = False
     """The resync's query saw the run closed Terminated or TimedOut while the status is not finished."""
@@ -48,14 +59,15 @@ class Action:
 
     @property
     def summary(self) -> str:
-        """What the pass does, e.g. `finalizer+start`, or `nothing` (a metric label, so a small set)."""
+        """What the pass does, e.g. `start+finalizer`, or `nothing` (a metric label, so a small set)."""
         parts = [
             name
             for name, wanted in (
                 ("deletion", self.deletion),
+                ("cancel", self.cancel),
                 ("invalid-spec", self.invalid_spec is not None),
-                ("finalizer", self.add_finalizer),
                 ("start", self.start),
+                ("finalizer", self.add_finalizer),
                 ("controls", bool(self.controls)),
                 ("check-run", self.check_run),
             )
@@ -90,7 +102,9 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
     if gone:
         return NOTHING
     if migration.metadata.deletion_timestamp is not None:
-        return Action(deletion=FINALIZER in migration.metadata.finalizers)
+        if FINALIZER in migration.metadata.finalizers:
+            return Action(deletion=True)
+        return Action(cancel=not migration.finished)
     given = tuple(pending(migration))
     if migration.finished:
         return Action(controls=given)

@@ -18,6 +18,11 @@ after a crash, decides the same:
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
 the finalizer is released anyway, with a Warning Event saying what may be left.
+
+A deleted Migration without ferry's finalizer that another finalizer keeps, unfinished,
+may have a run going on: its deletion landed between the workflow's start and the write
+that adds the finalizer (watcher/handling.py). Its run is cancelled, and rolls back;
+nothing waits for that, as nothing holds the object for ferry.
 """
 
 from __future__ import annotations
@@ -105,6 +110,21 @@ class DeletionHandler:
                 await self._wait_for(migration, cleanup_handle, deadline, why)
                 return
         await self._release(migration, f"its workflow has finished ({_state(described)})")
+
+    async def cancel_unheld(self, migration: Migration) -> None:
+        """Cancels the run of a deleted Migration that ferry's finalizer does not hold, if one runs.
+
+        Asked again at each pass until the status is finished: Temporal takes a second cancel of a run as the first,
+        and answers NOT_FOUND for a run that has closed or never was, which leaves nothing to do.
+        """
+        ref = ref_of(migration)
+        try:
+            await self._client.get_workflow_handle(workflow_id(ref)).cancel()
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return
+        log.info("Migration %s is being deleted without ferry's finalizer: its run is cancelled (it rolls back)", ref)
 
     async def _undo(
         self, migration: Migration, run: WorkflowExecutionDescription, requested: datetime, deadline: datetime

@@ -87,9 +87,10 @@ class Dispatcher:
             del self._running[key]
 
     def _drop_superseded(self, key: tuple[str, str], written: list[str]) -> None:
-        """Forgets the states that the pass's own later write superseded (e.g. the finalizer it added before it
-        recorded the workflow), waiting or still to come: the watch brings that write's state too, and handling
-        an older one would only repeat the pass. Watch events come in order, so the first other state ends this."""
+        """Forgets the states that the pass's own later write superseded (e.g. the finalizer and annotation it wrote
+        before it acknowledged a control), waiting or still to come: the watch brings that write's state too, and
+        handling an older one would only repeat the pass. Watch events come in order, so the first other state ends
+        this."""
         superseded = frozenset(written[:-1])
         if not superseded:
             return

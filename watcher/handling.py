@@ -1,11 +1,21 @@
 """What the watcher does with the latest state of one Migration. Level-triggered and idempotent.
 
 watcher/decisions.py decides, from the object alone, what a pass does; this module does
-it: the deletion handler for a deleted Migration; for a live one, the Failed status of
-an invalid spec, the finalizer, the workflow's start (and the annotation that records
-it), kubectl controls as updates, and the Abandoned phase of a run ended from outside.
-Nothing is remembered between passes: everything needed is in the object, its status,
-and Temporal.
+it: the deletion handler for a deleted Migration (or, when it lacks ferry's finalizer,
+the cancel of its run); for a live one, the Failed status of an invalid spec, the
+workflow's start and then, in one write, the finalizer and the annotation that records
+the start, kubectl controls as updates, and the Abandoned phase of a run ended from
+outside. Nothing is remembered between passes: everything needed is in the object, its
+status, and Temporal.
+
+Why the start comes first: the finalizer's write would otherwise be a write of its own,
+and the API server's writes are what a burst of creates waits on. A Migration deleted
+between the start and that write cannot take the finalizer any more, and its run stops
+all the same. Gone, it leaves a run that acts on nothing: the worker's gate refuses every
+activity of a run whose Migration does not exist (worker/gate.py), and a status write
+that passed the gate before finds it gone and rolls the run back before its first step
+(workflows/saga.py, `_orphaned`). Held by another finalizer, it lingers, and the state
+its deletion brings has no finalizer of ferry's: that pass cancels the run.
 """
 
 from __future__ import annotations
@@ -80,20 +90,25 @@ class MigrationHandler:
         if action.deletion:
             await self._deletion.handle(migration)
             return
+        if action.cancel:
+            await self._deletion.cancel_unheld(migration)
+            return
         if action.invalid_spec is not None:
             await self._reject(migration, ref, action.invalid_spec)
             return
-        if action.add_finalizer and not await self._writer.add_finalizer(migration):
-            return  # gone, or being deleted meanwhile: the watch brings that state
         if action.start:
             await self._start(migration, ref, received)
+        if action.start or action.add_finalizer:
+            recorded = workflow_id(ref) if action.start else None
+            if not await self._writer.hold(migration, recorded):
+                return  # gone, or being deleted meanwhile: the watch brings that state
         for item in action.controls:
             await self._apply_control(ref, item)
         if action.check_run:
             await self._notice_abandoned(migration, ref)
 
     async def _start(self, migration: Migration, ref: MigrationRef, received: float) -> None:
-        """Starts the workflow inside the span that roots the migration's trace, then records that it exists."""
+        """Starts the workflow inside the span that roots the migration's trace (once: a second start is refused)."""
         if migration.spec is None:  # decide() starts only Migrations whose spec validates
             return
         generation = migration.metadata.generation
@@ -106,7 +121,6 @@ class MigrationHandler:
             created = await ensure_started(self._client, ref, generation, migration.spec, self._settings.task_queue)
         if created:
             self._metrics.event_to_start.record(time.monotonic() - received)
-        await self._writer.record_workflow(migration, workflow_id(ref))
 
     async def _reject(self, migration: Migration, ref: MigrationRef, problems: str) -> None:
         """A spec the CRD's schema should have refused (an older CRD may not have): Failed, saying why."""

@@ -1,7 +1,9 @@
 """The watcher's writes to Migrations: its finalizer, its annotation, the status fields it owns, its Events.
 
 Finalizer changes are merge patches carrying the resourceVersion they were computed
-from, retried from a fresh read on a conflict, so no other finalizer is ever lost. The
+from, retried from a fresh read on a conflict, so no other finalizer is ever lost. A new
+Migration costs one write: its finalizer and the annotation naming its workflow go
+together, after the start (a burst of creates waits on the API server's writes). The
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
 saga's fields as they are; only an Abandoned Migration gets its phase from the watcher,
 because then no workflow is left to write it.
@@ -44,56 +46,56 @@ class MigrationWriter:
         if migration is not None:
             self._written.setdefault(ref.uid, []).append(migration.metadata.resource_version)
 
-    async def add_finalizer(self, migration: Migration) -> bool:
-        """Puts ferry's finalizer on the Migration; False when it cannot hold one: the Migration is gone, or is being
-        deleted without it (the API server adds no finalizer then), and no workflow may start for it."""
-        return await self._change_finalizers(migration, add=True)
+    async def hold(self, migration: Migration, workflow_id: str | None) -> bool:
+        """One write: ferry's finalizer and, when given, the annotation naming the workflow (which exists now; see
+        WORKFLOW_ANNOTATION), each where missing.
+
+        False when the Migration cannot hold the finalizer: it is gone, or is being deleted (the API server adds no
+        finalizer then). The run stops all the same: the run of a gone one acts on nothing (worker/gate.py), and the
+        pass of a lingering one cancels it (watcher/decisions.py).
+        """
+        return await self._change_finalizers(migration, add=True, workflow_id=workflow_id)
 
     async def remove_finalizer(self, migration: Migration) -> None:
         await self._change_finalizers(migration, add=False)
 
-    async def _change_finalizers(self, seen: Migration, *, add: bool) -> bool:
+    async def _change_finalizers(self, seen: Migration, *, add: bool, workflow_id: str | None = None) -> bool:
         """Starts from the object as the watch delivered it; re-reads only after a conflict.
 
-        Returns whether the Migration ends with the finalizer as wanted."""
+        Returns whether the Migration ends with the finalizer as wanted. The annotation, when given, goes in the same
+        write. Written alone (the finalizer was there), it carries no resourceVersion and may land on a Migration
+        created again under the same name meanwhile: harmless, since that one's workflow has another ID (another
+        uid), which is what the annotation is compared with.
+        """
         ref = ref_of(seen)
         migration: Migration | None = seen
         for _ in range(CONFLICT_ATTEMPTS):
             if migration is None:
                 return not add
             finalizers = migration.metadata.finalizers
-            if (FINALIZER in finalizers) == add:
+            metadata: dict[str, Any] = {}
+            if (FINALIZER in finalizers) != add:
+                if add and migration.metadata.deletion_timestamp is not None:
+                    log.info("Migration %s is being deleted: no finalizer added (its next pass cancels a run)", ref)
+                    return False
+                wanted = [*finalizers, FINALIZER] if add else [f for f in finalizers if f != FINALIZER]
+                metadata = {"finalizers": wanted, "resourceVersion": migration.metadata.resource_version}
+            if workflow_id is not None and migration.metadata.annotations.get(WORKFLOW_ANNOTATION) != workflow_id:
+                metadata["annotations"] = {WORKFLOW_ANNOTATION: workflow_id}
+            if not metadata:
                 return True
-            if add and migration.metadata.deletion_timestamp is not None:
-                log.info("Migration %s is being deleted: no finalizer added, no workflow started", ref)
-                return False
-            wanted = [*finalizers, FINALIZER] if add else [f for f in finalizers if f != FINALIZER]
-            patch = {"metadata": {"finalizers": wanted, "resourceVersion": migration.metadata.resource_version}}
             try:
-                written = await self._kube.patch_migration(ref, patch)
+                written = await self._kube.patch_migration(ref, {"metadata": metadata})
             except Conflict:
                 migration = await self._kube.read_migration(ref)
                 continue
             if written is None:
                 return not add  # gone meanwhile
             self._wrote(ref, written)
-            log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
+            if "finalizers" in metadata:
+                log.info("%s finalizer %s on Migration %s", "added" if add else "removed", FINALIZER, ref)
             return True
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
-
-    async def record_workflow(self, migration: Migration, workflow_id: str) -> None:
-        """Annotates the Migration with the ID of its workflow, which exists now (see WORKFLOW_ANNOTATION).
-
-        A Migration created again under the same name meanwhile may get it too: harmless, since
-        its own workflow has another ID (another uid), which is what the annotation is compared with.
-        """
-        if migration.metadata.annotations.get(WORKFLOW_ANNOTATION) == workflow_id:
-            return
-        ref = ref_of(migration)
-        self._wrote(
-            ref,
-            await self._kube.patch_migration(ref, {"metadata": {"annotations": {WORKFLOW_ANNOTATION: workflow_id}}}),
-        )
 
     async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
         """Merge-patches the given status fields (the watcher's own); a missing Migration is left alone."""

@@ -211,8 +211,7 @@ async def test_removing_a_control_and_the_watchers_own_writes_need_no_control_ve
         writer = MigrationWriter(kube)
         seen = await kube.read_migration(ref)
         assert seen is not None
-        await writer.add_finalizer(seen)
-        await writer.record_workflow(seen, "migration/x/y/z")
+        await writer.hold(seen, "migration/x/y/z")
         await writer.acknowledge(ref, "ferry.dev/approve", "alice", "approved by alice")
         finalized = await kube.read_migration(ref)
         assert finalized is not None

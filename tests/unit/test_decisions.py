@@ -34,12 +34,12 @@ def migration(
 RUNNING = {"phase": "Running", "workflow": {"namespace": "default", "id": WORKFLOW}}
 
 
-def test_a_new_migration_gets_the_finalizer_and_its_workflow_before_anything_else() -> None:
+def test_a_new_migration_gets_its_workflow_then_the_finalizer_before_anything_else() -> None:
     action = decide(migration(finalizers=()))
 
-    assert action == Action(add_finalizer=True, start=True)
+    assert action == Action(start=True, add_finalizer=True)
     assert action.urgent
-    assert action.summary == "finalizer+start"
+    assert action.summary == "start+finalizer"
 
 
 def test_a_migration_whose_status_names_its_workflow_costs_nothing() -> None:
@@ -85,7 +85,20 @@ def test_an_acknowledged_control_is_not_given_again() -> None:
 
 def test_a_deleted_migration_goes_to_the_deletion_handler_while_it_holds_the_finalizer() -> None:
     assert decide(migration(deleted=True, **RUNNING)) == Action(deletion=True)
-    assert decide(migration(deleted=True, finalizers=("example.com/other",), **RUNNING)).nothing
+
+
+def test_a_deleted_migration_without_the_finalizer_has_its_run_cancelled_until_it_is_finished() -> None:
+    """Its deletion landed between the start and the write of the finalizer, another finalizer holding it: the
+    object may not say that a run started, so an unfinished one is cancelled whatever it says."""
+    held = ("example.com/other",)
+    for status in ({}, RUNNING, {"phase": "RollingBack"}):
+        action = decide(migration(deleted=True, finalizers=held, **status))
+        assert action == Action(cancel=True), status
+        assert action.summary == "cancel"
+        assert not action.urgent
+    for phase in ("Succeeded", "RolledBack", "Failed", "Abandoned"):
+        assert decide(migration(deleted=True, finalizers=held, phase=phase)).nothing, phase
+    assert decide(migration(deleted=True, finalizers=held, annotations={"ferry.dev/retry": "bob"})).controls == ()
 
 
 def test_a_migration_the_watch_saw_go_needs_nothing() -> None:

@@ -47,7 +47,7 @@ async def test_only_the_latest_state_waiting_is_handled_next() -> None:
 
 
 async def test_a_state_the_pass_itself_superseded_is_not_handled_again() -> None:
-    handler = Recorder(writes=["2", "3"])  # e.g. the finalizer, then the workflow's annotation
+    handler = Recorder(writes=["2", "3"])  # e.g. the finalizer with the annotation, then a control's acknowledgement
     dispatcher = Dispatcher(handler, concurrency=4)
 
     dispatcher.submit(state("1"))

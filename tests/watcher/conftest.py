@@ -1,4 +1,4 @@
-"""Fixtures of the watcher tests: `ferry watcher` as processes of its own, and visibility helpers.
+"""Fixtures of the watcher tests: `ferry watcher` as processes of its own, one pass at a time, visibility helpers.
 
 The in-process watcher fixture (`running_watcher`) and `eventually` live in tests/end_to_end.py."""
 
@@ -15,9 +15,16 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
+from temporalio.common import MetricMeter
 
 from devstack.stack.stack import StackInfo
 from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
+from watcher.deletion import DeletionHandler
+from watcher.handling import MigrationHandler
+from watcher.kube import Kube
+from watcher.metrics import WatcherMetrics
+from watcher.patching import MigrationWriter
+from watcher.settings import WatcherSettings
 
 
 async def workflows_in(client: Client, namespace: str) -> list[str]:
@@ -36,6 +43,13 @@ async def has_workflow(client: Client, ref: MigrationRef) -> bool:
     except Exception:  # noqa: BLE001 - not found (yet)
         return False
     return True
+
+
+def pass_handler(client: Client, kube: Kube, settings: WatcherSettings) -> MigrationHandler:
+    """The watcher's handler of one pass, alone: the test hands it each state the watch would."""
+    writer = MigrationWriter(kube)
+    deletion = DeletionHandler(client, writer, settings, lambda _: None)
+    return MigrationHandler(client, writer, settings, deletion, WatcherMetrics(MetricMeter.noop))
 
 
 @dataclasses.dataclass

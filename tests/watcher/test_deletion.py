@@ -13,18 +13,24 @@ import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from devstack.stack.stack import StackInfo
-from ferry.api.saga import ControlRequest, Signal, undo_workflow_id, workflow_id
+from ferry.api.migration import FINALIZER, Migration, Phase
+from ferry.api.saga import ControlRequest, MigrationRef, Signal, undo_workflow_id, workflow_id
 from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest
-from tests.watcher.conftest import WatcherProcess
+from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, watcher_settings
+from tests.watcher.conftest import WatcherProcess, has_workflow, pass_handler
+from watcher.kube import Kube
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
+
+GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
+HOLD = "example.com/hold"
+"""Another controller's finalizer."""
 
 
 @pytest.fixture
@@ -228,3 +234,109 @@ async def test_applying_a_deleted_migration_again_leaves_the_live_target_its_dat
         assert conn.execute("select count(*) from orders").fetchone() == (300,)
     steps = {step["name"]: step["state"] for step in status["steps"]}
     assert steps["provision"] == "Pending", "provision never ran"
+
+
+class DeletedBeforeTheFirstWrite(Kube):
+    """The watcher's Kubernetes calls, with the Migration deleted just before the pass's first write to it lands."""
+
+    def __init__(self, api: k8s.ApiClient, delete: Callable[[], object]) -> None:
+        super().__init__(api, "test")
+        self._delete: Callable[[], object] | None = delete
+
+    async def patch_migration(self, ref: MigrationRef, patch: Any) -> Migration | None:
+        if self._delete is not None:
+            delete, self._delete = self._delete, None
+            await asyncio.to_thread(delete)
+        return await super().patch_migration(ref, patch)
+
+
+def _create(kube_api: k8s.ApiClient, manifest: dict[str, Any]) -> MigrationRef:
+    namespace = manifest["metadata"]["namespace"]
+    custom = k8s.CustomObjectsApi(kube_api)
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    return MigrationRef(namespace=namespace, name=manifest["metadata"]["name"], uid=created["metadata"]["uid"])
+
+
+def _deleter(kube_api: k8s.ApiClient, ref: MigrationRef) -> Callable[[], object]:
+    custom = k8s.CustomObjectsApi(kube_api)
+    return lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+
+
+async def _closed(client: Client, ref: MigrationRef) -> WorkflowExecutionStatus | None:
+    """How the Migration's run ended, once it has."""
+    run = client.get_workflow_handle(workflow_id(ref))
+
+    async def ended() -> bool:
+        return (await run.describe()).status is not WorkflowExecutionStatus.RUNNING
+
+    await eventually("the run to end", ended, within=120)
+    return (await run.describe()).status
+
+
+async def test_a_migration_deleted_after_its_run_started_and_before_the_watcher_wrote_leaves_a_run_that_does_nothing(
+    namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """Nothing else holds it, so it is gone before the write that adds ferry's finalizer, and no pass sees it again.
+    The run acts on nothing: the worker's gate refuses the activities of a run whose Migration does not exist, and a
+    status write that passed it earlier finds the Migration gone, which rolls the run back before its first step."""
+    manifest = migration_manifest(stack, bucket, name="unheld")
+    manifest["metadata"]["namespace"] = namespace
+    ref = _create(kube_api, manifest)
+    kube = DeletedBeforeTheFirstWrite(kube_api, _deleter(kube_api, ref))
+    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
+    assert seen is not None
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+
+    await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+
+    assert await kube.read_migration(ref) is None
+    assert await has_workflow(temporal_client, ref), "the run started before the deletion"
+    ended = await _closed(temporal_client, ref)
+    run = temporal_client.get_workflow_handle(workflow_id(ref))
+    if ended is WorkflowExecutionStatus.COMPLETED:
+        assert (await run.result())["phase"] == "RolledBack"
+    else:
+        assert ended is WorkflowExecutionStatus.FAILED
+    completed = [
+        event.event_id
+        async for event in run.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    ]
+    assert completed == [], "no step ran (status writes are local activities, recorded as markers)"
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"]
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+async def test_a_migration_another_finalizer_holds_deleted_after_its_run_started_has_its_run_cancelled(
+    namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The deletion lands after the start, before the write that adds ferry's finalizer with the annotation: the
+    API server then refuses a new finalizer, and the Migration lingers, held by the other one alone, while its run
+    goes on. The pass the deletion brings cancels the run (it rolls back) and leaves the other finalizer alone."""
+    manifest = migration_manifest(stack, bucket, name="held")
+    manifest["metadata"].update(namespace=namespace, finalizers=[HOLD])
+    ref = _create(kube_api, manifest)
+    kube = DeletedBeforeTheFirstWrite(kube_api, _deleter(kube_api, ref))
+    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
+    assert seen is not None
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+
+    await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+    deleted = await kube.read_migration(ref)
+    assert deleted is not None
+    assert deleted.metadata.deletion_timestamp is not None
+    assert deleted.metadata.finalizers == [HOLD], "the API server adds no finalizer to a Migration being deleted"
+    assert await has_workflow(temporal_client, ref), "the run started before the deletion"
+    await handler.handle(deleted, gone=False, run_closed=False, received=0.0)  # the state the watch brings next
+
+    assert await _closed(temporal_client, ref) is WorkflowExecutionStatus.CANCELED
+    await handler.handle(deleted, gone=False, run_closed=False, received=0.0)  # again, once the run has closed
+    after = await kube.read_migration(ref)
+    assert after is not None
+    assert after.status.phase is Phase.ROLLED_BACK
+    assert "the workflow was cancelled" in (after.status.message or "")
+    assert after.metadata.finalizers == [HOLD]
+    assert FINALIZER not in after.metadata.finalizers
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"]

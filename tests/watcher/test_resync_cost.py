@@ -39,7 +39,7 @@ class Counters:
     """What the watcher's /metrics says it did."""
 
     passes: dict[str, float]
-    """Passes over a Migration, by action (`nothing`, `finalizer+start`, ...)."""
+    """Passes over a Migration, by action (`nothing`, `start+finalizer`, ...)."""
     calls: dict[str, float]
     """Calls to Temporal, by name."""
     events: dict[str, float]

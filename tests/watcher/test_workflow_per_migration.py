@@ -9,19 +9,14 @@ import signal
 
 from kubernetes import client as k8s
 from temporalio.client import Client
-from temporalio.common import MetricMeter
 
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER
 from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest, watcher_settings
-from tests.watcher.conftest import has_workflow, workflows_in
-from watcher.deletion import DeletionHandler
-from watcher.handling import MigrationHandler
+from tests.watcher.conftest import has_workflow, pass_handler, workflows_in
 from watcher.kube import Kube
-from watcher.metrics import WatcherMetrics
-from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
 GROUP, VERSION, PLURAL = "ferry.dev", "v1alpha1", "migrations"
@@ -118,26 +113,23 @@ async def _terminate_all(client: Client, ids: list[str]) -> None:
         await client.get_workflow_handle(workflow).terminate("test finished")
 
 
-async def test_a_migration_deleted_before_its_first_pass_wrote_gets_neither_a_finalizer_nor_a_workflow(
+async def test_a_migration_deleted_before_its_first_pass_gets_neither_a_finalizer_nor_a_workflow(
     migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
     task_queue: str,
 ) -> None:  # fmt: skip
-    """Deleted while someone else's finalizer holds it: the API server refuses any new finalizer, so the pass started
-    from the state seen before the deletion must stop there, not fail and retry forever, and start nothing."""
+    """Deleted while someone else's finalizer holds it, before the watcher's first pass: the API server refuses any
+    new finalizer, so that pass must add none, start nothing, and not fail and retry forever. (A deletion that lands
+    during the pass, after the start: tests/watcher/test_deletion.py.)"""
     custom = k8s.CustomObjectsApi(kube_api)
     manifest = migration_manifest(stack, "snapshots", name="held")
     manifest["metadata"]["finalizers"] = [OTHER_FINALIZER]
     created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
     ref = MigrationRef(namespace=namespace, name="held", uid=created["metadata"]["uid"])
-    kube = Kube(kube_api, "test")
-    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
-    assert seen is not None
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
-    settings = watcher_settings(stack, task_queue, namespace)
-    writer = MigrationWriter(kube)
-    metrics = WatcherMetrics(MetricMeter.noop)
-    deletion = DeletionHandler(temporal_client, writer, settings, lambda _: None)
-    handler = MigrationHandler(temporal_client, writer, settings, deletion, metrics)
+    kube = Kube(kube_api, "test")
+    seen = await kube.read_migration(ref)  # what the watch delivers
+    assert seen is not None
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
 
     try:
         await handler.handle(seen, gone=False, run_closed=False, received=0.0)
