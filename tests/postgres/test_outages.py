@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -35,7 +36,7 @@ from tests.cluster import eventually
 from tests.conftest import make_state_dir
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
-from tests.postgres.data import connect, create_bulky
+from tests.postgres.data import connect, create_bulky, tables
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 from tests.postgres.step import SnapshotStep
 
@@ -194,6 +195,7 @@ async def _killed_mid_upload(
     return handle
 
 
+@pytest.mark.parametrize("restore", [False, True], ids=["dump only", "restoring while dumping"])
 async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_whole_object_is_written(
     stack: StackInfo,
     databases: Databases,
@@ -204,14 +206,21 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
     temporal_client: Client,
     task_queue: str,
     bucket: str,
+    restore: bool,
 ) -> None:
     create_bulky(databases.source, rows=UPLOAD_PARTS[2])  # the worker dies after part 1
-    input = SnapshotInput(ref=steps.ref, driver=steps.driver, snapshot=steps.snapshot_spec, key=steps.key)
+    input = SnapshotInput(
+        ref=steps.ref, driver=steps.driver, snapshot=steps.snapshot_spec, key=steps.key, restore=restore
+    )
     async with _worker(temporal_client, task_queue, workflow=True, postgres=None):
         handle = await _killed_mid_upload(stack, binaries, temporal_client, task_queue, input)
         s3 = stack.s3_client()
         assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "it died with an unfinished upload"
         eventually("the dead worker's pg_dump to go", lambda: _sessions(databases) == 0, timeout=20)
+        # Its pg_restore read the end of its input when the worker died, failed, and rolled back.
+        eventually("the dead worker's pg_restore to go", lambda: _sessions(databases, "target") == 0, timeout=20)
+        with connect(databases.target) as conn:
+            assert tables(conn) == [], "nothing of the interrupted stream is in the target"
 
         replacement = PostgresActivities(kube_api, data_settings)
         async with _worker(temporal_client, task_queue, workflow=False, postgres=replacement):
@@ -221,7 +230,8 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
     assert _objects_and_uploads(s3, bucket) == ([steps.key], [])
     stored = s3.get_object(Bucket=bucket, Key=steps.key)["Body"].read()
     assert (len(stored), hashlib.sha256(stored).hexdigest()) == (result.size_bytes, result.sha256)
-    steps.migrate(result)
+    assert result.restored == restore
+    assert steps.migrate(result).during_snapshot == restore
     assert [check.equal for check in steps.verify().tables] == [True]
 
 
@@ -252,8 +262,8 @@ async def test_a_snapshot_interrupted_mid_upload_is_undone_without_its_result_an
     assert _objects_and_uploads(s3, bucket) == ([], [])
 
 
-def _sessions(databases: Databases) -> int:
-    with connect(databases.source) as conn:
+def _sessions(databases: Databases, side: str = "source") -> int:
+    with connect(getattr(databases, side)) as conn:
         row = conn.execute(
             "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
         ).fetchone()
