@@ -316,6 +316,9 @@ class PostgresActivities:
                     raise RuntimeError(f"{location} holds {stored} bytes after uploading {size}")
                 if restore is not None:
                     restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
+            if target is not None:
+                with self._connect(target) as conn:
+                    restoring.analyze(conn, heartbeats)
         activity.logger.info(
             "snapshot of %s: %s, %d bytes, sha256 %s%s",
             db.describe(),
@@ -377,6 +380,7 @@ class PostgresActivities:
                     read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress)
                 finally:
                     body.close()
+            restoring.analyze(conn, heartbeats)
             tables = restoring.count_tables(conn)
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)

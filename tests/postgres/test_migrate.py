@@ -43,6 +43,11 @@ def test_migrate_restores_the_snapshot_into_the_target(
     assert result.tables == 3
     assert result.bytes_restored == snapshot.size_bytes
     assert contents(databases.target) == contents(databases.source)
+    with connect(databases.target) as conn:
+        analyzed = conn.execute(
+            "select count(distinct (schemaname, tablename)) from pg_stats where schemaname in ('shop', 'audit')"
+        ).fetchone()
+    assert analyzed == (3,), "the planner has statistics of the restored tables"
 
 
 def test_migrate_run_again_starts_from_a_clean_target(

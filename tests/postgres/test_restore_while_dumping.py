@@ -65,6 +65,16 @@ def _sessions(databases: Databases, side: str) -> int:
     return int(row[0]) if row else -1
 
 
+def _analyzed(databases: Databases) -> list[str]:
+    """The target's tables with planner statistics (only ANALYZE makes them)."""
+    with connect(databases.target) as conn:
+        rows = conn.execute(
+            "select distinct schemaname || '.' || tablename from pg_stats where schemaname in ('shop', 'audit') "
+            "order by 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def _target_tables(databases: Databases) -> list[str]:
     with connect(databases.target) as conn:
         return tables(conn)
@@ -82,6 +92,7 @@ def test_the_snapshot_restores_the_target_while_uploading_and_migrate_finds_it_d
 
     assert snapshot.restored
     assert contents(databases.target) == contents(databases.source)
+    assert _analyzed(databases) == ["audit.log", "shop.customers", "shop.orders"], "the planner has statistics"
     assert (migrated.during_snapshot, migrated.tables, migrated.bytes_restored) == (True, 3, snapshot.size_bytes)
     assert len(verified.tables) == 3
     assert _objects_and_uploads(stack, bucket) == ([snapshot.key], [])
