@@ -101,13 +101,14 @@ def estimate(result: PrecheckResult) -> Estimates | None:
     if rates is None or min(rates.source_read, rates.target_write, rates.upload) <= 0:
         return None
     size = result.source_size_bytes
-    snapshot = size / min(rates.source_read, rates.upload)
-    migrate = size / rates.target_write
+    # The snapshot step reads, uploads and restores at once (SNAPSHOT_AND_RESTORE): the slowest of the three sets its
+    # pace, and migrate finds the target restored.
+    snapshot = size / min(rates.source_read, rates.upload, rates.target_write)
     verify = size / rates.source_read  # both sides are read at once
-    downtime = snapshot + migrate + verify + FIXED_SECONDS / 2
+    downtime = snapshot + verify + FIXED_SECONDS / 2
     return Estimates(
         snapshot_seconds=round(snapshot, 1),
-        migrate_seconds=round(migrate, 1),
+        migrate_seconds=0.0,
         verify_seconds=round(verify, 1),
         write_downtime_seconds=round(downtime, 1),
         total_seconds=round(downtime + FIXED_SECONDS / 2, 1),

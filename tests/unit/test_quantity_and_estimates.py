@@ -33,11 +33,16 @@ def _checked(**rates: float) -> PrecheckResult:
     )
 
 
-def test_the_slower_of_reading_and_uploading_sets_the_snapshots_estimate() -> None:
-    estimates = estimate(_checked(source_read=50.0, upload=10.0, target_write=20.0))
+def test_the_slowest_of_reading_uploading_and_restoring_sets_the_snapshots_estimate_and_migrate_takes_none() -> None:
+    uploading_slowest = estimate(_checked(source_read=50.0, upload=10.0, target_write=20.0))
+    restoring_slowest = estimate(_checked(source_read=50.0, upload=20.0, target_write=5.0))
 
-    assert estimates is not None
-    assert (estimates.snapshot_seconds, estimates.migrate_seconds, estimates.verify_seconds) == (10.0, 5.0, 2.0)
+    assert uploading_slowest is not None
+    assert restoring_slowest is not None
+    assert (uploading_slowest.snapshot_seconds, uploading_slowest.migrate_seconds) == (10.0, 0.0)
+    assert (restoring_slowest.snapshot_seconds, restoring_slowest.migrate_seconds) == (20.0, 0.0)
+    assert uploading_slowest.verify_seconds == 2.0
+    assert uploading_slowest.write_downtime_seconds == 10.0 + 2.0 + 5.0
 
 
 @pytest.mark.parametrize("unknown", ["source_read", "target_write", "upload"])

@@ -37,14 +37,15 @@ async def test_a_dry_run_runs_only_the_checks_and_ends_planned_with_the_plan(run
     assert (plan.source_version, plan.target_version, plan.source_size_bytes) == ("15.18", "18.1", 8192)
     assert plan.target_storage_bytes == 2**30
     assert plan.estimates is not None
-    # 8192 bytes: snapshot at min(read 4096, upload 8192) = 2 s, migrate at 2048 = 4 s, verify at 4096 = 2 s.
+    # 8192 bytes: snapshot (restoring as it uploads) at min(read 4096, upload 8192, write 2048) = 4 s, migrate
+    # nothing left, verify at 4096 = 2 s.
     assert (plan.estimates.snapshot_seconds, plan.estimates.migrate_seconds, plan.estimates.verify_seconds) == (
-        2.0,
         4.0,
+        0.0,
         2.0,
     )
-    assert plan.estimates.write_downtime_seconds == 13.0
-    assert plan.estimates.total_seconds == 18.0
+    assert plan.estimates.write_downtime_seconds == 11.0
+    assert plan.estimates.total_seconds == 16.0
 
 
 async def test_a_run_that_is_not_dry_writes_the_same_plan_and_goes_on(run_saga: Run) -> None:
