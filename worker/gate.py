@@ -15,7 +15,9 @@ them (a finalizer removed by hand, a deletion given up at its deadline): if the 
 already passed the gate once (`vouched`), its undos go on, so it takes back what it did, and
 so do its status writes (which write only to an object with the claim's UID, and report the
 Migration gone, which makes the run undo what it started). A run that never found its
-Migration acts on nothing. One read of the Migration per activity attempt is the price;
+Migration acts on nothing. A Migration being deleted without ferry's finalizer (its deletion
+came between the workflow's start and the watcher's first write) lets its run take back
+what it did, and nothing more. One read of the Migration per activity attempt is the price;
 status writes, the most frequent calls, skip it once their run has passed the gate: they
 check the UID themselves (their write is conditional on it), and the plan cannot change
 under a UID (the API server refuses it).
@@ -49,8 +51,8 @@ from temporalio.worker import (
 )
 
 from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, claim_of, digest, is_undo, workflow_ids
-from ferry.api.migration import GROUP, PLURAL, VERSION, MigrationSpec
-from ferry.api.saga import KubeActivity, MigrationRef, workflow_id
+from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, MigrationSpec
+from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
 
 log = logging.getLogger("ferry.worker.gate")
 
@@ -169,6 +171,11 @@ class _Gate(ActivityInboundInterceptor):
             what = "does not exist" if live is None else f"is another object now (uid {uid})"
             raise self._refuse(info, f"Migration {ref} with uid {ref.uid} {what}")
         assert live is not None
+        if _unheld_deletion(live) and not _takes_back(info.activity_type):
+            raise self._refuse(
+                info,
+                f"Migration {ref} is being deleted and ferry's finalizer does not hold it: no step may run, only undos",
+            )
         try:
             spec = MigrationSpec.model_validate(live.get("spec") or {})
         except ValidationError as error:
@@ -187,6 +194,25 @@ class _Gate(ActivityInboundInterceptor):
     def _refuse(info: activity.Info, why: str) -> ApplicationError:
         log.warning("refused activity %s of workflow %s: %s", info.activity_type, info.workflow_id, why)
         return refusal(why)
+
+
+def _unheld_deletion(live: dict[str, Any]) -> bool:
+    """Deleted while ferry's finalizer is not on it: the watcher starts a run before it adds the finalizer, so a
+    deletion between the two (with another finalizer keeping the object) leaves a run nothing holds the Migration
+    for. The watcher cancels such a run when it sees the deletion; until then, or should no watcher run, the gate
+    keeps it from doing anything but take back what it did."""
+    metadata = live.get("metadata") or {}
+    return metadata.get("deletionTimestamp") is not None and FINALIZER not in (metadata.get("finalizers") or [])
+
+
+def _takes_back(activity_type: str) -> bool:
+    """Undos, the check before traffic goes back (an undo's guard), and status writes."""
+    operation = activity_type.rsplit(".", 1)[-1]
+    return (
+        is_undo(activity_type)
+        or operation == DriverOperation.CHECK_UNWRITTEN
+        or activity_type == KubeActivity.MIRROR_STATUS
+    )
 
 
 class PassedRuns:
