@@ -196,7 +196,9 @@ def timed(call: Callable[[], T]) -> tuple[T, float]:
     return result, time.perf_counter() - started
 
 
-def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint) -> dict[str, Any]:
+def ferry(
+    info: StackInfo, bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, compression: int | None = None
+) -> dict[str, Any]:
     """Freeze, snapshot, migrate and verify as the saga runs them; returns each step's seconds and sizes."""
     assert info.s3_access_key is not None
     assert info.s3_secret_key is not None
@@ -206,7 +208,8 @@ def ferry(info: StackInfo, bindir: Path, source: PostgresEndpoint, target: Postg
     secrets = FixedSecrets(
         {"source": source, "target": target}, S3Credentials(info.s3_access_key, info.s3_secret_key, "bench/s3")
     )
-    postgres = PostgresActivities(None, DataActivitySettings(postgres_bindir=bindir), secrets=secrets)
+    chosen = {} if compression is None else {"dump_compression": compression}
+    postgres = PostgresActivities(None, DataActivitySettings(postgres_bindir=bindir, **chosen), secrets=secrets)
     ref = MigrationRef(namespace="bench", name="bench", uid=str(uuid.uuid4()))
     driver = DriverSpec(source_secret="source", target_secret="target")
     spec = SnapshotSpec(bucket=bucket, endpoint=info.s3_endpoint, allow_insecure_endpoint=True, credentials_secret="s3")
@@ -260,7 +263,9 @@ def megabytes(size: str) -> int:
     return int(found.group(1)) * (1024 if found.group(2) == "G" else 1)
 
 
-def measure(info: StackInfo, bindir: Path, size_mb: int, tables: int, jobs: int) -> dict[str, float]:
+def measure(
+    info: StackInfo, bindir: Path, size_mb: int, tables: int, jobs: int, compression: int | None = None
+) -> dict[str, float]:
     """One size: builds the source, copies it the three ways, drops what it made; returns the figures."""
     source_admin, target_admin = info.postgres["source"], info.postgres["target"]
     print(f"building a source database of about {size_mb} MB in {tables} tables ...", flush=True)
@@ -272,7 +277,7 @@ def measure(info: StackInfo, bindir: Path, size_mb: int, tables: int, jobs: int)
     folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
     print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
-    figures.update(ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry")))
+    figures.update(ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry"), compression))
     figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
     for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
         with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
@@ -313,6 +318,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1GB", help="source sizes, e.g. 100MB,1GB,4GB (default: %(default)s)")
     parser.add_argument("--tables", type=int, default=4, help="tables the rows are spread over (default: 4)")
     parser.add_argument("--jobs", type=int, default=2, help="jobs of the direct parallel copy (default: 2)")
+    parser.add_argument(
+        "--compression", type=int, choices=range(10), help="ferry's snapshot compression (default: the worker's)"
+    )
     parser.add_argument("--state-dir", type=Path, help="use the running stack of this state folder")
     args = parser.parse_args()
     sizes = [megabytes(size) for size in args.sizes.split(",")]
@@ -320,7 +328,7 @@ def main() -> None:
     results: dict[int, dict[str, float]] = {}
     with stack(args.state_dir) as info:
         for size in sizes:
-            results[size] = measure(info, bindir, size, args.tables, args.jobs)
+            results[size] = measure(info, bindir, size, args.tables, args.jobs, args.compression)
     print()
     print(table(results, args.jobs))
 
