@@ -241,23 +241,33 @@ FREEZE = Step(
     ),
 )
 
+
+def snapshot_input(c: Context, *, restore: bool) -> SnapshotInput:
+    key = snapshot_key(c.ref, c.spec.snapshot)
+    return SnapshotInput(ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot, key=key, restore=restore)
+
+
+def undo_snapshot_input(c: Context, done: SnapshotResult | None, *, restored: bool) -> UndoSnapshotInput:
+    """The snapshot's undo; with `restored`, the driver's, which is given the driver's spec to empty the target."""
+    return UndoSnapshotInput(
+        ref=c.ref,
+        snapshot=c.spec.snapshot,
+        artifact=done,
+        key=snapshot_key(c.ref, c.spec.snapshot),
+        keep=keep_after_rollback(c.spec.snapshot.retention.after_rollback),
+        driver=c.spec.driver if restored else None,
+    )
+
+
 SNAPSHOT = Step(
     StepName.SNAPSHOT,
     driver(DriverOperation.SNAPSHOT),
     SnapshotResult,
-    build=lambda c: SnapshotInput(
-        ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot, key=snapshot_key(c.ref, c.spec.snapshot)
-    ),
+    build=lambda c: snapshot_input(c, restore=False),
     report=record_snapshot,
     undo=Undo(
         store(SnapshotStoreActivity.UNDO_SNAPSHOT),
-        lambda c, done: UndoSnapshotInput(
-            ref=c.ref,
-            snapshot=c.spec.snapshot,
-            artifact=done,
-            key=snapshot_key(c.ref, c.spec.snapshot),
-            keep=keep_after_rollback(c.spec.snapshot.retention.after_rollback),
-        ),
+        lambda c, done: undo_snapshot_input(c, done, restored=False),
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
     ),
@@ -267,23 +277,10 @@ SNAPSHOT_AND_RESTORE (SEQUENTIAL_PLAN)."""
 
 SNAPSHOT_AND_RESTORE = dataclasses.replace(
     SNAPSHOT,
-    build=lambda c: SnapshotInput(
-        ref=c.ref,
-        driver=c.spec.driver,
-        snapshot=c.spec.snapshot,
-        key=snapshot_key(c.ref, c.spec.snapshot),
-        restore=True,
-    ),
+    build=lambda c: snapshot_input(c, restore=True),
     undo=Undo(
         driver(DriverOperation.UNDO_SNAPSHOT),
-        lambda c, done: UndoSnapshotInput(
-            ref=c.ref,
-            snapshot=c.spec.snapshot,
-            artifact=done,
-            key=snapshot_key(c.ref, c.spec.snapshot),
-            keep=keep_after_rollback(c.spec.snapshot.retention.after_rollback),
-            driver=c.spec.driver,
-        ),
+        lambda c, done: undo_snapshot_input(c, done, restored=True),
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
     ),
