@@ -37,10 +37,14 @@ STARTED = datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
 ACKNOWLEDGED = {"acknowledged": {"ferry.dev/approve": "approved-by-alice"}}
 
 
+def _apply(kubectl: Kubectl, namespace: str) -> None:
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+
+
 @pytest.fixture
 def migration(kubectl: Kubectl, migration_crd: str, namespace: str) -> MigrationRef:
     """The Migration orders-db-to-16, as kubectl applies it."""
-    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+    _apply(kubectl, namespace)
     uid = kubectl("get", "migration", MIGRATION, "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout
     return MigrationRef(namespace=namespace, name=MIGRATION, uid=uid)
 
@@ -254,8 +258,24 @@ def counting(kube_api: k8s.ApiClient, settings: KubeActivitySettings, versions: 
     return CountingReads(kube_api, settings, versions)
 
 
+@pytest.fixture
+def mirrored_once(activity_env: ActivityEnvironment, counting: CountingReads, migration: MigrationRef) -> None:
+    """The saga's first write of the Migration, through `counting`: its snapshot step running, in a second attempt
+    (so that progress shows the saga's attempt, not a default). That first write reads the Migration once."""
+    running = _running(migration, StepName.SNAPSHOT, attempts=2)
+    result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=running))
+    assert result == MirrorStatusResult(found=True, conflicts=0)
+    assert counting.reads == 1, "the first write of the Migration reads it"
+
+
 def _succeeded(ref: MigrationRef) -> MigrationStatus:
     return _running(ref).model_copy(update={"phase": Phase.SUCCEEDED, "current_step": None, "message": "done"})
+
+
+def _re_create(kubectl: Kubectl, ref: MigrationRef) -> None:
+    """Deletes the Migration and applies it again under the same name: another object, with another uid."""
+    kubectl("delete", "migration", ref.name, "-n", ref.namespace, "--wait=true")
+    _apply(kubectl, ref.namespace)
 
 
 def _show_progress(
@@ -273,9 +293,12 @@ def _show_progress(
 
 
 def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_and_a_write(
-    kubectl: Kubectl, activity_env: ActivityEnvironment, counting: CountingReads, migration: MigrationRef
+    kubectl: Kubectl,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
     assert result == MirrorStatusResult(found=True, conflicts=0)
@@ -284,10 +307,12 @@ def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_a
 
 
 def test_a_write_by_the_watcher_between_two_transitions_is_kept_and_the_second_transition_lands(
-    kubectl: Kubectl, activity_env: ActivityEnvironment, counting: CountingReads, migration: MigrationRef
+    kubectl: Kubectl,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
-
     _acknowledge_a_control(kubectl, migration)
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
@@ -304,11 +329,8 @@ def test_a_transition_after_the_workers_progress_write_costs_one_request_not_a_c
     counting: CountingReads,
     versions: KnownVersions,
     migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    snapshotting = _running(migration, StepName.SNAPSHOT)
-    assert activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=snapshotting)).found
-    assert counting.reads == 1, "the first write of the Migration reads it"
-
     activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
@@ -326,14 +348,12 @@ def test_progress_written_after_a_transition_costs_one_request_and_says_the_saga
     counting: CountingReads,
     versions: KnownVersions,
     migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    second_attempt = _running(migration, StepName.SNAPSHOT, attempts=2)
-    activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=second_attempt))
-
     writer, shown = activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
 
     assert writer.reads == 0, "the progress and its removal each carry the version the write before produced"
-    assert (shown["progress"]["step"], shown["progress"]["attempt"]) == ("snapshot", 2)
+    assert (shown["progress"]["step"], shown["progress"]["attempt"]) == ("snapshot", 2), "mirrored_once's attempt"
     assert shown["phase"] == "Running", "the saga's fields are untouched"
     assert "progress" not in _status(kubectl, migration)
 
@@ -345,16 +365,14 @@ def test_progress_after_a_write_by_the_watcher_reads_again_and_keeps_it(
     counting: CountingReads,
     versions: KnownVersions,
     migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    activity_env.run(
-        counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.SNAPSHOT))
-    )
     _acknowledge_a_control(kubectl, migration)
 
     writer, shown = activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
 
     assert writer.reads == 1, "the version it knew was stale: a 409, then a read; the removal needs none"
-    assert (shown["progress"]["attempt"], shown["controls"]) == (1, ACKNOWLEDGED)
+    assert (shown["progress"]["attempt"], shown["controls"]) == (2, ACKNOWLEDGED)
     assert _status(kubectl, migration)["controls"] == ACKNOWLEDGED
 
 
@@ -375,12 +393,9 @@ def test_a_migration_re_created_under_the_same_name_after_a_write_gets_no_progre
     counting: CountingReads,
     versions: KnownVersions,
     migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    activity_env.run(
-        counting.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.SNAPSHOT))
-    )
-    kubectl("delete", "migration", migration.name, "-n", migration.namespace, "--wait=true")
-    kubectl("apply", "-n", migration.namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+    _re_create(kubectl, migration)
     before = json.loads(kubectl("get", "migration", MIGRATION, "-n", migration.namespace, "-o", "json").stdout)
 
     def write_for_the_first() -> CountingProgressReads:
@@ -397,15 +412,15 @@ def test_a_migration_re_created_under_the_same_name_after_a_write_gets_no_progre
 
 
 def test_a_migration_re_created_under_the_same_name_after_a_write_is_left_alone(
-    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+    kubectl: Kubectl,
+    activity_env: ActivityEnvironment,
+    counting: CountingReads,
+    migration: MigrationRef,
+    mirrored_once: None,
 ) -> None:
-    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration)))
-    kubectl("delete", "migration", migration.name, "-n", migration.namespace, "--wait=true")
-    kubectl("apply", "-n", migration.namespace, "-f", "-", stdin=json.dumps(samples.migration(MIGRATION)))
+    _re_create(kubectl, migration)
 
-    result = activity_env.run(
-        status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration))
-    )
+    result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
     assert result.found is False
     assert _status(kubectl, migration) == {}, "the new object (another uid) gets nothing of the earlier one's run"
