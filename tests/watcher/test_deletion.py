@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
@@ -22,6 +22,7 @@ from tests.cluster import endpoint_pods
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import WatcherProcess, has_workflow, pass_handler
+from watcher.handling import MigrationHandler
 from watcher.kube import Kube
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
@@ -250,16 +251,40 @@ class DeletedBeforeTheFirstWrite(Kube):
         return await super().patch_migration(ref, patch)
 
 
-def _create(kube_api: k8s.ApiClient, manifest: dict[str, Any]) -> MigrationRef:
-    namespace = manifest["metadata"]["namespace"]
-    custom = k8s.CustomObjectsApi(kube_api)
-    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
-    return MigrationRef(namespace=namespace, name=manifest["metadata"]["name"], uid=created["metadata"]["uid"])
+class Window(NamedTuple):
+    """A new Migration as the watch delivered it, and the pass about to handle it, which sees it deleted just before
+    its first write to it lands."""
+
+    ref: MigrationRef
+    seen: Migration
+    """What the watch delivered, just before the deletion."""
+    kube: DeletedBeforeTheFirstWrite
+    handler: MigrationHandler
 
 
-def _deleter(kube_api: k8s.ApiClient, ref: MigrationRef) -> Callable[[], object]:
+@pytest.fixture
+def window(
+    namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str
+) -> Callable[..., Awaitable[Window]]:
+    """Makes the Migration `name`, with `finalizers` besides, and the pass that sees it deleted before it writes."""
     custom = k8s.CustomObjectsApi(kube_api)
-    return lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+
+    async def make(name: str, finalizers: list[str] | None = None) -> Window:
+        manifest = migration_manifest(stack, bucket, name=name)
+        manifest["metadata"]["namespace"] = namespace
+        if finalizers:
+            manifest["metadata"]["finalizers"] = finalizers
+        created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+        ref = MigrationRef(namespace=namespace, name=name, uid=created["metadata"]["uid"])
+        kube = DeletedBeforeTheFirstWrite(
+            kube_api, lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        )
+        seen = await kube.read_migration(ref)
+        assert seen is not None
+        handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+        return Window(ref, seen, kube, handler)
+
+    return make
 
 
 async def _closed(client: Client, ref: MigrationRef) -> WorkflowExecutionStatus | None:
@@ -275,18 +300,12 @@ async def _closed(client: Client, ref: MigrationRef) -> WorkflowExecutionStatus 
 
 async def test_a_migration_deleted_after_its_run_started_and_before_the_watcher_wrote_leaves_a_run_that_does_nothing(
     namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
-    task_queue: str, ferry_worker: WorkerSettings,
+    window: Callable[..., Awaitable[Window]], ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
     """Nothing else holds it, so it is gone before the write that adds ferry's finalizer, and no pass sees it again.
     The run acts on nothing: the worker's gate refuses the activities of a run whose Migration does not exist, and a
     status write that passed it earlier finds the Migration gone, which rolls the run back before its first step."""
-    manifest = migration_manifest(stack, bucket, name="unheld")
-    manifest["metadata"]["namespace"] = namespace
-    ref = _create(kube_api, manifest)
-    kube = DeletedBeforeTheFirstWrite(kube_api, _deleter(kube_api, ref))
-    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
-    assert seen is not None
-    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    ref, seen, kube, handler = await window("unheld")
 
     await handler.handle(seen, gone=False, run_closed=False, received=0.0)
 
@@ -309,19 +328,13 @@ async def test_a_migration_deleted_after_its_run_started_and_before_the_watcher_
 
 
 async def test_a_migration_another_finalizer_holds_deleted_after_its_run_started_has_its_run_cancelled(
-    namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
-    task_queue: str, ferry_worker: WorkerSettings,
+    namespace: str, kube_api: k8s.ApiClient, temporal_client: Client, window: Callable[..., Awaitable[Window]],
+    ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
     """The deletion lands after the start, before the write that adds ferry's finalizer with the annotation: the
     API server then refuses a new finalizer, and the Migration lingers, held by the other one alone, while its run
     goes on. The pass the deletion brings cancels the run (it rolls back) and leaves the other finalizer alone."""
-    manifest = migration_manifest(stack, bucket, name="held")
-    manifest["metadata"].update(namespace=namespace, finalizers=[HOLD])
-    ref = _create(kube_api, manifest)
-    kube = DeletedBeforeTheFirstWrite(kube_api, _deleter(kube_api, ref))
-    seen = await kube.read_migration(ref)  # what the watch delivered, just before the deletion
-    assert seen is not None
-    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    ref, seen, kube, handler = await window("held", finalizers=[HOLD])
 
     await handler.handle(seen, gone=False, run_closed=False, received=0.0)
     deleted = await kube.read_migration(ref)
