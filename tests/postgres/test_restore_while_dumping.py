@@ -26,10 +26,19 @@ from activities.postgres.restoring import Restore
 from activities.secrets import SecretReader
 from activities.settings import MIB, DataActivitySettings
 from devstack.stack.stack import StackInfo
+from ferry.api.saga import SnapshotResult
 from tests.cluster import eventually
 from tests.end_to_end import TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import as_new, connect, contents, create_bulky, create_shop, tables
+
+
+@pytest.fixture
+def snapshot(steps: Steps, databases: Databases) -> SnapshotResult:
+    """A snapshot of a small shop, taken from the frozen source while it was restored into the target."""
+    create_shop(databases.source, customers=500, orders=5_000)
+    steps.freeze()
+    return steps.snapshot(restore=True)
 
 
 def _objects_and_uploads(stack: StackInfo, bucket: str) -> tuple[list[str], list[str]]:
@@ -81,12 +90,8 @@ def _target_tables(databases: Databases) -> list[str]:
 
 
 def test_the_snapshot_restores_the_target_while_uploading_and_migrate_finds_it_done(
-    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str, snapshot: SnapshotResult
 ) -> None:
-    create_shop(databases.source, customers=500, orders=5_000)
-    steps.freeze()
-
-    snapshot = steps.snapshot(restore=True)
     migrated = steps.migrate(snapshot)
     verified = steps.verify()
 
@@ -99,11 +104,8 @@ def test_the_snapshot_restores_the_target_while_uploading_and_migrate_finds_it_d
 
 
 def test_migrate_restores_from_s3_when_the_target_no_longer_holds_the_snapshots_restore(
-    steps: Steps, databases: Databases
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
 ) -> None:
-    create_shop(databases.source, customers=500, orders=5_000)
-    steps.freeze()
-    snapshot = steps.snapshot(restore=True)
     steps.undo_migrate()  # what a person emptying the target would leave: nothing, and no marker
 
     migrated = steps.migrate(snapshot)
@@ -114,13 +116,9 @@ def test_migrate_restores_from_s3_when_the_target_no_longer_holds_the_snapshots_
 
 
 def test_a_snapshot_run_again_after_its_restore_committed_restores_once_more_from_a_clean_target(
-    steps: Steps, databases: Databases
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
 ) -> None:
     """The attempt whose worker died after the commit, before its result was recorded."""
-    create_shop(databases.source, customers=500, orders=5_000)
-    steps.freeze()
-    steps.snapshot(restore=True)
-
     again = steps.snapshot(restore=True)
 
     assert again.restored
@@ -187,12 +185,8 @@ def test_a_snapshot_cancelled_while_restoring_stops_pg_dump_and_pg_restore_and_l
 
 
 def test_the_undo_of_a_restoring_snapshot_empties_the_target_and_deletes_the_object(
-    steps: Steps, databases: Databases, stack: StackInfo, bucket: str
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str, snapshot: SnapshotResult
 ) -> None:
-    create_shop(databases.source, customers=500, orders=5_000)
-    steps.freeze()
-    snapshot = steps.snapshot(restore=True)
-
     first = steps.undo_snapshot(snapshot)
     again = steps.undo_snapshot()  # without the result, as after an interrupted step: harmless
 
@@ -202,11 +196,8 @@ def test_the_undo_of_a_restoring_snapshot_empties_the_target_and_deletes_the_obj
 
 
 def test_the_undo_of_a_restoring_snapshot_leaves_a_target_another_migration_restored(
-    steps: Steps, databases: Databases
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
 ) -> None:
-    create_shop(databases.source, customers=500, orders=5_000)
-    steps.freeze()
-    steps.snapshot(restore=True)
     other = dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": "another-uid"}))
 
     other.undo_snapshot()
