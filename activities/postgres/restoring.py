@@ -8,7 +8,7 @@ of two streams, hashed on the way; nothing lands on the worker's disk:
   S3 (see dumping): the restore commits only once pg_dump has exited cleanly and the
   whole object is stored in S3 with the size written, so the SHA-256 the step records
   is the hash of exactly what was restored. migrate then finds the target restored
-  (`holds_restore`) and does not restore again;
+  (`Found.holds_restore`) and does not restore again;
 - in migrate, when the snapshot step did not restore (a run started before ferry
   restored while dumping) or the target no longer holds its restore, the object read
   back from S3 (`restore`): the last piece is held back
@@ -34,6 +34,7 @@ target's server need not have the source's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -102,21 +103,44 @@ def open_snapshot(s3: S3Client, artifact: SnapshotResult) -> StreamingBody:
     return response["Body"]
 
 
-def prepare_target(conn: Connection, db: DatabaseConnection, owner: str) -> None:
-    """Leaves the target empty and marked as `owner`'s, or refuses a target that holds someone else's data."""
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What a target holds before a restore, as `find` reads it."""
+
+    contents: list[str]
+    """What makes it not empty (see CONTENTS); none in an empty database."""
+    restored_by: str | None
+    """The Migration its marker ferry.restored_by names, if any."""
+
+    def holds_restore(self, owner: str) -> bool:
+        """Whether it holds a committed restore of `owner`'s: marked as its own, and not empty."""
+        return self.restored_by == owner and bool(self.contents)
+
+
+def find(conn: Connection) -> Found:
+    """What the target holds: its contents and its marker."""
     contents = [row[0] for row in conn.execute(CONTENTS)]
-    marked_by = database_settings.read(conn).get(RESTORED_BY)
-    if contents and marked_by != owner:
+    return Found(contents=contents, restored_by=database_settings.read(conn).get(RESTORED_BY))
+
+
+def prepare_target(conn: Connection, db: DatabaseConnection, owner: str, found: Found | None = None) -> None:
+    """Leaves the target empty and marked as `owner`'s, or refuses a target that holds someone else's data.
+
+    `found` is what the caller read of the target on `conn` (see `find`); without it, this reads it.
+    """
+    if found is None:
+        found = find(conn)
+    if found.contents and found.restored_by != owner:
         raise InvalidSpec(
-            f"the target {db.describe()} is not empty (it has {', '.join(contents[:5])}) and ferry did not restore "
-            f"into it for Migration {owner}. ferry only restores into an empty database: point Secret {db.secret} "
-            "at one, or empty this one."
+            f"the target {db.describe()} is not empty (it has {', '.join(found.contents[:5])}) and ferry did not "
+            f"restore into it for Migration {owner}. ferry only restores into an empty database: point Secret "
+            f"{db.secret} at one, or empty this one."
         )
     with conn.transaction():
-        if contents:
+        if found.contents:
             _clean(conn)
         unwritten.forget(conn)  # a new restore is not verified yet
-        if marked_by != owner:
+        if found.restored_by != owner:
             database_settings.change(conn, RESTORED_BY, owner)
 
 
@@ -330,12 +354,6 @@ def restore(
             )
         restoring.commit()
     return read
-
-
-def holds_restore(conn: Connection, owner: str) -> bool:
-    """Whether the target holds a committed restore of `owner`'s: marked as its own, and not empty."""
-    marked_by = database_settings.read(conn).get(RESTORED_BY)
-    return marked_by == owner and bool(conn.execute(CONTENTS).fetchall())
 
 
 def analyze(conn: Connection, heartbeats: Heartbeats) -> None:
