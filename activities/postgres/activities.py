@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
@@ -295,27 +295,32 @@ class PostgresActivities:
         ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
-            with self._prepared(target, input.ref) as prepared:
-                s3 = snapshot_store.client(spec, credentials, self._settings)
-                with (
-                    snapshot_store.permanent_failures(s3, bucket, credentials),
-                    restoring.Restore(target, self._settings, heartbeats, location)
-                    if target
-                    else contextlib.nullcontext() as restore,
-                ):
-                    aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
-                    if aborted:
-                        activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
-                    sha256, size = dumping.dump_to_s3(
-                        db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
-                    )
-                    stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
-                    if stored != size:
-                        raise RuntimeError(f"{location} holds {stored} bytes after uploading {size}")
-                    if restore is not None:
-                        restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
-                if prepared is not None:
-                    restoring.analyze(prepared, heartbeats)
+            if target is not None:
+                with self._connect(target) as conn, privileged(target, "drop and create schemas"):
+                    restoring.prepare_target(conn, target, owner(input.ref))
+            s3 = snapshot_store.client(spec, credentials, self._settings)
+            with (
+                snapshot_store.permanent_failures(s3, bucket, credentials),
+                restoring.Restore(target, self._settings, heartbeats, location)
+                if target
+                else contextlib.nullcontext() as restore,
+            ):
+                aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
+                if aborted:
+                    activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
+                sha256, size = dumping.dump_to_s3(
+                    db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
+                )
+                stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+                if stored != size:
+                    raise RuntimeError(f"{location} holds {stored} bytes after uploading {size}")
+                if restore is not None:
+                    restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
+            if target is not None:
+                # A session of its own: one kept open through a long dump could be closed as idle by the server
+                # (idle_session_timeout) or a proxy, and fail a step whose restore had committed.
+                with self._connect(target) as conn:
+                    restoring.analyze(conn, heartbeats)
         activity.logger.info(
             "snapshot of %s: %s, %d bytes, sha256 %s%s",
             db.describe(),
@@ -325,18 +330,6 @@ class PostgresActivities:
             f"; restored into {target.describe()}" if target else "",
         )
         return SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size, restored=target is not None)
-
-    @contextlib.contextmanager
-    def _prepared(self, target: DatabaseConnection | None, ref: MigrationRef) -> Iterator[Connection | None]:
-        """A session on the target, which it leaves empty and marked as `ref`'s; None when the snapshot restores
-        nothing. The same session gathers the statistics once the restore committed: it holds no lock meanwhile."""
-        if target is None:
-            yield None
-            return
-        with self._connect(target) as conn:
-            with privileged(target, "drop and create schemas"):
-                restoring.prepare_target(conn, target, owner(ref))
-            yield conn
 
     @activity.defn(name=_name(DriverOperation.UNDO_SNAPSHOT), no_thread_cancel_exception=True)
     def undo_snapshot(self, input: UndoSnapshotInput) -> UndoSnapshotResult:
@@ -364,7 +357,7 @@ class PostgresActivities:
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
-        with self._connect(db) as conn:  # one session: it reads the target, prepares it, and analyzes the restore
+        with self._connect(db) as conn:  # one session reads the target and prepares it with what it read
             found = restoring.find(conn)
             if artifact.restored and found.holds_restore(owner(input.ref)):
                 tables = restoring.count_tables(conn)
@@ -389,8 +382,9 @@ class PostgresActivities:
                         read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress)
                     finally:
                         body.close()
-                restoring.analyze(conn, heartbeats)
-                tables = restoring.count_tables(conn)
+                with self._connect(db) as after:  # a new session, as in snapshot: the first sat idle meanwhile
+                    restoring.analyze(after, heartbeats)
+                    tables = restoring.count_tables(after)
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)
 

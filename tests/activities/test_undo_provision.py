@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import pytest
@@ -93,15 +94,14 @@ def test_undo_provision_deletes_a_claim_the_statefulset_controller_made_after_th
         "metadata": {"name": f"data-{TARGET}-7", "namespace": ref.namespace, "labels": template["metadata"]["labels"]},
         "spec": template["spec"],
     }
-    polls = 0
+    polls = itertools.count(1)  # next() is atomic: the step's thread and the heartbeat watchdog both call
     undo_env = ActivityEnvironment()
 
     def controller_creates_a_claim_late(*_: object) -> None:
-        nonlocal polls
-        polls += 1
-        if polls == 1:
+        poll = next(polls)
+        if poll == 1:
             core.create_namespaced_persistent_volume_claim(ref.namespace, late_claim)
-        if polls > 100:  # the claim stayed for good: stop the undo rather than wait for the test timeout
+        if poll > 100:  # the claim stayed for good: stop the undo rather than wait for the test timeout
             undo_env.cancel()
 
     undo_env.on_heartbeat = controller_creates_a_claim_late

@@ -133,9 +133,14 @@ def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
     create_bulky(databases.source, rows=400_000)  # about 26 MB: several 5 MiB parts
     env = ActivityEnvironment()
     ended: list[int] = []
+    once = threading.Lock()  # heartbeats come from the step's thread and from its heartbeat watchdog
 
     def end_pg_dump_after_two_parts(*details: Any) -> None:
-        if details[0].get("dumped_bytes", 0) >= 10 * MIB and not ended:
+        if details[0].get("dumped_bytes", 0) < 10 * MIB:
+            return
+        with once:
+            if ended:
+                return
             with connect(databases.source) as conn:
                 row = conn.execute(
                     "select count(pg_terminate_backend(pid)) from pg_stat_activity "
