@@ -108,3 +108,24 @@ def test_precheck_refuses_a_plain_http_endpoint_not_explicitly_allowed_and_sends
         "https:// endpoint, or, for a network path you trust, set spec.snapshot.allowInsecureEndpoint: true"
     )
     assert _sent(caplog) == [], "not one request, so the credentials never crossed the network"
+
+
+def test_a_migration_without_encryption_asks_for_none_after_one_with_it_in_the_same_worker(
+    steps: Steps, databases: Databases, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's S3 clients come from one shared session: what one Migration's client asks must stay its own."""
+    create_shop(databases.source, customers=50, orders=500)
+    encrypted = dataclasses.replace(
+        steps,
+        snapshot_spec=steps.snapshot_spec.model_copy(
+            update={"server_side_encryption": ServerSideEncryption(type="aws:kms", kms_key_id=KMS_KEY)}
+        ),
+    )
+    encrypted.snapshot()
+    caplog.set_level(logging.DEBUG, logger="botocore.endpoint")
+
+    steps.snapshot()
+
+    writes = [sent for sent in _sent(caplog) if sent.operation in ("PutObject", "CreateMultipartUpload")]
+    assert "CreateMultipartUpload" in [sent.operation for sent in writes]
+    assert all(SSE not in sent.headers and SSE_KEY not in sent.headers for sent in writes), writes
