@@ -123,8 +123,9 @@ class Observed:
 class ObservedRun(ChaosRun):
     """A chaos run without the chaos: nothing killed, nothing rolled back; it watches, samples and measures."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, split: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.split = split
         self.metrics_ports = [_free_port() for _ in self.workers]
         self.observed: dict[str, Observed] = {subject.namespace: Observed() for subject in self.subjects}
         self.peak_slots: dict[tuple[str, str], int] = {}
@@ -133,7 +134,8 @@ class ObservedRun(ChaosRun):
         self.applied_at = 0.0
 
     def _worker_options(self, index: int) -> list[str]:
-        return [f"--metrics-address=127.0.0.1:{self.metrics_ports[index]}"]
+        runs = ["--runs=workflows" if index == 0 else "--runs=activities"] if self.split else []
+        return [f"--metrics-address=127.0.0.1:{self.metrics_ports[index]}", *runs]
 
     def _kill_something(self) -> Callable[[], None] | None:
         return None
@@ -353,7 +355,14 @@ def fleets(args: argparse.Namespace, workdir: Path) -> int:
             plan = ChaosPlan(migrations=args.migrations, rollbacks=0, deletions=0, kills=0, rows=args.rows,
                              timeout=args.timeout)  # fmt: skip
             run = ObservedRun(
-                info, temporal, api, plan, workdir / f"{workers}-workers", workers=workers, component_cwd=args.source
+                info,
+                temporal,
+                api,
+                plan,
+                workdir / f"{workers}-workers",
+                workers=workers,
+                component_cwd=args.source,
+                split=args.split,
             )
             run.workdir.mkdir()
             try:
@@ -400,6 +409,10 @@ def main() -> int:
     parser.add_argument("--histories", action="store_true", help="measure the four kinds of run's histories instead")
     parser.add_argument("--migrations", type=int, default=50)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="one fleet per count, in order")
+    parser.add_argument(
+        "--split", action="store_true",
+        help="the first worker runs only workflows and status writes (--runs=workflows), the others only steps",
+    )  # fmt: skip
     parser.add_argument("--rows", type=int, default=500, help="rows in each source database")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for every Migration to end")
     parser.add_argument("--source", type=Path, help="a checkout of ferry whose worker and watcher to run")

@@ -86,11 +86,17 @@ def build_worker(
     settings: WorkerSettings,
     executor: concurrent.futures.Executor,
 ) -> Worker:
+    # Status writes are local activities: a `workflows` process registers every activity to run them, and
+    # polls for no other activity.
+    workflows = [] if settings.runs == "activities" else [
+        MigrationWorkflow, MigrationUndoWorkflow, RetentionCleanupWorkflow, MigrationWorkflowV1
+    ]  # fmt: skip
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[MigrationWorkflow, MigrationUndoWorkflow, RetentionCleanupWorkflow, MigrationWorkflowV1],
+        workflows=workflows,
         activities=activities(api, settings),
+        no_remote_activities=settings.runs == "workflows",
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
@@ -98,8 +104,23 @@ def build_worker(
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
         interceptors=[LogContextInterceptor(), MigrationGate(read_migration(api))],
-        identity=f"ferry-worker@{socket.gethostname()}",
+        identity=identity(settings),
     )
+
+
+def identity(settings: WorkerSettings) -> str:
+    """Who this process is in histories and `tctl`: a split process says what it runs."""
+    role = "" if settings.runs == "everything" else f"-{settings.runs}"
+    return f"ferry-worker{role}@{socket.gethostname()}"
+
+
+def threads(settings: WorkerSettings) -> int:
+    """A thread for each slot this process runs a thread in: activities, status writes, or both."""
+    return {
+        "everything": settings.max_concurrent_activities + settings.max_concurrent_status_writes,
+        "workflows": settings.max_concurrent_status_writes,
+        "activities": settings.max_concurrent_activities,
+    }[settings.runs]
 
 
 async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
@@ -114,23 +135,22 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
         runtime = startup.metrics_runtime(observed.metrics_address, "worker")
         # The tracing interceptor on the client is also used by workers built from it.
         interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
-        threads = settings.max_concurrent_activities + settings.max_concurrent_status_writes
-        api = startup.kubernetes_api(settings.kubeconfig, connections=threads + 2)
+        api = startup.kubernetes_api(settings.kubeconfig, connections=threads(settings) + 2)
         try:
-            identity = f"ferry-worker@{socket.gethostname()}"
             while not stop.is_set():
                 client = await startup.wait_for_temporal(
-                    settings.temporal, stop, identity=identity, runtime=runtime, interceptors=interceptors
+                    settings.temporal, stop, identity=identity(settings), runtime=runtime, interceptors=interceptors
                 )
                 if client is None:
                     return
                 # Activities and status writes (local activities) share the pool: a thread for each slot of either.
-                with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=threads(settings)) as pool:
                     worker = build_worker(client, api, settings, pool)
                     polling[:] = [worker]
                     log.info(
-                        "worker polling task queue %s on %s (namespace %s)",
+                        "worker polling task queue %s for %s on %s (namespace %s)",
                         settings.task_queue,
+                        settings.runs,
                         settings.temporal.address,
                         settings.temporal.namespace,
                     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -16,6 +16,10 @@ from ferry.configuration.knobs import SETTINGS, Group
 class WorkerSettings(ComponentSettings):
     """Everything `ferry worker` needs; each field is a flag and a FERRY_ variable."""
 
+    runs: Literal["everything", "workflows", "activities"] = "everything"
+    """What this process polls for: `everything` (one process does it all); `workflows`, the saga's workflow tasks
+    and their status writes, with no step or undo; or `activities`, the steps and undos and nothing else. Split, a
+    status write never waits for the CPU behind data steps (docs/architecture.md, "Scaling the worker")."""
     max_concurrent_activities: Annotated[int, Field(ge=1)] = 20
     """Activities this worker runs at once; each long one (a snapshot, a restore) holds a thread."""
     max_concurrent_status_writes: Annotated[int, Field(ge=1)] = 20
