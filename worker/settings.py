@@ -22,7 +22,7 @@ class WorkerSettings(ComponentSettings):
     status write never waits for the CPU behind data steps (docs/architecture.md, "Scaling the worker")."""
     max_concurrent_activities: Annotated[int, Field(ge=1)] = 20
     """Activities this worker runs at once; each long one (a snapshot, a restore) holds a thread."""
-    max_concurrent_status_writes: Annotated[int, Field(ge=1)] = 20
+    max_concurrent_status_writes: Annotated[int, Field(ge=1)] = 50
     """Status writes (local activities, each an apply of a Migration's status, after a read when needed) this worker
     runs at once, in threads of their own: they never wait behind the activities above."""
     max_concurrent_workflow_tasks: Annotated[int, Field(ge=2)] = 100
