@@ -29,7 +29,7 @@ from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, in
 
 AS_DEPLOY = ("namespace.create=true", "prometheusRule.enabled=true", "serviceMonitor.enabled=true")
 """The chart's values that add what deploy/ and deploy/prometheus hold beyond its defaults."""
-EVERYTHING = (*AS_DEPLOY, "grafanaDashboard.enabled=true")
+EVERYTHING = (*AS_DEPLOY, "grafanaDashboard.enabled=true", "worker.split.enabled=true")
 
 RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
@@ -44,7 +44,7 @@ def _key(obj: dict[str, Any]) -> Key:
 def _selectors_hold(objects: list[dict[str, Any]]) -> None:
     """Within one rendering: each selector selects exactly what it is meant to."""
     deployments = {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "Deployment"}
-    assert set(deployments) == {"ferry-worker", "ferry-watcher"}
+    assert set(deployments) - {"ferry-worker-workflows"} == {"ferry-worker", "ferry-watcher"}, "split or not"
     for name, spec in deployments.items():
         selector = spec["selector"]["matchLabels"]
         assert selector.items() <= spec["template"]["metadata"]["labels"].items(), name
@@ -203,6 +203,29 @@ def test_the_network_policies_follow_their_values_and_go_when_disabled(helm: Pat
     assert all(5432 not in [port["port"] for port in rule["ports"]] for rule in changed["ferry-worker"]["egress"])
     for spec in changed.values():
         assert spec["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
+
+
+def test_a_split_worker_is_two_deployments_one_for_the_steps_one_for_the_saga_with_no_data_egress(
+    helm: Path,
+) -> None:
+    objects = rendering.parse(rendering.helm_template(helm, "ferry", SYSTEM_NAMESPACE, "worker.split.enabled=true"))
+
+    def runs(component: str) -> list[str]:
+        (container,) = rendering.deployment(objects, component)["spec"]["template"]["spec"]["containers"]
+        return [variable["value"] for variable in container.get("env", []) if variable["name"] == "FERRY_RUNS"]
+
+    def egress_ports(name: str) -> set[int]:
+        (policy,) = [obj for obj in objects if obj["kind"] == "NetworkPolicy" and obj["metadata"]["name"] == name]
+        return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+
+    assert (runs("worker"), runs("worker-workflows")) == (["activities"], ["workflows"])
+    assert rendering.service_account(objects, "worker-workflows") == rendering.service_account(objects, "worker")
+    assert rendering.deployment(objects, "worker-workflows")["spec"]["replicas"] == 2
+    assert {5432, 443} <= egress_ports("ferry-worker"), "the steps reach the databases and S3"
+    assert 5432 not in egress_ports("ferry-worker-workflows"), "the saga's side moves no data"
+    budgets = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "PodDisruptionBudget"}
+    assert budgets == {"ferry-worker", "ferry-worker-workflows", "ferry-watcher"}
+    _selectors_hold(objects)
 
 
 def test_another_lease_name_changes_the_watchers_flag_and_its_role_together(helm: Path) -> None:
