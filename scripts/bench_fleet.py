@@ -22,6 +22,7 @@ A benchmark, not a test: it asserts nothing about times.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -72,11 +73,13 @@ def _time(raw: str) -> datetime:
     return datetime.fromisoformat(raw.replace("Z", "+00:00"))
 
 
-def _stamps(status: dict[str, Any]) -> set[str]:
-    """Every transition time the status carries (as written, so equal instants compare equal)."""
-    found = {status["transitionedAt"]} if status.get("transitionedAt") else set()
+def _stamps(status: dict[str, Any]) -> dict[str, str]:
+    """Every transition time the status carries (as written, so equal instants compare equal), with what it marks."""
+    found = {status["transitionedAt"]: f"phase {status.get('phase')}"} if status.get("transitionedAt") else {}
     for step in status.get("steps", []):
-        found |= {step[field] for field in ("startedAt", "finishedAt") if step.get(field)}
+        for field in ("startedAt", "finishedAt"):
+            if step.get(field):
+                found.setdefault(step[field], f"{step.get('name')} {field}")
     return found
 
 
@@ -110,11 +113,15 @@ class Observed:
     statuses: list[tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     def latencies(self) -> list[float]:
-        first_seen: dict[str, float] = {}
+        return [latency for latency, _ in self.marked()]
+
+    def marked(self) -> list[tuple[float, str]]:
+        """(transition -> visible, what the transition marks) for every transition seen."""
+        first_seen: dict[str, tuple[float, str]] = {}
         for received, status in self.statuses:
-            for stamp in _stamps(status):
-                first_seen.setdefault(stamp, received)
-        return [received - _time(stamp).timestamp() for stamp, received in first_seen.items()]
+            for stamp, what in _stamps(status).items():
+                first_seen.setdefault(stamp, (received, what))
+        return [(received - _time(stamp).timestamp(), what) for stamp, (received, what) in first_seen.items()]
 
     def succeeded_at(self) -> float | None:
         return next((at for at, status in self.statuses if status.get("phase") == "Succeeded"), None)
@@ -214,6 +221,9 @@ class ObservedRun(ChaosRun):
             rows["transition -> visible p50"] = f"{_percentile(latencies, 0.50):.3f} s"
             rows["transition -> visible p99"] = f"{_percentile(latencies, 0.99):.3f} s"
             rows["transition -> visible max"] = f"{max(latencies):.3f} s"
+            marked = sorted((pair for seen in self.observed.values() for pair in seen.marked()), reverse=True)
+            slowest = collections.Counter(what for _, what in marked[: max(1, len(marked) // 20)])
+            rows["slowest 5 %: what they mark"] = ", ".join(f"{what}: {n}" for what, n in slowest.most_common(4))
         if self.report.problems:
             rows["problems"] = str(len(self.report.problems))
         return rows

@@ -191,6 +191,9 @@ class KubeControlPlane:
                 f"--bind-address={LOOPBACK}",
                 f"--secure-port={self.ports.port('kube-scheduler')}",
                 "--leader-elect=false",
+                # A Pod found unschedulable (its claim not bound yet) waits for an event to try again; when that
+                # event is missed it waited 5 minutes (a test's Migration sat in provision until it timed out).
+                "--pod-max-in-unschedulable-pods-duration=10s",
             ],
         )
         kwok = self._process(
