@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,7 @@ from ferry.clients import TemporalSettings, connect_temporal
 from scripts.bench_postgres import build_source, megabytes
 from tests import samples
 from tests.cluster import create_source, install_crd
-from tests.end_to_end import worker_settings
-from worker import runner
+from tests.end_to_end import running_worker, worker_settings
 
 TEMPLATE = "ferry_bench"
 WRITES = "create table public.bench_writes (id bigint primary key, at timestamptz not null default now())"
@@ -144,16 +143,8 @@ def local_stack() -> Iterator[tuple[StackInfo, Binaries, k8s.ApiClient]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def ferry_worker(info: StackInfo, task_queue: str) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    running = asyncio.create_task(runner.run(worker_settings(info, task_queue), stop=stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(running, timeout=60)
+def ferry_worker(info: StackInfo, task_queue: str) -> contextlib.AbstractAsyncContextManager[None]:
+    return running_worker(worker_settings(info, task_queue))
 
 
 def _secrets(

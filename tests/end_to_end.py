@@ -172,16 +172,25 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
     )
 
 
+@contextlib.asynccontextmanager
+async def running_worker(settings: WorkerSettings) -> AsyncIterator[None]:
+    """ferry's real worker, in this process, with `settings`, until the block ends; then a graceful stop."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(runner.run(settings, stop=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(running, timeout=60)
+
+
 @pytest.fixture
 async def ferry_worker(stack: StackInfo, task_queue: str) -> AsyncIterator[WorkerSettings]:
     """ferry's real worker, in this process, polling the test's task queue."""
     settings = worker_settings(stack, task_queue)
-    stop = asyncio.Event()
-    running = asyncio.create_task(runner.run(settings, stop=stop))
-    yield settings
-    stop.set()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(running, timeout=60)
+    async with running_worker(settings):
+        yield settings
 
 
 def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **changes: Any) -> WatcherSettings:

@@ -18,24 +18,19 @@ from temporalio.client import Client
 
 from devstack.stack.stack import StackInfo
 from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, migration_manifest, start_migration, worker_settings
+from tests.end_to_end import (
+    Databases,
+    apply_migration,
+    migration_manifest,
+    running_worker,
+    start_migration,
+    worker_settings,
+)
 from tests.postgres.data import contents, create_shop
 from worker import runner
 from worker.settings import WorkerSettings
 
 SAGA_TIMEOUT = 240
-
-
-@contextlib.asynccontextmanager
-async def _running(settings: WorkerSettings) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    running = asyncio.create_task(runner.run(settings, stop=stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(running, timeout=60)
 
 
 def _split(stack: StackInfo, task_queue: str, runs: Literal["workflows", "activities"]) -> WorkerSettings:
@@ -50,7 +45,7 @@ async def split_worker(stack: StackInfo, task_queue: str) -> AsyncIterator[dict[
         for runs in ("workflows", "activities"):
             settings = _split(stack, task_queue, runs)
             roles[runs] = runner.identity(settings)
-            await running.enter_async_context(_running(settings))
+            await running.enter_async_context(running_worker(settings))
         yield roles
 
 
