@@ -435,7 +435,7 @@ class PostgresActivities:
                 source,
                 target,
                 heartbeats,
-                lambda conn, done: verifying.read(conn, done, frozenset(compared)),
+                lambda conn, row_hash, done: verifying.read(conn, row_hash, done, frozenset(compared)),
                 counter.side,
             )
             source_side = self._reprint_views(target, source_side, target_side)
@@ -561,13 +561,16 @@ def read_both(
     source: DatabaseConnection,
     target: DatabaseConnection,
     heartbeats: Heartbeats,
-    read: Callable[[Connection, Callable[[int, int], None]], R],
+    read: Callable[[Connection, checksums.RowHash, Callable[[int, int], None]], R],
     counter: Callable[[str], Callable[[int, int], None]],
 ) -> tuple[R, R]:
-    """`read` of both sides at the same time, on a connection each (opened by `connect`), for verify and its ahead;
-    `counter(side)` is what each side's read calls with the tables and rows it has read."""
+    """`read` of both sides at the same time, on a connection each (opened by `connect`), for verify and its ahead,
+    with the row hash both servers compute alike (see checksums.agreed); `counter(side)` is what each side's read
+    calls with the tables and rows it has read."""
     with contextlib.ExitStack() as stack:
         connections = [stack.enter_context(connect(db)) for db in (source, target)]
+        row_hash = checksums.agreed(*connections)
+        activity.logger.info("comparing rows by their %s on both sides", row_hash.name)
 
         def cancel_queries() -> None:
             for conn in connections:
@@ -576,7 +579,7 @@ def read_both(
         heartbeats.on_cancel(cancel_queries)
         with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
             futures = [
-                pool.submit(read, conn, counter(side))
+                pool.submit(read, conn, row_hash, counter(side))
                 for side, conn in zip(("source", "target"), connections, strict=True)
             ]
             try:

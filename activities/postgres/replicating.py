@@ -177,7 +177,9 @@ class ReplicationActivities:
                 source,
                 target,
                 heartbeats,
-                lambda conn, done: checksums.fingerprints(conn, done, wanted.__contains__, large_objects=False),
+                lambda conn, row_hash, done: checksums.fingerprints(
+                    conn, done, wanted.__contains__, large_objects=False, row_hash=row_hash
+                ),
                 lambda side: lambda tables, _rows: heartbeats.note(**{f"ahead_{side}_tables": tables}),
             )
         except psycopg.Error as error:

@@ -39,12 +39,17 @@ class Comparison:
     """What differs, in words; None when nothing does."""
 
 
-def read(conn: Connection, done: Callable[[int, int], None], compared: frozenset[str] = frozenset()) -> Side:
-    """Reads a side: the schema first (quick), then the checksum of every table but those `compared` already,
-    calling `done` with the tables and rows read."""
+def read(
+    conn: Connection,
+    row_hash: checksums.RowHash,
+    done: Callable[[int, int], None],
+    compared: frozenset[str] = frozenset(),
+) -> Side:
+    """Reads a side: the schema first (quick), then the checksum of every table but those `compared` already, by
+    `row_hash` (the other side's too), calling `done` with the tables and rows read."""
     objects = schema.describe(conn) | schema.sequence_values(conn)
     queries = schema.view_queries(conn)
-    tables = checksums.fingerprints(conn, done, lambda table: table not in compared)
+    tables = checksums.fingerprints(conn, done, lambda table: table not in compared, row_hash=row_hash)
     return Side(tables=tables, objects=objects, queries=queries)
 
 

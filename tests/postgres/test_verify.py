@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from activities.postgres import checksums
 from ferry.api.errors import VerificationMismatch
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
@@ -72,4 +73,24 @@ def test_verify_sees_a_missing_row(steps: Steps, databases: Databases) -> None:
         conn.execute("delete from shop.orders where id = 1")
 
     with pytest.raises(VerificationMismatch, match=r"shop\.orders \(5000 rows in the source, 4999 in the target\)"):
+        steps.verify()
+
+
+def test_postgresql_15_and_18_hash_rows_alike_so_verify_reads_them_with_hashtextextended(databases: Databases) -> None:
+    with connect(databases.source) as source, connect(databases.target) as target:
+        versions = [conn.info.server_version // 10000 for conn in (source, target)]
+
+        assert checksums.agreed(source, target) == checksums.HASHTEXT
+    assert versions == [15, 18]
+
+
+def test_verify_with_hashtextextended_sees_a_number_written_with_one_more_digit(
+    steps: Steps, databases: Databases
+) -> None:
+    for endpoint, amount in ((databases.source, "1.0"), (databases.target, "1.00")):
+        with connect(endpoint) as conn:
+            conn.execute("create table public.prices (id int, amount numeric)")
+            conn.execute(f"insert into public.prices values (1, {amount}), (2, 2.5)")  # 1.0 = 1.00, but not the same
+
+    with pytest.raises(VerificationMismatch, match=r"public\.prices \(same 2 rows, different contents\)"):
         steps.verify()
