@@ -88,6 +88,23 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
+COUNTS = {
+    "status writes": "ferry_status_patch_seconds_count",
+    "status writes that met a 409": "ferry_status_patch_conflicts_total",
+}
+"""Counters of the worker's own, summed over every label."""
+
+
+def _counts(text: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        for what, metric in COUNTS.items():
+            if name == metric:
+                totals[what] = totals.get(what, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 def _means(text: str) -> dict[str, float]:
     totals: dict[str, list[float]] = {}
     for line in text.splitlines():
@@ -138,6 +155,7 @@ class ObservedRun(ChaosRun):
         self.peak_slots: dict[tuple[str, str], int] = {}
         self.peak_rss_kib: dict[str, int] = {}
         self.means: dict[str, dict[str, float]] = {}
+        self.counts: dict[str, dict[str, float]] = {}
         self.applied_at = 0.0
 
     def _worker_options(self, index: int) -> list[str]:
@@ -200,7 +218,8 @@ class ObservedRun(ChaosRun):
             with contextlib.suppress(OSError):
                 port = self.metrics_ports[self.workers.index(name)]
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-                    self.means[name] = _means(answer.read().decode())
+                    text = answer.read().decode()
+                    self.means[name], self.counts[name] = _means(text), _counts(text)
         super()._check()
 
     def figures(self) -> dict[str, str]:
@@ -216,6 +235,8 @@ class ObservedRun(ChaosRun):
                 rows[f"{name} peak {kind} slots used"] = str(self.peak_slots.get((name, kind), "-"))
             for what, mean in self.means.get(name, {}).items():
                 rows[f"{name} mean {what}"] = f"{mean:.3f} s"
+            for what, count in self.counts.get(name, {}).items():
+                rows[f"{name} {what}"] = f"{count:.0f}"
         if latencies:
             rows["transitions measured"] = str(len(latencies))
             rows["transition -> visible p50"] = f"{_percentile(latencies, 0.50):.3f} s"
