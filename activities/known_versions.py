@@ -1,5 +1,8 @@
 """What the worker's own status writes of a Migration left it at, so that its next write need not read it first.
 
+A read the worker made anyway (the gate's, worker/gate.py) counts too, when nothing newer
+is known: a run's first status write then needs no read of its own.
+
 A worker has two writers of a Migration's status: mirror_status (the saga's fields) and
 the progress writer (status.progress), each an apply conditional on a resourceVersion
 known to be the Migration's. They share one `KnownVersions`, so each write's answer is
@@ -72,6 +75,15 @@ class KnownVersions:
             self._versions.move_to_end(uid)
             while len(self._versions) > self._limit:
                 self._versions.popitem(last=False)
+
+    def learn(self, read: dict[str, Any]) -> None:
+        """Keeps the version a read of a Migration found, unless one is known already: resourceVersions do not say
+        which is newer, and a write's answer known since the read was sent may be."""
+        uid: str = read["metadata"]["uid"]
+        with self._lock:
+            if uid in self._versions:
+                return
+        self.remember(read)
 
     def forget(self, uid: str, resource_version: str) -> None:
         """Drops `resource_version` after a write carrying it failed; a newer version another write left is kept."""

@@ -20,13 +20,21 @@ came between the workflow's start and the watcher's first write) lets its run ta
 what it did, and nothing more. One read of the Migration per activity attempt is the price;
 status writes, the most frequent calls, skip it once their run has passed the gate: they
 check the UID themselves (their write is conditional on it), and the plan cannot change
-under a UID (the API server refuses it).
+under a UID (the API server refuses it). The read is not wasted on them either: its
+resourceVersion is what the run's first status write is conditional on
+(activities/known_versions.py), instead of a read of its own.
+
+The reads run on the worker's activity threads, one per slot, which the activity itself
+takes only after the gate: never on asyncio's default executor, whose few threads
+(the CPU count plus 4) made fifty Migrations' first status writes queue behind each
+other's reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +58,7 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
+from activities.known_versions import KnownVersions
 from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, claim_of, digest, is_undo, workflow_ids
 from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
@@ -142,10 +151,12 @@ class _ClaimingWorkflow(WorkflowInboundInterceptor):
 
 
 class _Gate(ActivityInboundInterceptor):
-    def __init__(self, next: ActivityInboundInterceptor, read: ReadMigration, passed: PassedRuns) -> None:
+    def __init__(self, next: ActivityInboundInterceptor, gate: MigrationGate) -> None:
         super().__init__(next)
-        self._read = read
-        self._passed = passed
+        self._read = gate.read
+        self._passed = gate.passed
+        self._executor = gate.executor
+        self._versions = gate.versions
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
@@ -162,7 +173,7 @@ class _Gate(ActivityInboundInterceptor):
         run = (info.workflow_run_id or "", claim.digest)
         if info.activity_type == KubeActivity.MIRROR_STATUS and run[0] and self._passed.seen(run):
             return await self.next.execute_activity(input)
-        live = await asyncio.to_thread(self._read, ref)
+        live = await asyncio.get_running_loop().run_in_executor(self._executor, self._read, ref)
         uid = (live or {}).get("metadata", {}).get("uid")
         if uid != ref.uid:
             if claim.vouched and (is_undo(info.activity_type) or info.activity_type == KubeActivity.MIRROR_STATUS):
@@ -188,6 +199,8 @@ class _Gate(ActivityInboundInterceptor):
             )
         if run[0]:
             self._passed.add(run)
+        if self._versions is not None:
+            self._versions.learn(live)
         return await self.next.execute_activity(input)
 
     @staticmethod
@@ -238,12 +251,22 @@ class PassedRuns:
 class MigrationGate(Interceptor):
     """Claims on the workflow side, checks on the activity side: see the module's docstring."""
 
-    def __init__(self, read: ReadMigration) -> None:
-        self._read = read
-        self._passed = PassedRuns()
+    def __init__(
+        self,
+        read: ReadMigration,
+        *,
+        executor: concurrent.futures.Executor | None = None,
+        versions: KnownVersions | None = None,
+    ) -> None:
+        """`executor` runs the reads: the worker's activity executor, a thread per slot (None: asyncio's default,
+        for tests only); `versions`, the worker's status writers' cache, learns each read's version."""
+        self.read = read
+        self.passed = PassedRuns()
+        self.executor = executor
+        self.versions = versions
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        return _Gate(next, self._read, self._passed)
+        return _Gate(next, self)
 
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
         return _ClaimingWorkflow

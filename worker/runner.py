@@ -42,11 +42,14 @@ log = logging.getLogger("ferry.worker")
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
-def activities(api: k8s.ApiClient, settings: WorkerSettings) -> list[Callable[..., Any]]:
-    """Every activity the saga calls, bound to its clients."""
+def activities(
+    api: k8s.ApiClient, settings: WorkerSettings, versions: KnownVersions | None = None
+) -> list[Callable[..., Any]]:
+    """Every activity the saga calls, bound to its clients; `versions` is the worker's one cache of Migrations'
+    known resourceVersions."""
     # The two writers of a Migration's status, mirror_status and the data steps' progress, each write on the version
-    # the other's last write produced: one request per write, not a 409, a read and a write.
-    versions = KnownVersions()
+    # the other's last write produced (or the gate's read found): one request per write, not a 409, a read and a write.
+    versions = versions if versions is not None else KnownVersions()
     cluster = ClusterActivities(api, settings.kube_activities)
     status = StatusActivities(api, settings.kube_activities, versions=versions)
     postgres = PostgresActivities(api, settings.data_activities, versions=versions)
@@ -86,6 +89,8 @@ def build_worker(
     settings: WorkerSettings,
     executor: concurrent.futures.Executor,
 ) -> Worker:
+    # The gate's reads run on `executor` too, before the activity takes its thread (see worker/gate.py).
+    versions = KnownVersions()
     # Status writes are local activities: a `workflows` process registers every activity to run them, and
     # polls for no other activity.
     workflows = [] if settings.runs == "activities" else [
@@ -95,7 +100,7 @@ def build_worker(
         client,
         task_queue=settings.task_queue,
         workflows=workflows,
-        activities=activities(api, settings),
+        activities=activities(api, settings, versions),
         no_remote_activities=settings.runs == "workflows",
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
@@ -103,7 +108,10 @@ def build_worker(
         max_concurrent_local_activities=settings.max_concurrent_status_writes,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
-        interceptors=[LogContextInterceptor(), MigrationGate(read_migration(api))],
+        interceptors=[
+            LogContextInterceptor(),
+            MigrationGate(read_migration(api), executor=executor, versions=versions),
+        ],
         identity=identity(settings),
     )
 

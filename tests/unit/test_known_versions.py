@@ -1,4 +1,4 @@
-"""What a worker knows of the versions its own status writes of Migrations produced; what that saves is in
+"""What a worker knows of the versions its own status writes of Migrations produced (or its gate read); what that saves is in
 tests/activities/test_mirror_status.py."""
 
 from __future__ import annotations
@@ -42,3 +42,14 @@ def test_past_its_limit_the_migration_written_longest_ago_is_forgotten() -> None
         versions.remember(_migration(uid, "7"))
 
     assert [uid for uid in ("uid-1", "uid-2", "uid-3") if versions.get(uid) is not None] == ["uid-1", "uid-3"]
+
+
+def test_a_read_teaches_a_version_only_of_a_migration_no_write_has_told_about() -> None:
+    versions = KnownVersions()
+    versions.learn(_migration("uid-1", "40"))
+    assert versions.get("uid-1") == KnownVersion("40", {}, shows_progress=False)
+
+    versions.remember(_migration("uid-1", "42"))
+    versions.learn(_migration("uid-1", "41"))  # sent before the write's answer came: maybe older, it cannot tell
+
+    assert versions.get("uid-1") == KnownVersion("42", {}, shows_progress=False)
