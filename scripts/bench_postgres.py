@@ -14,7 +14,10 @@ in one table:
   into another fresh database; this is the write-downtime window (undo_freeze, which
   reopens writes, takes milliseconds);
 - the ratio of ferry's time to the faster direct way, and the peak resident memory of
-  this process while ferry's steps ran (VmHWM, reset before them).
+  this process while ferry's steps ran (VmHWM, reset before them);
+- how long reading every row of the source takes on one connection, with each row hash
+  verify may use (activities/postgres/checksums.py: md5, hashtextextended), and the rows'
+  text forms alone, which both hashes read.
 
 It starts a stack of its own (PostgreSQL and S3 only) in a temporary folder, or uses
 the running stack whose state folder --state-dir names. A benchmark: it asserts nothing.
@@ -41,6 +44,7 @@ from typing import Any, TypeVar
 import psycopg
 from temporalio.testing import ActivityEnvironment
 
+from activities.postgres import checksums
 from activities.postgres.activities import PostgresActivities
 from activities.secrets import DatabaseConnection, S3Credentials
 from activities.settings import DataActivitySettings
@@ -178,6 +182,23 @@ def parallel(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, j
     return elapsed
 
 
+TEXT_ONLY = checksums.RowHash("text forms only", "pg_catalog.length(t::text)")
+"""Not a hash: the rows' text forms, which every row hash reads, summed by length."""
+
+
+def row_hashes(source: PostgresEndpoint) -> dict[str, float]:
+    """Seconds to read every row of the source on one connection (the session verify uses), per row hash."""
+    figures = {}
+    with psycopg.connect(source.dsn, autocommit=True, options=" ".join(
+        f"-c {name}={value}" for name, value in checksums.SESSION.items()
+    )) as conn:  # fmt: skip
+        for row_hash in (checksums.MD5, checksums.HASHTEXT, TEXT_ONLY):
+            _, figures[f"hash {row_hash.name}"] = timed(
+                lambda: checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=row_hash)  # noqa: B023
+            )
+    return figures
+
+
 def peak_rss_reset() -> None:
     """Starts this process's peak resident memory (VmHWM) again from its current size."""
     Path("/proc/self/clear_refs").write_text("5")
@@ -276,6 +297,8 @@ def measure(
     print(f"pg_dump -Fd -j{jobs}, pg_restore -j{jobs} ...", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
+    print("row hashes ...", flush=True)
+    figures.update(row_hashes(source))
     print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
     figures.update(ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry"), compression))
     figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
@@ -301,6 +324,9 @@ def table(results: dict[int, dict[str, float]], jobs: int) -> str:
         ("  verify (s)", "verify", "{:.1f}"),
         ("  then undo_freeze (s)", "undo_freeze", "{:.2f}"),
         ("ferry / faster direct way", "ratio", "{:.2f}"),
+        ("source's rows read by md5 (s)", "hash md5", "{:.1f}"),
+        ("  by hashtextextended (s)", "hash hashtextextended", "{:.1f}"),
+        ("  their text forms only (s)", "hash text forms only", "{:.1f}"),
         ("peak RSS during ferry's steps (MiB)", "peak_rss_mib", "{:,.0f}"),
     ]
     for figures in results.values():

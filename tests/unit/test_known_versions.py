@@ -1,5 +1,5 @@
-"""What a worker knows of the versions its own status writes of Migrations produced (or its gate read); what that saves is in
-tests/activities/test_mirror_status.py."""
+"""What a worker knows of the versions its own status writes of Migrations produced, or its gate read; what that
+saves is in tests/activities/test_mirror_status.py."""
 
 from __future__ import annotations
 
