@@ -541,7 +541,9 @@ class ChaosRun:
         report.figures["samples of the Service"] = self._samples
         report.figures["samples with no endpoints"] = sum(self._empty_endpoints.values())
         report.figures["stuck finalizers"] = sum(1 for s in self.subjects if s.deleted_at is not None and not s.gone)
-        report.figures["pg_dump/pg_restore still running"] = len(_tools_running())
+        report.figures["pg_dump/pg_restore still running"] = len(
+            _tools_running({subject.database for subject in self.subjects})
+        )
         report.figures["unfinished multipart uploads"] = len(
             self.info.s3_client().list_multipart_uploads(Bucket=self.bucket).get("Uploads", [])
         )
@@ -739,13 +741,22 @@ def _time(raw: str) -> datetime:
     return datetime.fromisoformat(raw.replace("Z", "+00:00"))
 
 
-def _tools_running() -> list[int]:
-    """pg_dump and pg_restore processes alive on this machine."""
+def _tools_running(databases: set[str]) -> list[int]:
+    """pg_dump and pg_restore processes alive on this machine that work on one of `databases`: ferry gives each tool
+    its database in PGDATABASE, so another run's tools, or a test's running beside this one, do not count."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() in ("pg_dump", "pg_restore"):
+                if (entry / "comm").read_text().strip() not in ("pg_dump", "pg_restore"):
+                    continue
+                environment = (entry / "environ").read_bytes().split(b"\0")
+                named = {
+                    item.removeprefix(b"PGDATABASE=").decode()
+                    for item in environment
+                    if item.startswith(b"PGDATABASE=")
+                }
+                if named & databases:
                     found.append(int(entry.name))
     return found
 
