@@ -68,22 +68,23 @@ class KnownVersions:
 
     def remember(self, written: dict[str, Any]) -> None:
         """Keeps the version of a Migration as a status write's answer carries it, under that object's own uid."""
-        known = KnownVersion.of(written)
-        uid: str = written["metadata"]["uid"]
-        with self._lock:
-            self._versions[uid] = known
-            self._versions.move_to_end(uid)
-            while len(self._versions) > self._limit:
-                self._versions.popitem(last=False)
+        self._keep(written, replace=True)
 
     def learn(self, read: dict[str, Any]) -> None:
         """Keeps the version a read of a Migration found, unless one is known already: resourceVersions do not say
         which is newer, and a write's answer known since the read was sent may be."""
-        uid: str = read["metadata"]["uid"]
-        with self._lock:
-            if uid in self._versions:
+        self._keep(read, replace=False)
+
+    def _keep(self, migration: dict[str, Any], *, replace: bool) -> None:
+        known = KnownVersion.of(migration)
+        uid: str = migration["metadata"]["uid"]
+        with self._lock:  # the check and the change at once: a write's answer kept meanwhile is not replaced
+            if not replace and uid in self._versions:
                 return
-        self.remember(read)
+            self._versions[uid] = known
+            self._versions.move_to_end(uid)
+            while len(self._versions) > self._limit:
+                self._versions.popitem(last=False)
 
     def forget(self, uid: str, resource_version: str) -> None:
         """Drops `resource_version` after a write carrying it failed; a newer version another write left is kept."""

@@ -153,10 +153,7 @@ class _ClaimingWorkflow(WorkflowInboundInterceptor):
 class _Gate(ActivityInboundInterceptor):
     def __init__(self, next: ActivityInboundInterceptor, gate: MigrationGate) -> None:
         super().__init__(next)
-        self._read = gate.read
-        self._passed = gate.passed
-        self._executor = gate.executor
-        self._versions = gate.versions
+        self._gate = gate
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
@@ -171,9 +168,9 @@ class _Gate(ActivityInboundInterceptor):
             if isinstance(called_for, MigrationRef) and called_for != ref:
                 raise self._refuse(info, f"the call is about Migration {called_for}, its run about {ref}")
         run = (info.workflow_run_id or "", claim.digest)
-        if info.activity_type == KubeActivity.MIRROR_STATUS and run[0] and self._passed.seen(run):
+        if info.activity_type == KubeActivity.MIRROR_STATUS and run[0] and self._gate.passed.seen(run):
             return await self.next.execute_activity(input)
-        live = await asyncio.get_running_loop().run_in_executor(self._executor, self._read, ref)
+        live = await asyncio.get_running_loop().run_in_executor(self._gate.executor, self._gate.read, ref)
         uid = (live or {}).get("metadata", {}).get("uid")
         if uid != ref.uid:
             if claim.vouched and (is_undo(info.activity_type) or info.activity_type == KubeActivity.MIRROR_STATUS):
@@ -198,9 +195,9 @@ class _Gate(ActivityInboundInterceptor):
                 "object's)",
             )
         if run[0]:
-            self._passed.add(run)
-        if self._versions is not None:
-            self._versions.learn(live)
+            self._gate.passed.add(run)
+        if self._gate.versions is not None:
+            self._gate.versions.learn(live)
         return await self.next.execute_activity(input)
 
     @staticmethod

@@ -89,7 +89,7 @@ def build_worker(
     settings: WorkerSettings,
     executor: concurrent.futures.Executor,
 ) -> Worker:
-    # The gate's reads run on `executor` too, before the activity takes its thread (see worker/gate.py).
+    # One cache of known resourceVersions: the status writers write on it, the gate's reads add to it.
     versions = KnownVersions()
     # Status writes are local activities: a `workflows` process registers every activity to run them, and
     # polls for no other activity.
@@ -110,6 +110,7 @@ def build_worker(
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
         interceptors=[
             LogContextInterceptor(),
+            # The gate's reads run on `executor` too, before the activity takes its thread (see worker/gate.py).
             MigrationGate(read_migration(api), executor=executor, versions=versions),
         ],
         identity=identity(settings),

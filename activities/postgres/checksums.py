@@ -15,9 +15,9 @@ while writes are stopped. The function is stable across major versions (hash
 partitions, which pg_upgrade keeps, depend on it), but not across byte orders, and a
 server older than 11 has none: so both sides hash the same probe strings first, and md5
 (the same everywhere) is used unless their answers are equal. The text is hashed in
-collation "C", byte for byte, whatever the database's collation. The functions are
-named with their schema, pg_catalog, so that no function of the same name on a
-database's search_path stands in for them.
+collation "C", byte for byte, whatever the database's collation. The functions of the
+checksums and of the probe are named with their schema, pg_catalog, so that no function
+of the same name on a database's search_path stands in for them.
 
 The tables are the ordinary tables (relkind r, so partitioned tables are checked
 through their partitions) and the populated materialized views, in every schema but
@@ -88,15 +88,20 @@ HASHTEXT = RowHash("hashtextextended", 'pg_catalog.hashtextextended(t::text coll
 """About twice as fast; used when both servers agree on it (see `agreed`)."""
 
 PROBE = """
-select array_agg(pg_catalog.hashtextextended(left(repeat('ferry checks rows 0123456789,', 8), n) collate "C", 0)
-                 order by n)
-from generate_series(0, 200) as n
+select pg_catalog.array_agg(
+    pg_catalog.hashtextextended(
+        pg_catalog.left(pg_catalog.repeat('ferry checks rows 0123456789,', 8), n) collate "C", 0
+    )
+    order by n
+)
+from pg_catalog.generate_series(0, 200) as n
 """
 """hashtextextended of strings of every length up to 200 bytes, so that a difference in how words are read shows."""
 
 LARGE_OBJECT_CHECKSUM = """
-select count(*), coalesce(sum(('x' || left(md5(m.oid::text || ':' || md5(lo_get(m.oid))), 16))::bit(64)::bigint), 0)
-from pg_largeobject_metadata m
+select pg_catalog.count(*), coalesce(pg_catalog.sum(('x' || pg_catalog.left(
+    pg_catalog.md5(m.oid::text || ':' || pg_catalog.md5(pg_catalog.lo_get(m.oid))), 16))::bit(64)::bigint), 0)
+from pg_catalog.pg_largeobject_metadata m
 """
 
 
