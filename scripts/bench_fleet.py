@@ -95,25 +95,26 @@ COUNTS = {
 """Counters of the worker's own, summed over every label."""
 
 
-def _counts(text: str) -> dict[str, float]:
+def _totals(text: str) -> dict[str, float]:
+    """Each metric's value in Prometheus text, summed over its labels, by metric name."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]
-        for what, metric in COUNTS.items():
-            if name == metric:
-                totals[what] = totals.get(what, 0.0) + float(line.rsplit(" ", 1)[1])
+        if line and not line.startswith("#"):
+            name = line.partition("{")[0].partition(" ")[0]
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return totals
 
 
-def _means(text: str) -> dict[str, float]:
-    totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        name, _, value = line.partition("{")
-        for what, metric in MEANS.items():
-            for part, index in (("_sum", 0), ("_count", 1)):
-                if name == metric + part:
-                    totals.setdefault(what, [0.0, 0.0])[index] += float(value.rsplit(" ", 1)[1])
-    return {what: total / count for what, (total, count) in totals.items() if count}
+def _counts(totals: dict[str, float]) -> dict[str, float]:
+    return {what: totals[metric] for what, metric in COUNTS.items() if metric in totals}
+
+
+def _means(totals: dict[str, float]) -> dict[str, float]:
+    return {
+        what: totals.get(f"{metric}_sum", 0.0) / totals[f"{metric}_count"]
+        for what, metric in MEANS.items()
+        if totals.get(f"{metric}_count")
+    }
 
 
 def _vm_hwm_kib(pid: int) -> int:
@@ -218,8 +219,8 @@ class ObservedRun(ChaosRun):
             with contextlib.suppress(OSError):
                 port = self.metrics_ports[self.workers.index(name)]
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-                    text = answer.read().decode()
-                    self.means[name], self.counts[name] = _means(text), _counts(text)
+                    totals = _totals(answer.read().decode())
+                    self.means[name], self.counts[name] = _means(totals), _counts(totals)
         super()._check()
 
     def figures(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 
 from activities.known_versions import KnownVersions
 from activities.status import StatusActivities
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
 from tests import samples
@@ -96,7 +97,7 @@ async def test_a_burst_of_gated_calls_reads_their_migrations_all_at_once_and_the
 
 
 async def test_ferrys_worker_reads_for_its_gate_on_its_activity_threads_and_shares_what_they_learn(
-    temporal_client: Client, task_queue: str, stack: Any
+    temporal_client: Client, task_queue: str, stack: StackInfo
 ) -> None:
     settings = worker_settings(stack, task_queue)
     with concurrent.futures.ThreadPoolExecutor(runner.threads(settings)) as threads:
