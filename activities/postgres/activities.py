@@ -569,20 +569,20 @@ def read_both(
     calls with the tables and rows it has read."""
     with contextlib.ExitStack() as stack:
         connections = [stack.enter_context(connect(db)) for db in (source, target)]
-        row_hash = checksums.agreed(*connections)
-        activity.logger.info("comparing rows by their %s on both sides", row_hash.name)
 
         def cancel_queries() -> None:
             for conn in connections:
                 conn.cancel_safe()
 
-        heartbeats.on_cancel(cancel_queries)
+        heartbeats.on_cancel(cancel_queries)  # before the probe too: a server may not answer it either
         with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
-            futures = [
-                pool.submit(read, conn, row_hash, counter(side))
-                for side, conn in zip(("source", "target"), connections, strict=True)
-            ]
             try:
+                row_hash = checksums.agreed(*connections)
+                activity.logger.info("comparing rows by their %s on both sides", row_hash.name)
+                futures = [
+                    pool.submit(read, conn, row_hash, counter(side))
+                    for side, conn in zip(("source", "target"), connections, strict=True)
+                ]
                 return futures[0].result(), futures[1].result()
             except psycopg.errors.QueryCanceled:
                 heartbeats.raise_if_cancelled("comparing source and target")
