@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import subprocess
 from datetime import timedelta
 
@@ -13,6 +15,7 @@ from temporalio.worker import Worker
 
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
+from devstack.stack.temporal import DATABASE_FILE
 from ferry.api import search_attributes
 
 
@@ -65,3 +68,10 @@ def test_ferrys_search_attributes_are_registered(stack: StackInfo, binaries: Bin
 
     for key in search_attributes.ALL:
         assert key.name in listed.stdout
+
+
+def test_the_dev_server_keeps_its_database_with_a_write_ahead_log(stack: StackInfo) -> None:
+    """With SQLite's default rollback journal the server started workflows less than half as fast."""
+    database = stack.state_dir / "temporal" / DATABASE_FILE
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
+        assert conn.execute("pragma journal_mode").fetchone() == ("wal",)
