@@ -17,7 +17,9 @@ in one table:
   this process while ferry's steps ran (VmHWM, reset before them);
 - how long reading every row of the source takes on one connection, with each row hash
   verify may use (activities/postgres/checksums.py: md5, hashtextextended), and the rows'
-  text forms alone, which both hashes read.
+  text forms alone, which both hashes read; and a second read of ferry's target, by
+  hashtextextended, after verify read it the first time (the first read of restored rows
+  also sets their hint bits, see docs/architecture.md).
 
 It starts a stack of its own (PostgreSQL and S3 only) in a temporary folder, or uses
 the running stack whose state folder --state-dir names. A benchmark: it asserts nothing.
@@ -186,14 +188,14 @@ TEXT_ONLY = checksums.RowHash("text forms only", "pg_catalog.length(t::text)")
 """Not a hash: the rows' text forms, which every row hash reads, summed by length."""
 
 
-def row_hashes(source: PostgresEndpoint) -> dict[str, float]:
-    """Seconds to read every row of the source on one connection (the session verify uses), per row hash."""
+def read_rows(endpoint: PostgresEndpoint, row_hashes: tuple[checksums.RowHash, ...]) -> dict[str, float]:
+    """Seconds to read every row of a database on one connection (the session verify uses), per row hash."""
     figures = {}
-    with psycopg.connect(source.dsn, autocommit=True, options=" ".join(
+    with psycopg.connect(endpoint.dsn, autocommit=True, options=" ".join(
         f"-c {name}={value}" for name, value in checksums.SESSION.items()
     )) as conn:  # fmt: skip
-        for row_hash in (checksums.MD5, checksums.HASHTEXT, TEXT_ONLY):
-            _, figures[f"hash {row_hash.name}"] = timed(
+        for row_hash in row_hashes:
+            _, figures[row_hash.name] = timed(
                 lambda: checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=row_hash)  # noqa: B023
             )
     return figures
@@ -298,9 +300,12 @@ def measure(
     folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
     print("row hashes ...", flush=True)
-    figures.update(row_hashes(source))
+    read = read_rows(source, (checksums.MD5, checksums.HASHTEXT, TEXT_ONLY))
+    figures.update({f"hash {name}": seconds for name, seconds in read.items()})
     print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
-    figures.update(ferry(info, bindir, source, _fresh_database(target_admin, "ferry_bench_ferry"), compression))
+    target = _fresh_database(target_admin, "ferry_bench_ferry")
+    figures.update(ferry(info, bindir, source, target, compression))
+    figures["target again"] = read_rows(target, (checksums.HASHTEXT,))[checksums.HASHTEXT.name]
     figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
     for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
         with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
@@ -327,6 +332,7 @@ def table(results: dict[int, dict[str, float]], jobs: int) -> str:
         ("source's rows read by md5 (s)", "hash md5", "{:.1f}"),
         ("  by hashtextextended (s)", "hash hashtextextended", "{:.1f}"),
         ("  their text forms only (s)", "hash text forms only", "{:.1f}"),
+        ("ferry's target read again after verify (s)", "target again", "{:.1f}"),
         ("peak RSS during ferry's steps (MiB)", "peak_rss_mib", "{:,.0f}"),
     ]
     for figures in results.values():

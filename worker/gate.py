@@ -36,7 +36,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -51,8 +51,6 @@ from temporalio.worker import (
     ExecuteActivityInput,
     ExecuteWorkflowInput,
     Interceptor,
-    StartActivityInput,
-    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -62,6 +60,7 @@ from activities.known_versions import KnownVersions
 from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, claim_of, digest, is_undo, workflow_ids
 from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
+from worker.headers import AddsHeaders
 
 log = logging.getLogger("ferry.worker.gate")
 
@@ -113,20 +112,12 @@ def _from_headers(headers: Any) -> Claim | None:
         return None
 
 
-class _Claiming(WorkflowOutboundInterceptor):
+class _Claiming(AddsHeaders):
     def __init__(self, next: WorkflowOutboundInterceptor, claim: list[Claim | None]) -> None:
         super().__init__(next)
         self._claim = claim
 
-    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self._with_claim(input.headers)
-        return self.next.start_activity(input)
-
-    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self._with_claim(input.headers)
-        return self.next.start_local_activity(input)
-
-    def _with_claim(self, headers: Any) -> Any:
+    def add(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
         claim = self._claim[0]
         if claim is None:
             return headers

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 from kubernetes.client.exceptions import ApiException
-from temporalio import activity, workflow
+from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import default as default_converter
 from temporalio.worker import (
@@ -29,8 +29,6 @@ from temporalio.worker import (
     ExecuteActivityInput,
     ExecuteWorkflowInput,
     Interceptor,
-    StartActivityInput,
-    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -39,6 +37,7 @@ from temporalio.worker import (
 from activities.api_refusals import FORBIDDEN, refusal
 from ferry.failures import scrubbed
 from ferry.observability.logs import bind, migration_context
+from worker.headers import AddsHeaders
 
 GENERATION_HEADER = "ferry-generation"
 
@@ -74,20 +73,12 @@ class _ActivityLogContext(ActivityInboundInterceptor):
                 raise scrubbed(error) from None
 
 
-class _WorkflowOutbound(WorkflowOutboundInterceptor):
+class _WorkflowOutbound(AddsHeaders):
     def __init__(self, next: WorkflowOutboundInterceptor, generation: list[int | None]) -> None:
         super().__init__(next)
         self._generation = generation
 
-    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self._with_generation(input.headers)
-        return self.next.start_activity(input)
-
-    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self._with_generation(input.headers)  # the status writes
-        return self.next.start_local_activity(input)
-
-    def _with_generation(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
+    def add(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
         if self._generation[0] is None:
             return headers
         payload = default_converter().payload_converter.to_payload(self._generation[0])
