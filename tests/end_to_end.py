@@ -193,6 +193,59 @@ async def ferry_worker(stack: StackInfo, task_queue: str) -> AsyncIterator[Worke
         yield settings
 
 
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """A namespace set for whole Migrations: its Secrets, the source workload and a worker on the test's queue."""
+
+    stack: StackInfo
+    bucket: str
+    kubectl: Kubectl
+    namespace: str
+    temporal_client: Client
+    task_queue: str
+
+    def manifest(self, **spec: Any) -> dict[str, Any]:
+        """A Migration of orders-db through the test's bucket (see migration_manifest)."""
+        return migration_manifest(self.stack, self.bucket, **spec)
+
+    def apply(self, manifest: dict[str, Any]) -> MigrationRef:
+        return apply_migration(self.kubectl, self.namespace, manifest)
+
+    async def start(self, ref: MigrationRef, manifest: dict[str, Any]) -> WorkflowHandle[Any, Any]:
+        """Starts the saga of an applied Migration, as the watcher would."""
+        return await start_migration(self.temporal_client, ref, manifest, self.task_queue)
+
+    def migration(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(
+            self.kubectl("get", "migration", name, "-n", self.namespace, "-o", "json").stdout
+        )
+        return found
+
+    def status(self, name: str) -> dict[str, Any]:
+        """The Migration's status; empty before its first write."""
+        return dict(self.migration(name).get("status") or {})
+
+    def events(self) -> str:
+        """The namespace's Events, as JSON."""
+        return self.kubectl("get", "events", "-n", self.namespace, "-o", "json").stdout
+
+
+@pytest.fixture
+def ready(
+    stack: StackInfo,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    ferry_worker: WorkerSettings,
+    kubectl: Kubectl,
+    namespace: str,
+    temporal_client: Client,
+    task_queue: str,
+) -> Ready:
+    return Ready(stack, bucket, kubectl, namespace, temporal_client, task_queue)
+
+
 def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **changes: Any) -> WatcherSettings:
     assert stack.temporal_address is not None
     settings = WatcherSettings(

@@ -15,15 +15,13 @@ import logging
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 
 from devstack.stack.postgres import PostgresEndpoint
-from devstack.stack.stack import StackInfo
-from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, migration_manifest, readable_history, start_migration
+from tests.end_to_end import Databases, Ready, readable_history
 from tests.postgres.data import connect
 from worker.interceptors import LogContextInterceptor
 
@@ -55,29 +53,18 @@ def _create_a_row_the_restore_refuses(source: PostgresEndpoint) -> None:
 
 
 async def test_a_restore_refusing_a_row_names_the_constraint_and_quotes_the_row_in_no_status_event_or_history(
-    caplog: pytest.LogCaptureFixture,
-    stack: StackInfo,
-    databases: Databases,
-    bucket: str,
-    migration_secrets: None,
-    source_workload: str,
-    migration_crd: str,
-    ferry_worker: object,
-    temporal_client: Client,
-    task_queue: str,
-    kubectl: Kubectl,
-    namespace: str,
+    caplog: pytest.LogCaptureFixture, databases: Databases, ready: Ready
 ) -> None:
     caplog.set_level(logging.INFO)
     _create_a_row_the_restore_refuses(databases.source)
-    manifest = migration_manifest(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
+    manifest = ready.manifest()
+    ref = ready.apply(manifest)
 
-    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    handle = await ready.start(ref, manifest)
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
 
-    migration: dict[str, Any] = json.loads(kubectl("get", "migration", ref.name, "-n", namespace, "-o", "json").stdout)
+    migration = ready.migration(ref.name)
     status = migration["status"]
     # In mode Snapshot the snapshot step restores the target from its own dump stream.
     restoring = next(step for step in status["steps"] if step["name"] == "snapshot")
@@ -88,7 +75,7 @@ async def test_a_restore_refusing_a_row_names_the_constraint_and_quotes_the_row_
     assert 'violates check constraint "customers_email_allowed"' in restoring["lastError"]
     records = {
         "Migration": json.dumps(migration),
-        "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
+        "Events": ready.events(),
         "workflow history": readable_history((await handle.fetch_history()).to_json()),
         "worker's log": caplog.text,
     }

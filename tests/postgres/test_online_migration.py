@@ -14,21 +14,17 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import WorkflowFailureError
 
-from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationStatus, Phase
 from ferry.api.saga import PROGRESS_QUERY, ControlRequest, Signal
-from tests.conftest import Kubectl
 from tests.end_to_end import (
     SOURCE_SECRET,
     TARGET_SECRET,
     Databases,
-    apply_migration,
+    Ready,
     eventually,
-    migration_manifest,
     readable_history,
-    start_migration,
 )
 from tests.postgres.data import application_role, connect, create_shop, database_settings
 from tests.postgres.online import NOTHING, leftovers
@@ -37,14 +33,9 @@ from tests.postgres.test_writers_whole_migration import Writer
 SAGA_TIMEOUT = 300
 
 
-def _online(stack: StackInfo, bucket: str, **spec: Any) -> dict[str, Any]:
+def _online(ready: Ready, **spec: Any) -> dict[str, Any]:
     driver = {"type": "postgresql", "sourceSecret": SOURCE_SECRET, "targetSecret": TARGET_SECRET, "mode": "Online"}
-    return migration_manifest(stack, bucket, driver=driver, **spec)
-
-
-def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    migration: dict[str, Any] = json.loads(kubectl("get", "migration", name, "-n", namespace, "-o", "json").stdout)
-    return dict(migration["status"])
+    return ready.manifest(driver=driver, **spec)
 
 
 def _step(status: dict[str, Any], name: str) -> dict[str, Any]:
@@ -74,19 +65,17 @@ def events_table(databases: Databases) -> Databases:
 
 
 async def test_an_online_migration_with_writers_throughout_loses_no_acknowledged_write_and_leaves_nothing_behind(
-    stack: StackInfo, events_table: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, task_queue: str, kubectl: Kubectl,
-    namespace: str,
-) -> None:  # fmt: skip
+    events_table: Databases, ready: Ready
+) -> None:
     databases = events_table
-    manifest = _online(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
+    manifest = _online(ready)
+    ref = ready.apply(manifest)
     with application_role(databases.source) as app:
         writers = [Writer(app, "begin-read-write", first=0), Writer(app, "read-only-off", first=1_000_000)]
         for writer in writers:
             writer.thread.start()
         try:
-            handle = await start_migration(temporal_client, ref, manifest, task_queue)
+            handle = await ready.start(ref, manifest)
             result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
         finally:
             for writer in writers:
@@ -98,7 +87,7 @@ async def test_an_online_migration_with_writers_throughout_loses_no_acknowledged
     in_target, in_source = _ids(databases, "target"), _ids(databases, "source")
     assert acknowledged <= in_target, f"{len(acknowledged - in_target)} acknowledged writes are not in the target"
     assert in_target <= in_source, "the target has no row the source lacks"
-    status = _status(kubectl, namespace, ref.name)
+    status = ready.status(ref.name)
     frozen_at = _at(_step(status, "freeze")["finishedAt"])
     times = [at for writer in writers for at in writer.acknowledged_at]
     assert not [at for at in times if at > frozen_at], "the source acknowledged nothing once frozen"
@@ -119,22 +108,20 @@ async def test_an_online_migration_with_writers_throughout_loses_no_acknowledged
     records = {
         "workflow history": readable_history((await handle.fetch_history()).to_json()),
         "Migration": json.dumps(status),
-        "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
+        "Events": ready.events(),
     }
     for record, text in records.items():  # the subscription's connection held the source's password
         assert databases.source.password not in text, f"the source's password is in the {record}"
 
 
 async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollback_leaves_nothing(
-    stack: StackInfo, databases: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, task_queue: str, kubectl: Kubectl,
-    namespace: str,
-) -> None:  # fmt: skip
+    databases: Databases, ready: Ready
+) -> None:
     """The approval before the freeze holds the saga while the replication runs: the moment to change the schema."""
     create_shop(databases.source, customers=100, orders=2_000)
-    manifest = _online(stack, bucket, approval={"required": True})
-    ref = apply_migration(kubectl, namespace, manifest)
-    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    manifest = _online(ready, approval={"required": True})
+    ref = ready.apply(manifest)
+    handle = await ready.start(ref, manifest)
 
     async def awaiting_approval() -> bool:
         progress = await handle.query(PROGRESS_QUERY, result_type=MigrationStatus)
@@ -148,7 +135,7 @@ async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollba
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
 
-    status = _status(kubectl, namespace, ref.name)
+    status = ready.status(ref.name)
     assert status["phase"] == "RolledBack"
     verify = _step(status, "verify")
     assert verify["lastError"].startswith("VerificationMismatch: ")
@@ -161,14 +148,12 @@ async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollba
 
 
 async def test_a_rollback_asked_for_during_replicate_leaves_no_slot_publication_or_subscription(
-    stack: StackInfo, databases: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, task_queue: str, kubectl: Kubectl,
-    namespace: str,
-) -> None:  # fmt: skip
+    databases: Databases, ready: Ready
+) -> None:
     create_shop(databases.source, customers=2_000, orders=300_000)
-    manifest = _online(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
-    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    manifest = _online(ready)
+    ref = ready.apply(manifest)
+    handle = await ready.start(ref, manifest)
 
     async def subscribed() -> bool:
         return bool(leftovers(databases)["subscriptions"])
@@ -178,7 +163,7 @@ async def test_a_rollback_asked_for_during_replicate_leaves_no_slot_publication_
     result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
 
     assert result["phase"] == "RolledBack"
-    status = _status(kubectl, namespace, ref.name)
+    status = ready.status(ref.name)
     assert _step(status, "replicate")["state"] == "Compensated"
     assert leftovers(databases) == NOTHING
     assert _target_is_empty(databases)

@@ -10,41 +10,30 @@ write to the target the same rollback goes all the way back.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 
-from devstack.stack.stack import StackInfo
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import ControlOutcome, ControlRequest, MigrationRef, Signal
 from tests.cluster import SOURCE_PODS, endpoint_pods
-from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, start_migration
+from tests.end_to_end import Databases, Ready, eventually
 from tests.postgres.data import connect, contents, create_shop
 
 SAGA_TIMEOUT = 240
 SOURCE, TARGET = "orders-db", "orders-db-16"
 
 
-def _status(kubectl: Kubectl, ref: MigrationRef) -> dict[str, Any]:
-    migration = json.loads(kubectl("get", "migration", ref.name, "-n", ref.namespace, "-o", "json").stdout)
-    status: dict[str, Any] = migration.get("status") or {}
-    return status
-
-
-async def _soaking_on_the_target(
-    stack: StackInfo, bucket: str, kubectl: Kubectl, namespace: str, client: Client, task_queue: str
-) -> tuple[MigrationRef, WorkflowHandle[Any, Any]]:
+async def _soaking_on_the_target(ready: Ready) -> tuple[MigrationRef, WorkflowHandle[Any, Any]]:
     """Starts a Migration with a long soak and returns once traffic moved and it soaks before scale-down-old."""
-    manifest = migration_manifest(stack, bucket, soakSeconds=3600)
-    ref = apply_migration(kubectl, namespace, manifest)
-    handle = await start_migration(client, ref, manifest, task_queue)
+    manifest = ready.manifest(soakSeconds=3600)
+    ref = ready.apply(manifest)
+    handle = await ready.start(ref, manifest)
 
     async def soaking() -> bool:
-        status = _status(kubectl, ref)
+        status = ready.status(ref.name)
         steps = {step["name"]: step["state"] for step in status.get("steps", [])}
         return (
             steps.get("switch-traffic") == "Succeeded"
@@ -52,7 +41,7 @@ async def _soaking_on_the_target(
             and str(status.get("message", "")).startswith("soaking")
         )
 
-    seen = lambda: str(_status(kubectl, ref))  # noqa: E731
+    seen = lambda: str(ready.status(ref.name))  # noqa: E731
     await eventually("the Migration to soak with traffic on the target", soaking, SAGA_TIMEOUT, seen)
     return ref, handle
 
@@ -79,11 +68,9 @@ def shop(databases: Databases) -> Databases:
 
 
 async def test_a_rollback_after_the_target_took_writes_stops_before_traffic_goes_back_and_keeps_them(
-    stack: StackInfo, shop: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, kube_api: k8s.ApiClient, task_queue: str,
-    kubectl: Kubectl, namespace: str,
-) -> None:  # fmt: skip
-    ref, handle = await _soaking_on_the_target(stack, bucket, kubectl, namespace, temporal_client, task_queue)
+    shop: Databases, ready: Ready, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    ref, handle = await _soaking_on_the_target(ready)
     with connect(shop.target) as client:  # a client of the Service, which now reaches the target
         client.execute("insert into audit.log (order_id, note) values (3, 'written to the target')")
         client.execute("update shop.customers set email = 'new@example.com' where id = 1")
@@ -94,7 +81,7 @@ async def test_a_rollback_after_the_target_took_writes_stops_before_traffic_goes
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
     assert "RollbackIncomplete" in str(failure.value.cause)
-    status = _status(kubectl, ref)
+    status = ready.status(ref.name)
     assert status["phase"] == "Failed"
     message = status["message"]
     assert message.startswith(
@@ -116,11 +103,9 @@ async def test_a_rollback_after_the_target_took_writes_stops_before_traffic_goes
 
 
 async def test_a_rollback_after_traffic_moved_to_a_target_nobody_wrote_to_goes_all_the_way_back(
-    stack: StackInfo, shop: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, kube_api: k8s.ApiClient, task_queue: str,
-    kubectl: Kubectl, namespace: str,
-) -> None:  # fmt: skip
-    ref, handle = await _soaking_on_the_target(stack, bucket, kubectl, namespace, temporal_client, task_queue)
+    shop: Databases, ready: Ready, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    ref, handle = await _soaking_on_the_target(ready)
     with connect(shop.target) as reader:  # reads and statistics alone are no writes
         reader.execute("select count(*) from shop.orders")
         reader.execute("analyze")
@@ -129,7 +114,7 @@ async def test_a_rollback_after_traffic_moved_to_a_target_nobody_wrote_to_goes_a
 
     result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
     assert result["phase"] == "RolledBack"
-    assert _status(kubectl, ref)["phase"] == "RolledBack"
+    assert ready.status(ref.name)["phase"] == "RolledBack"
     assert _selector(kube_api, namespace) == {"app": SOURCE}
     assert endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS
     assert TARGET not in _stateful_sets(kube_api, namespace)

@@ -24,6 +24,7 @@ from ferry.api.saga import PrecheckResult, SnapshotResult
 from tests.conftest import Kubectl
 from tests.end_to_end import (
     Databases,
+    Ready,
     apply_migration,
     migration_manifest,
     readable_history,
@@ -59,24 +60,15 @@ async def _attempts(handle: WorkflowHandle[Any, Any], activity_type: str) -> lis
 
 async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_events(
     caplog: pytest.LogCaptureFixture,
-    stack: StackInfo,
     databases: Databases,
-    bucket: str,
-    migration_secrets: None,
-    source_workload: str,
-    migration_crd: str,
-    ferry_worker: object,
-    temporal_client: Client,
-    task_queue: str,
-    kubectl: Kubectl,
-    namespace: str,
+    ready: Ready,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     create_shop(databases.source, customers=100, orders=2_000)
-    manifest = migration_manifest(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
+    manifest = ready.manifest()
+    ref = ready.apply(manifest)
 
-    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    handle = await ready.start(ref, manifest)
     result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
 
     assert result["phase"] == "Succeeded"
@@ -84,8 +76,8 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
     records = {
         "workflow history": readable_history((await handle.fetch_history()).to_json()),
         "logs": caplog.text,
-        "Migration": json.dumps(_migration(kubectl, namespace, ref.name)),
-        "Events": kubectl("get", "events", "-n", namespace, "-o", "json").stdout,
+        "Migration": json.dumps(ready.migration(ref.name)),
+        "Events": ready.events(),
     }
     # Each record holds what it should, so the search below searches something real.
     assert result["snapshot"]["sha256"] in records["workflow history"]
@@ -96,7 +88,7 @@ async def test_a_whole_migration_leaves_no_secret_in_its_history_logs_status_or_
     secrets = {
         "source password": databases.source.password,
         "target password": databases.target.password,
-        "S3 secret key": stack.s3_secret_key,
+        "S3 secret key": ready.stack.s3_secret_key,
     }
     for secret_name, secret in secrets.items():
         assert secret
@@ -126,27 +118,18 @@ async def _precheck_result(handle: WorkflowHandle[Any, Any]) -> PrecheckResult:
 
 
 async def test_a_whole_migration_carries_the_data_from_postgresql_15_up_to_18(
-    stack: StackInfo,
     databases: Databases,
-    bucket: str,
-    migration_secrets: None,
-    source_workload: str,
-    migration_crd: str,
-    ferry_worker: object,
-    temporal_client: Client,
-    task_queue: str,
-    kubectl: Kubectl,
-    namespace: str,
+    ready: Ready,
 ) -> None:
     create_shop(databases.source, customers=100, orders=2_000)
     with connect(databases.source) as conn:  # an extension both majors have, with data of its type
         conn.execute("create extension hstore")
         conn.execute("create table shop.tags (order_id bigint primary key references shop.orders, tags hstore)")
         conn.execute("insert into shop.tags select id, hstore('k', id::text) from shop.orders where id % 3 = 0")
-    manifest = migration_manifest(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
+    manifest = ready.manifest()
+    ref = ready.apply(manifest)
 
-    handle = await start_migration(temporal_client, ref, manifest, task_queue)
+    handle = await ready.start(ref, manifest)
     result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
 
     assert result["phase"] == "Succeeded"

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import threading
 import time
 from typing import Any
 
 import psycopg
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import WorkflowFailureError
 
 from devstack.stack.postgres import PostgresEndpoint
-from devstack.stack.stack import StackInfo
-from tests.conftest import Kubectl
-from tests.end_to_end import Databases, apply_migration, migration_manifest, start_migration
+from tests.end_to_end import Databases, Ready
 from tests.postgres.data import application_role, connect, create_shop
 
 SAGA_TIMEOUT = 300
@@ -90,29 +87,19 @@ def _ids(endpoint: PostgresEndpoint) -> set[int]:
         return {row[0] for row in conn.execute("select id from shop.events")}
 
 
-def _status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    status: dict[str, Any] = json.loads(kubectl("get", "migration", name, "-n", namespace, "-o", "json").stdout)[
-        "status"
-    ]
-    return status
-
-
-async def _migrate_while_writing(
-    writers: list[Writer], stack: StackInfo, bucket: str, kubectl: Kubectl, namespace: str,
-    temporal_client: Client, task_queue: str,
-) -> str:  # fmt: skip
+async def _migrate_while_writing(writers: list[Writer], ready: Ready) -> str:
     """Runs a whole migration with the writers going; returns its final phase."""
-    manifest = migration_manifest(stack, bucket)
-    ref = apply_migration(kubectl, namespace, manifest)
+    manifest = ready.manifest()
+    ref = ready.apply(manifest)
     for writer in writers:
         writer.thread.start()
     try:
-        handle = await start_migration(temporal_client, ref, manifest, task_queue)
+        handle = await ready.start(ref, manifest)
         try:
             result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
             phase = str(result["phase"])
         except WorkflowFailureError:
-            phase = _status(kubectl, namespace, ref.name)["phase"]
+            phase = ready.status(ref.name)["phase"]
     finally:
         for writer in writers:
             writer.stop.set()
@@ -129,10 +116,8 @@ def events_table(databases: Databases) -> Databases:
 
 
 async def test_application_writers_are_fenced_out_and_every_acknowledged_write_reaches_the_target(
-    stack: StackInfo, events_table: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, task_queue: str, kubectl: Kubectl,
-    namespace: str,
-) -> None:  # fmt: skip
+    events_table: Databases, ready: Ready
+) -> None:
     databases = events_table
     with application_role(databases.source) as app:
         writers = [
@@ -140,7 +125,7 @@ async def test_application_writers_are_fenced_out_and_every_acknowledged_write_r
             Writer(app, "read-only-off", first=1_000_000),
             Writer(app, "held-open", first=2_000_000),
         ]
-        phase = await _migrate_while_writing(writers, stack, bucket, kubectl, namespace, temporal_client, task_queue)
+        phase = await _migrate_while_writing(writers, ready)
 
     assert all(writer.acknowledged for writer in writers), "every writer wrote before the freeze"
     assert phase == "Succeeded"
@@ -153,10 +138,8 @@ async def test_application_writers_are_fenced_out_and_every_acknowledged_write_r
 
 
 async def test_a_superuser_writing_through_the_freeze_makes_the_migration_roll_back_and_keeps_every_write(
-    stack: StackInfo, events_table: Databases, bucket: str, migration_secrets: None, source_workload: str,
-    migration_crd: str, ferry_worker: object, temporal_client: Client, task_queue: str, kubectl: Kubectl,
-    namespace: str,
-) -> None:  # fmt: skip
+    events_table: Databases, ready: Ready
+) -> None:
     """A superuser can always connect: the fence cannot keep it out, so the check before traffic moves must catch it."""
     databases = events_table
     writers = [
@@ -164,7 +147,7 @@ async def test_a_superuser_writing_through_the_freeze_makes_the_migration_roll_b
         Writer(databases.source, "read-only-off", first=1_000_000),
     ]
 
-    phase = await _migrate_while_writing(writers, stack, bucket, kubectl, namespace, temporal_client, task_queue)
+    phase = await _migrate_while_writing(writers, ready)
 
     assert phase != "Succeeded"
     assert phase == "RolledBack"
@@ -172,7 +155,7 @@ async def test_a_superuser_writing_through_the_freeze_makes_the_migration_roll_b
     assert acknowledged <= _ids(databases.source), "every acknowledged write is in the source"
     with connect(databases.source) as conn:
         conn.execute("insert into shop.events (id) values (-1)")  # and the source takes writes again
-    status = _status(kubectl, namespace, "orders-db-to-16")
+    status = ready.status("orders-db-to-16")
     failed = [step for step in status["steps"] if step.get("lastError")]
     assert failed, "a step says why the migration did not succeed"
     # Writes after the snapshot make verify differ; if none landed in between, the check before the switch catches them.
