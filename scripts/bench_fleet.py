@@ -7,7 +7,8 @@
 Starts the local stack in a temporary folder (Kubernetes, S3, PostgreSQL, and a Temporal
 server of its own) and runs Migrations of small real databases with the chaos harness
 (tests/chaos/harness.py), without its kills, rollbacks or deletions, then checks what the
-harness checks. It prints, per fleet: how many Succeeded, the time from applying the
+harness checks. It applies the Migrations once every worker polls the task queue and a
+watcher leads, so that they meet a running ferry. It prints, per fleet: how many Succeeded, the time from applying the
 Migrations until the last Succeeded status arrived, each worker's peak resident memory
 (VmHWM in /proc), the peak of its activity, local activity (status writes) and workflow
 task slots in use (the SDK's `temporal_worker_task_slots_used`, sampled every 0.2 s from
@@ -29,6 +30,7 @@ import logging
 import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -41,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kubernetes import client as k8s
 from kubernetes import config, watch
 from kubernetes.client.exceptions import ApiException
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from devstack.stack import pki
@@ -167,15 +172,41 @@ class ObservedRun(ChaosRun):
         return None
 
     def _loops(self) -> dict[str, Callable[[], None]]:
-        return {"watch": self._watch_loop, "slots": self._slots_loop}
+        return {"slots": self._slots_loop}
 
     def _apply_migrations(self) -> None:
+        self._wait_until_ready()
+        # The watch starts from a list made before the first apply, so it sees every status written after it, even
+        # one written before its connection is up (the applies take seconds, and a running worker writes at once).
+        listed = k8s.CustomObjectsApi(self.api).list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+        since = listed["metadata"]["resourceVersion"]
+        threading.Thread(target=self._watch_loop, args=(since,), daemon=True, name="watch").start()
         self.applied_at = time.time()
         super()._apply_migrations()
 
-    def _watch_loop(self) -> None:
+    def _wait_until_ready(self, timeout: float = 120.0) -> None:
+        """Waits until every worker polls the task queue and a watcher leads: the Migrations meet a running ferry,
+        as a fleet does, instead of four processes importing and connecting on the same 2 cores."""
+        deadline = time.monotonic() + timeout
+        while len(self._temporal(self._pollers)) < len(self.workers) or self._leader() is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ferry's workers and watcher were not all running after {timeout:.0f} s")
+            time.sleep(0.2)
+
+    async def _pollers(self, client: Client) -> set[str]:
+        """The identities polling the run's task queue, for workflow or activity tasks."""
+        identities: set[str] = set()
+        for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+            described = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace, task_queue=TaskQueue(name=self.task_queue), task_queue_type=kind
+                )
+            )
+            identities.update(poller.identity for poller in described.pollers)
+        return identities
+
+    def _watch_loop(self, resource_version: str | None) -> None:
         custom = k8s.CustomObjectsApi(self.api)
-        resource_version = None
         while not self._stop.is_set():
             stream = watch.Watch()
             try:
