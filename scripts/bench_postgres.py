@@ -19,7 +19,7 @@ in one table:
   verify may use (activities/postgres/checksums.py: md5, hashtextextended), and the rows'
   text forms alone, which both hashes read; and a second read of ferry's target, by
   hashtextextended, after verify read it the first time (the first read of restored rows
-  also sets their hint bits, see docs/architecture.md).
+  also sets their hint bits, see docs/performance.md).
 
 It starts a stack of its own (PostgreSQL and S3 only) in a temporary folder, or uses
 the running stack whose state folder --state-dir names. A benchmark: it asserts nothing.
