@@ -8,11 +8,11 @@ Starts the local stack in a temporary folder (Kubernetes, S3, PostgreSQL, and a 
 server of its own) and runs Migrations of small real databases with the chaos harness
 (tests/chaos/harness.py), without its kills, rollbacks or deletions, then checks what the
 harness checks. It applies the Migrations once every worker polls the task queue and a
-watcher leads, so that they meet a running ferry. It prints, per fleet: how many Succeeded, the time from applying the
-Migrations until the last Succeeded status arrived, each worker's peak resident memory
-(VmHWM in /proc), the peak of its activity, local activity (status writes) and workflow
-task slots in use (the SDK's `temporal_worker_task_slots_used`, sampled every 0.2 s from
-the worker's /metrics), and
+watcher leads, so that they meet a running ferry. It prints, per fleet: how many
+Succeeded, the time from applying the Migrations until the last Succeeded status
+arrived, each worker's peak resident memory (VmHWM in /proc), the peak of its activity,
+local activity (status writes) and workflow task slots in use (the SDK's
+`temporal_worker_task_slots_used`, sampled every 0.2 s from the worker's /metrics), and
 p50/p99 of "transition -> visible": for every moment the saga stamps into the status
 (status.transitionedAt, each step's startedAt and finishedAt, all workflow.now() of the
 transition), the local time at which a watch of the Migrations first received a status
@@ -23,6 +23,7 @@ A benchmark, not a test: it asserts nothing about times.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -187,11 +188,15 @@ class ObservedRun(ChaosRun):
     def _wait_until_ready(self, timeout: float = 120.0) -> None:
         """Waits until every worker polls the task queue and a watcher leads: the Migrations meet a running ferry,
         as a fleet does, instead of four processes importing and connecting on the same 2 cores."""
-        deadline = time.monotonic() + timeout
-        while len(self._temporal(self._pollers)) < len(self.workers) or self._leader() is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ferry's workers and watcher were not all running after {timeout:.0f} s")
-            time.sleep(0.2)
+
+        async def ready(client: Client) -> None:
+            deadline = time.monotonic() + timeout
+            while len(await self._pollers(client)) < len(self.workers) or self._leader() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"ferry's workers and watcher were not all running after {timeout:.0f} s")
+                await asyncio.sleep(0.2)
+
+        self._temporal(ready)  # one client for every look
 
     async def _pollers(self, client: Client) -> set[str]:
         """The identities polling the run's task queue, for workflow or activity tasks."""
