@@ -16,7 +16,9 @@ local activity (status writes) and workflow task slots in use (the SDK's
 p50/p99 of "transition -> visible": for every moment the saga stamps into the status
 (status.transitionedAt, each step's startedAt and finishedAt, all workflow.now() of the
 transition), the local time at which a watch of the Migrations first received a status
-carrying it, minus that moment. Temporal's clock and this one are the same machine's.
+carrying it, minus that moment; and the same from the API server's side: when it answered
+the first status write carrying it (the stack's audit log of status writes, to the
+microsecond). Temporal's clock, the API server's and this one are the same machine's.
 A benchmark, not a test: it asserts nothing about times.
 """
 
@@ -27,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import socket
 import sys
@@ -51,6 +54,7 @@ from temporalio.client import Client
 
 from devstack.stack import pki
 from devstack.stack.install import Binaries, ensure_binaries
+from devstack.stack.kube import AUDIT_LOG
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
 from scripts.history_stats import History
@@ -86,6 +90,28 @@ def _stamps(status: dict[str, Any]) -> dict[str, str]:
         for field in ("startedAt", "finishedAt"):
             if step.get(field):
                 found.setdefault(step[field], f"{step.get('name')} {field}")
+    return found
+
+
+def answered(audit_log: Path) -> dict[str, dict[str, float]]:
+    """When the API server answered the first successful status write carrying each stamp, by namespace and stamp.
+
+    From the stack's audit log of status writes (a Stack with audit_status_writes): its stageTimestamp at
+    ResponseComplete is when the write was committed and answered, on the API server's clock.
+    """
+    found: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    with audit_log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if ref.get("resource") != "migrations" or ref.get("subresource") != "status":
+                continue
+            if event.get("stage") != "ResponseComplete" or (event.get("responseStatus") or {}).get("code", 0) >= 300:
+                continue
+            status = (event.get("requestObject") or {}).get("status") or {}
+            at = _time(event["stageTimestamp"]).timestamp()
+            for stamp in _stamps(status):
+                found[ref["namespace"]].setdefault(stamp, at)
     return found
 
 
@@ -164,6 +190,7 @@ class ObservedRun(ChaosRun):
         self.means: dict[str, dict[str, float]] = {}
         self.counts: dict[str, dict[str, float]] = {}
         self.applied_at = 0.0
+        self.answered: dict[str, dict[str, float]] = {}
 
     def _worker_options(self, index: int) -> list[str]:
         runs = ["--runs=workflows" if index == 0 else "--runs=activities"] if self.split else []
@@ -248,6 +275,9 @@ class ObservedRun(ChaosRun):
                             self.peak_slots[key] = max(self.peak_slots.get(key, 0), used)
 
     def _check(self) -> None:
+        audit_log = self.info.logs_dir / AUDIT_LOG
+        if audit_log.exists():
+            self.answered = answered(audit_log)
         for name in self.workers:
             popen = self.components[name].popen
             if popen is not None and popen.poll() is None:
@@ -274,6 +304,16 @@ class ObservedRun(ChaosRun):
                 rows[f"{name} mean {what}"] = f"{mean:.3f} s"
             for what, count in self.counts.get(name, {}).items():
                 rows[f"{name} {what}"] = f"{count:.0f}"
+        committed = [
+            at - _time(stamp).timestamp()
+            for namespace in self.observed
+            for stamp, at in self.answered.get(namespace, {}).items()
+        ]
+        if committed:
+            rows["transitions written"] = str(len(committed))
+            rows["transition -> answered by the API server p50"] = f"{_percentile(committed, 0.50):.3f} s"
+            rows["transition -> answered by the API server p99"] = f"{_percentile(committed, 0.99):.3f} s"
+            rows["transition -> answered by the API server max"] = f"{max(committed):.3f} s"
         if latencies:
             rows["transitions measured"] = str(len(latencies))
             rows["transition -> visible p50"] = f"{_percentile(latencies, 0.50):.3f} s"
@@ -397,7 +437,8 @@ class ScenarioRun(ObservedRun):
 @contextlib.contextmanager
 def stack_for_runs(workdir: Path) -> Iterator[tuple[Binaries, StackInfo, k8s.ApiClient, Stack]]:
     binaries = ensure_binaries()
-    with Stack(workdir / "stack", components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
+    components = frozenset({"kubernetes", "s3", "postgres"})
+    with Stack(workdir / "stack", components=components, binaries=binaries, audit_status_writes=True) as info:
         install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
         api = config.new_client_from_config(config_file=str(info.kubeconfig))
         with own_temporal(workdir / "temporal", binaries) as temporal:

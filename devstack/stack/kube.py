@@ -31,16 +31,24 @@ STORAGE_CLASSES = {"standard": True, "fast": False}
 """StorageClasses the stack provides, and whether each is the cluster default."""
 HOST_PATH_PROVISIONER = "kubernetes.io/host-path"
 AUDIT_LOG = "kube-apiserver-audit.log"
-"""In the logs folder: who read or changed which Secret, one JSON line each (the only requests audited)."""
-AUDIT_POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
+"""In the logs folder: who read or changed which Secret, one JSON line each; with `audit_status_writes`, also every
+write to a Migration's status, with its body."""
+AUDIT_SECRETS = """\
   - level: Metadata
     resources: [{group: "", resources: [secrets]}]
-  - level: None
 """
+AUDIT_STATUS_WRITES = """\
+  - level: Request
+    verbs: [patch, update]
+    resources: [{group: ferry.dev, resources: [migrations/status]}]
+"""
+"""For benchmarks: when the API server answered each status write (stageTimestamp, to the microsecond), and what it
+wrote. Off by default: it costs the API server an encoding of every status it is sent."""
+
+
+def audit_policy(*, status_writes: bool = False) -> str:
+    rules = AUDIT_SECRETS + (AUDIT_STATUS_WRITES if status_writes else "")
+    return f"apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{rules}  - level: None\n"
 
 
 @dataclasses.dataclass
@@ -52,6 +60,8 @@ class KubeControlPlane:
     ports: PortBook
     logs: Path
     processes: list[ManagedProcess] = dataclasses.field(default_factory=list)
+    audit_status_writes: bool = False
+    """Also audit every write to a Migration's status (AUDIT_STATUS_WRITES)."""
 
     @property
     def keys(self) -> pki.Pki:
@@ -109,8 +119,8 @@ class KubeControlPlane:
     def start_apiserver(self) -> ManagedProcess:
         self.keys.ensure()
         p = self.keys
-        audit_policy = self.folder / "audit-policy.yaml"
-        audit_policy.write_text(AUDIT_POLICY)
+        policy = self.folder / "audit-policy.yaml"
+        policy.write_text(audit_policy(status_writes=self.audit_status_writes))
         apiserver = self._process(
             "kube-apiserver",
             [
@@ -133,7 +143,7 @@ class KubeControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--event-ttl=24h",
                 f"--cert-dir={self.folder / 'pki'}",
-                f"--audit-policy-file={audit_policy}",
+                f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.logs / AUDIT_LOG}",
                 "--audit-log-maxsize=100",
                 "--audit-log-maxbackup=1",

@@ -114,6 +114,7 @@ class Stack:
         components: frozenset[str] = COMPONENTS,
         binaries: Binaries | None = None,
         timeout: float = START_TIMEOUT,
+        audit_status_writes: bool = False,
     ) -> None:
         unknown = components - COMPONENTS
         if unknown:
@@ -121,6 +122,7 @@ class Stack:
         self.state_dir = state_dir.resolve()
         self.components = components
         self.timeout = timeout
+        self.audit_status_writes = audit_status_writes
         self._binaries = binaries
         self._processes: list[ManagedProcess] = []
         self._readiness: dict[str, Callable[[ManagedProcess], None]] = {}
@@ -161,7 +163,10 @@ class Stack:
         etcd = None
         postgres: list[PostgresInstance] = []
         if "kubernetes" in self.components:
-            kube = KubeControlPlane(binaries, self.state_dir / "kubernetes", ports, self.logs_dir)
+            kube = KubeControlPlane(
+                binaries, self.state_dir / "kubernetes", ports, self.logs_dir,
+                audit_status_writes=self.audit_status_writes,
+            )  # fmt: skip
             etcd = self._launch(kube.start_etcd())
             control_plane = kube
             self._readiness["etcd"] = lambda process: control_plane.wait_etcd(process, self.timeout)
