@@ -8,7 +8,9 @@ start and wait, so no data moves. Two modes:
   once) and prints the median, p99 and maximum of (workflow start time, from Temporal) -
   (create returned), then the same for as many direct start_workflow calls on the same
   Temporal server, the ratio of the two throughputs, and the CPU each component spent
-  on each burst (API server, etcd, Temporal, watcher, this client);
+  on each burst (API server, etcd, Temporal, watcher, this client); then the watcher's
+  own pace: as many Migrations created while it is stopped, and how fast it starts
+  their workflows once it has listed them;
 
       .venv/bin/python scripts/bench_watcher.py --count 500
 
@@ -292,7 +294,8 @@ async def burst_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
     load = os.getloadavg()[0]
     try:
         wait_until("the watcher's first list", lambda: bool(process.listings()), 60)
-        await burst(cluster, client, args, args.count, task_queue, figures)
+        direct = await burst(cluster, client, args, args.count, task_queue, figures)
+        await backlog(process, cluster, client, args, task_queue, direct, figures)
         figures.add(
             "machine: cores, load average (1 min) at start / end",
             f"{os.cpu_count()}, {load:.1f} / {os.getloadavg()[0]:.1f}",
@@ -430,7 +433,7 @@ async def restart(process: WatcherProcess, cluster: Cluster, client: Client, tas
 
 async def burst(
     cluster: Cluster, client: Client, args: argparse.Namespace, count: int, task_queue: str, figures: Figures
-) -> None:
+) -> float:
     """`count` creates as fast as one client can (--threads at once), then as many direct starts on another task
     queue nobody polls. Creating one at a time would measure the client's round trips, not the watcher.
     `task_queue` is the watcher's."""
@@ -457,6 +460,37 @@ async def burst(
     figures.latencies(f"burst direct start_workflow ({args.concurrency} at once)", latencies)
     figures.add("burst direct: CPU seconds spent", cpu_spent(cpu))
     figures.add("burst throughput: ferry / direct", f"{ferry:.0f}/s / {direct:.0f}/s = {ferry / direct:.2f}", "≥ 0.8")
+    return direct
+
+
+async def backlog(
+    process: WatcherProcess,
+    cluster: Cluster,
+    client: Client,
+    args: argparse.Namespace,
+    task_queue: str,
+    direct: float,
+    figures: Figures,
+) -> None:
+    """The watcher's own pace, with the creates out of the way: --count Migrations created while it is stopped, then
+    a start; from its list to the last of their workflows' starts. Each still costs a start and the watcher's one
+    write (finalizer and annotation), so this is the most a burst through ferry could reach on this machine."""
+    process.stop()
+    lists_before = len(process.listings())
+    names = [f"backlog-{index:04d}" for index in range(args.count)]
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        refs = dict(zip(names, pool.map(cluster.create, names), strict=True))
+    since = time.time()
+    process.start()
+    wait_until("the list after the start", lambda: len(process.listings()) > lists_before, 120)
+    listed, listed_at = process.listings()[lists_before]
+    started = await start_times(client, refs, 300, task_queue, since)
+    pace = len(refs) / (max(started.values()) - listed_at)
+    figures.add(
+        f"backlog: {len(refs)} created while the watcher was stopped, then its start: listed {listed} → last start",
+        f"{max(started.values()) - listed_at:.1f} s, {pace:.0f}/s",
+    )
+    figures.add("backlog pace: ferry / the direct calls above", f"{pace:.0f}/s / {direct:.0f}/s = {pace / direct:.2f}")
 
 
 async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> Figures:
