@@ -105,6 +105,8 @@ class Stack:
 
     Use as a context manager, or call `start()` and make sure `stop()` runs. `components`
     picks a subset (any of kubernetes, temporal, s3, postgres) for tests that need less.
+    `audit_status_writes` makes the API server also audit every write to a Migration's status
+    (for benchmarks: when each was answered, and what it wrote).
     """
 
     def __init__(
