@@ -70,6 +70,10 @@ class S3NotAnswering(Exception):
 CLIENTS = 32
 """S3 clients a process keeps (one per endpoint, region, credentials, encryption and timeouts): about 0.3 MiB each,
 so at most about 11 MiB."""
+POOL_CONNECTIONS = 64
+"""Connections a client keeps open for reuse. Every Migration of a worker that writes to the same S3 with the same
+credentials shares one client: ten snapshots uploading four parts each, with their restores reading, stay within it.
+Past it, a request still gets a connection of its own, which is closed after it (and urllib3 logs that)."""
 
 
 def client(spec: SnapshotSpec, credentials: S3Credentials, settings: DataActivitySettings) -> S3Client:
@@ -99,6 +103,7 @@ def _new_client(
         retries={"mode": "standard", "total_max_attempts": settings.s3_attempts},
         connect_timeout=settings.s3_connect_timeout,
         read_timeout=settings.s3_read_timeout,
+        max_pool_connections=POOL_CONNECTIONS,
     )
     s3: S3Client = session.client(
         "s3",

@@ -36,6 +36,13 @@ def test_activities_of_the_same_migration_share_one_client() -> None:
     assert s3.client(_spec(), _credentials(), SETTINGS) is first
 
 
+def test_a_shared_client_keeps_connections_for_many_uploads_at_once() -> None:
+    shared = s3.client(_spec(), _credentials(), SETTINGS)
+
+    ten_snapshots_uploading_and_restoring = 10 * (SETTINGS.upload_concurrency + 1)
+    assert shared.meta.config.max_pool_connections >= ten_snapshots_uploading_and_restoring
+
+
 def test_credentials_changed_in_the_secret_get_a_client_that_signs_with_them() -> None:
     before = s3.client(_spec(), _credentials("secret-1"), SETTINGS)
     after = s3.client(_spec(), _credentials("secret-2"), SETTINGS)
