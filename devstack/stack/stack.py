@@ -40,6 +40,8 @@ log = logging.getLogger("devstack.stack")
 COMPONENTS = frozenset({"kubernetes", "temporal", "s3", "postgres"})
 POSTGRES_INSTANCES = ("source", "target")
 """The PostgreSQL instances: `source` runs PostgreSQL 15 and `target` PostgreSQL 18 (see versions.py)."""
+TEMPORAL_FOLDER = "temporal"
+"""The Temporal dev server's folder in the state folder: its SQLite database (temporal.DATABASE_FILE) is there."""
 START_TIMEOUT = 300.0
 """Seconds each component may take to come up. A first start on a cold, busy machine is slow (page
 cache, initdb, Temporal's schema); a component that exits meanwhile fails the start at once."""
@@ -176,7 +178,7 @@ class Stack:
         if "temporal" in self.components:
             codec = CodecServer(ensure_keys(self.state_dir / "codec-keys"), ports, self.logs_dir)
             temporal = TemporalDevServer(
-                binaries, self.state_dir / "temporal", ports, self.logs_dir, codec_endpoint=codec.endpoint
+                binaries, self.state_dir / TEMPORAL_FOLDER, ports, self.logs_dir, codec_endpoint=codec.endpoint
             )
             self._launch(codec.start(temporal.ui_origins))
             self._launch(temporal.start())

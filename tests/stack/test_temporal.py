@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from devstack.stack.install import Binaries
-from devstack.stack.stack import StackInfo
+from devstack.stack.stack import TEMPORAL_FOLDER, StackInfo
 from devstack.stack.temporal import DATABASE_FILE
 from ferry.api import search_attributes
 
@@ -72,6 +72,6 @@ def test_ferrys_search_attributes_are_registered(stack: StackInfo, binaries: Bin
 
 def test_the_dev_server_keeps_its_database_with_a_write_ahead_log(stack: StackInfo) -> None:
     """With SQLite's default rollback journal the server started workflows less than half as fast."""
-    database = stack.state_dir / "temporal" / DATABASE_FILE
+    database = stack.state_dir / TEMPORAL_FOLDER / DATABASE_FILE
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
         assert conn.execute("pragma journal_mode").fetchone() == ("wal",)
