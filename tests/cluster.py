@@ -12,6 +12,7 @@ import yaml
 from kubernetes import client as k8s
 
 from devstack.demo.sample import SOURCE, source_objects
+from devstack.stack.admission import wait_migrations_admitted
 
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 
@@ -29,7 +30,8 @@ MIGRATION_CRD = Path(__file__).resolve().parent.parent / "deploy" / "crd" / "mig
 
 
 def install_crd(kubectl: Sequence[str], crd: Path = MIGRATION_CRD, name: str = "migrations.ferry.dev") -> None:
-    """Applies a CRD with `kubectl` (the binary and its connection flags) and waits until it is Established."""
+    """Applies a CRD with `kubectl` (the binary and its connection flags) and waits until it is Established (and,
+    for Migrations, until the API server's mutating admission policies see them)."""
     subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
     crd_established(
         lambda: (
@@ -39,6 +41,8 @@ def install_crd(kubectl: Sequence[str], crd: Path = MIGRATION_CRD, name: str = "
         ),
         name,
     )
+    if name == "migrations.ferry.dev":
+        wait_migrations_admitted(kubectl)
 
 
 def crd_established(read: Callable[[], str], name: str, timeout: float = 300.0) -> None:
@@ -100,3 +104,29 @@ def token_kubeconfig(admin: Path, user: str, token: str, path: Path) -> Path:
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+FINALIZER_AT_CREATE = "ferry.dev/finalizer-at-create"
+"""The namespace label that leaves a namespace out of deploy/admission/finalizer (value "false")."""
+
+
+def holds_at_create(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, object]) -> bool:
+    """Whether the API server would create this Migration holding ferry's finalizer (a server-side dry run)."""
+    from ferry.api.migration import FINALIZER
+
+    custom = k8s.CustomObjectsApi(kube_api)
+    dry = custom.create_namespaced_custom_object(
+        "ferry.dev", "v1alpha1", namespace, "migrations", manifest, dry_run="All"
+    )
+    return FINALIZER in (dry["metadata"].get("finalizers") or [])
+
+
+def without_finalizer_at_create(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, object]) -> None:
+    """Labels the namespace out of deploy/admission/finalizer, as a cluster without the policy has it: the watcher
+    adds ferry's finalizer itself. Returns once the API server acts on the label (its policy reads namespaces from
+    an informer), as a dry run of `manifest` shows."""
+    k8s.CoreV1Api(kube_api).patch_namespace(namespace, {"metadata": {"labels": {FINALIZER_AT_CREATE: "false"}}})
+    eventually(
+        f"the API server to leave namespace {namespace} out of the finalizer policy",
+        lambda: not holds_at_create(kube_api, namespace, manifest),
+    )

@@ -256,6 +256,7 @@ def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **change
         lease=LeaseSettings(name="ferry-watcher", namespace=namespace, duration=4, renew_deadline=3, retry_period=0.5),
         resync_interval=2,
         deletion_timeout=120,
+        record_start_after=1,
     )
     return dataclasses.replace(settings, **changes)
 

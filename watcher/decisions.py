@@ -15,7 +15,10 @@ A new Migration's workflow starts before ferry's finalizer is added (with the
 annotation, in one write), so a deleted Migration without the finalizer may have a run
 going on: the object says nothing of a start whose write it refused. Unless its status
 is finished, its pass cancels the run by ID, which costs one call whether or not a run
-is there.
+is there. Where the API server sets the finalizer at creation (deploy/admission/finalizer)
+a Migration is held from the start; a pass that starts its workflow then writes nothing,
+and `start` stays decided until a status or the annotation names the run (the start is
+refused then, and the handler records it: watcher/handling.py).
 """
 
 from __future__ import annotations

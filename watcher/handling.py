@@ -8,6 +8,13 @@ the start, kubectl controls as updates, and the Abandoned phase of a run ended f
 outside. Nothing is remembered between passes: everything needed is in the object, its
 status, and Temporal.
 
+A Migration that holds ferry's finalizer from its creation (deploy/admission/finalizer has
+the API server set it) costs no write at all when its workflow starts: the saga's first
+status names the run. If none does within --record-start-after seconds (no worker polls,
+say), the Migration is looked at again; that pass's start is refused, as the run exists, and
+then the annotation records it, so no later pass or restarted watcher asks Temporal again.
+A timer lost with a restart costs the same: one refused start, then the annotation.
+
 Why the start comes first: the finalizer's write would otherwise be a write of its own,
 and the API server's writes are what a burst of creates waits on. A Migration deleted
 between the start and that write cannot take the finalizer any more, and its run stops
@@ -35,7 +42,7 @@ from ferry.observability.logs import migration_context
 from watcher import controls
 from watcher.abandoned import why_abandoned
 from watcher.decisions import Action, decide, ref_of
-from watcher.deletion import DeletionHandler
+from watcher.deletion import DeletionHandler, Resubmit
 from watcher.metrics import WatcherMetrics
 from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
@@ -57,12 +64,22 @@ class MigrationHandler:
         settings: WatcherSettings,
         deletion: DeletionHandler,
         metrics: WatcherMetrics,
+        resubmit: Resubmit,
     ) -> None:
         self._client = client
         self._writer = writer
         self._settings = settings
         self._deletion = deletion
         self._metrics = metrics
+        self._resubmit = resubmit
+        self._look_again: dict[str, asyncio.TimerHandle] = {}
+        """Per Migration (uid), the timer of the pass that records a start no status names yet."""
+
+    def close(self) -> None:
+        """Drops the timers of passes still to come (a watcher that leads next lists every Migration anew)."""
+        for timer in self._look_again.values():
+            timer.cancel()
+        self._look_again.clear()
 
     async def handle(self, migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
         """One pass; returns the resourceVersions its own writes produced, in order.
@@ -96,21 +113,39 @@ class MigrationHandler:
         if action.invalid_spec is not None:
             await self._reject(migration, ref, action.invalid_spec)
             return
-        if action.start:
-            await self._start(migration, ref, received)
-        if action.start or action.add_finalizer:
+        created = action.start and await self._start(migration, ref, received)
+        if action.add_finalizer or (action.start and not created):
+            # The run exists now: the finalizer where missing, and the annotation recording the start, in one write.
             recorded = workflow_id(ref) if action.start else None
             if not await self._writer.hold(migration, recorded):
                 return  # gone, or being deleted meanwhile: the watch brings that state
+        elif created:
+            self._record_later(ref)  # held since its creation: no write unless no status names the run in time
         for item in action.controls:
             await self._apply_control(ref, item)
         if action.check_run:
             await self._notice_abandoned(migration, ref)
 
-    async def _start(self, migration: Migration, ref: MigrationRef, received: float) -> None:
-        """Starts the workflow inside the span that roots the migration's trace (once: a second start is refused)."""
+    def _record_later(self, ref: MigrationRef) -> None:
+        """Looks at the Migration again after --record-start-after seconds; that pass records the start if no
+        status names the run by then (and does nothing if one does)."""
+
+        def again() -> None:
+            self._look_again.pop(ref.uid, None)
+            self._resubmit(ref)
+
+        earlier = self._look_again.pop(ref.uid, None)
+        if earlier is not None:
+            earlier.cancel()
+        loop = asyncio.get_running_loop()
+        self._look_again[ref.uid] = loop.call_later(self._settings.record_start_after, again)
+
+    async def _start(self, migration: Migration, ref: MigrationRef, received: float) -> bool:
+        """Starts the workflow inside the span that roots the migration's trace (once: a second start is refused).
+
+        True when this call started it, False when it existed already."""
         if migration.spec is None:  # decide() starts only Migrations whose spec validates
-            return
+            return False
         generation = migration.metadata.generation
         attributes: dict[str, str | int] = {
             "ferry.namespace": ref.namespace,
@@ -121,6 +156,7 @@ class MigrationHandler:
             created = await ensure_started(self._client, ref, generation, migration.spec, self._settings.task_queue)
         if created:
             self._metrics.event_to_start.record(time.monotonic() - received)
+        return created
 
     async def _reject(self, migration: Migration, ref: MigrationRef, problems: str) -> None:
         """A spec the CRD's schema should have refused (an older CRD may not have): Failed, saying why."""

@@ -3,7 +3,8 @@
 Finalizer changes are merge patches carrying the resourceVersion they were computed
 from, retried from a fresh read on a conflict, so no other finalizer is ever lost. A new
 Migration costs one write: its finalizer and the annotation naming its workflow go
-together, after the start (a burst of creates waits on the API server's writes). The
+together, after the start (a burst of creates waits on the API server's writes); none
+when the API server set the finalizer as it created the Migration (watcher/handling.py). The
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
 saga's fields as they are; only an Abandoned Migration gets its phase from the watcher,
 because then no workflow is left to write it.

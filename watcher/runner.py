@@ -50,7 +50,7 @@ class Watcher:
         self._metrics = metrics
         writer = MigrationWriter(kube)
         self._deletion = DeletionHandler(client, writer, settings, self._resubmit)
-        self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics)
+        self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics, self._resubmit)
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
         self._closed_runs = ClosedRuns(client, settings.task_queue)
         self._inventory = Inventory()
@@ -102,6 +102,7 @@ class Watcher:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            self._handler.close()
             await self._dispatcher.close()
             await self._deletion.close()
 

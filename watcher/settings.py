@@ -63,3 +63,7 @@ class WatcherSettings(ComponentSettings):
     """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway."""
     concurrency: Annotated[int, Field(ge=1)] = 16
     """Migrations handled at once (the events of one Migration are always handled in order)."""
+    record_start_after: Annotated[float, Field(gt=0)] = 10.0
+    """Seconds after starting the workflow of a Migration that held ferry's finalizer already (set as it was
+    created, by deploy/admission/finalizer) before the watcher records the start in its annotation, if no status
+    names the run by then. The saga's first status write usually does, and then the watcher writes nothing."""

@@ -32,6 +32,7 @@ from temporalio.client import Client
 from activities.settings import DataActivitySettings, KubeActivitySettings
 from devstack.demo import sample
 from devstack.demo.progress import Display
+from devstack.stack import admission
 from devstack.stack.errors import ComponentStopped, StackError, StartError
 from devstack.stack.install import Binaries
 from devstack.stack.logtail import meaningful
@@ -81,6 +82,7 @@ def install_crd(binaries: Binaries, info: StackInfo) -> None:
         )
     finally:
         api.close()
+    admission.wait_migrations_admitted(kubectl)
 
 
 def _established(crd: Any) -> bool:

@@ -147,6 +147,9 @@ class KubeControlPlane:
                 f"--audit-log-path={self.logs / AUDIT_LOG}",
                 "--audit-log-maxsize=100",
                 "--audit-log-maxbackup=1",
+                # deploy/admission/finalizer: ferry's finalizer set as a Migration is created (beta in 1.34).
+                "--feature-gates=MutatingAdmissionPolicy=true",
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
             ],
         )
         apiserver.start()

@@ -1,4 +1,5 @@
-"""deploy/admission on the real API server: who may give a control, and which images and S3 endpoints a plan may name.
+"""deploy/admission on the real API server: who may give a control, which images and S3 endpoints a plan may name,
+and (deploy/admission/finalizer) ferry's finalizer on every new Migration.
 
 The local stack applies deploy/admission as a cluster running ferry has it (devstack/stack/admission.py). Users
 are impersonated (`kubectl --as`) with the roles a test binds them in its namespace, so every refusal here is the
@@ -16,13 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from ferry.api.migration import FINALIZER
 from ferry.api.saga import MigrationRef, Signal
 from ferry.clients import kubernetes_client
 from ferry.kubectl.controls import who_from_username
 from tests import samples
-from tests.cluster import eventually
+from tests.cluster import eventually, without_finalizer_at_create
 from tests.conftest import Kubectl, grant
 from tests.deploy.conftest import ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find
@@ -30,6 +32,8 @@ from watcher.kube import Kube
 from watcher.patching import MigrationWriter
 
 NAME = "orders-db-to-16"
+OTHER = "example.com/backup-first"
+"""Another controller's finalizer."""
 CONTROLS = [signal.value for signal in Signal]
 GRANTS = "(the ClusterRole ferry-operator grants every control, ferry-approver approve)"
 ALLOWLISTS = DEPLOY / "admission" / "allowlists.yaml"
@@ -89,6 +93,63 @@ def test_the_stacks_policies_are_deploys_and_type_check_against_the_migration_sc
         assert binding["spec"]["policyName"] == name
         assert binding["spec"]["validationActions"] == ["Deny"]
         assert not policy["status"].get("typeChecking", {}).get("expressionWarnings"), policy["status"]
+
+
+def test_the_stacks_finalizer_policy_is_deploys_and_type_checks_against_the_migration_schema(
+    kubectl: Kubectl, migration_crd: str
+) -> None:
+    policy = json.loads(kubectl("get", "mutatingadmissionpolicy", "ferry-finalizer", "-o", "json").stdout)
+    binding = json.loads(kubectl("get", "mutatingadmissionpolicybinding", "ferry-finalizer", "-o", "json").stdout)
+    files = documents(DEPLOY / "admission" / "finalizer")
+
+    assert policy["spec"]["mutations"] == find(files, "MutatingAdmissionPolicy", "ferry-finalizer")["spec"]["mutations"]
+    wanted = find(files, "MutatingAdmissionPolicyBinding", "ferry-finalizer")["spec"]
+    assert binding["spec"]["policyName"] == wanted["policyName"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == wanted["matchResources"]["namespaceSelector"]
+    assert not (policy.get("status") or {}).get("typeChecking", {}).get("expressionWarnings"), policy.get("status")
+
+
+def _created_finalizers(kube_api: k8s.ApiClient, namespace: str, finalizers: list[str] | None) -> list[str]:
+    """The finalizers a Migration created with `finalizers` would have (a server-side dry run: nothing is kept)."""
+    manifest = samples.migration(NAME)
+    if finalizers is not None:
+        manifest["metadata"]["finalizers"] = finalizers
+    created = k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        "ferry.dev", "v1alpha1", namespace, "migrations", manifest, dry_run="All"
+    )
+    found: list[str] = created["metadata"].get("finalizers") or []
+    return found
+
+
+def test_the_api_server_creates_every_migration_holding_ferrys_finalizer_once_unless_its_namespace_opts_out(
+    migration_crd: str, namespace: str, kube_api: k8s.ApiClient
+) -> None:
+    assert _created_finalizers(kube_api, namespace, None) == [FINALIZER]
+    assert _created_finalizers(kube_api, namespace, []) == [FINALIZER]
+    assert _created_finalizers(kube_api, namespace, [OTHER]) == [OTHER, FINALIZER]
+    assert _created_finalizers(kube_api, namespace, [FINALIZER, OTHER]) == [FINALIZER, OTHER]
+
+    without_finalizer_at_create(kube_api, namespace, samples.migration(NAME))
+
+    assert _created_finalizers(kube_api, namespace, None) == []
+    assert _created_finalizers(kube_api, namespace, [OTHER]) == [OTHER]
+
+
+def test_the_finalizer_policy_only_acts_on_creates(
+    kubectl: Kubectl, migration_crd: str, namespace: str, kube_api: k8s.ApiClient
+) -> None:
+    """Removing ferry's finalizer (the watcher does, once a deletion's undo is done) must not bring it back."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    created = custom.create_namespaced_custom_object(
+        "ferry.dev", "v1alpha1", namespace, "migrations", samples.migration(NAME)
+    )
+    assert created["metadata"]["finalizers"] == [FINALIZER]
+
+    patched = custom.patch_namespaced_custom_object(
+        "ferry.dev", "v1alpha1", namespace, "migrations", NAME, {"metadata": {"finalizers": None}}
+    )
+
+    assert not patched["metadata"].get("finalizers")
 
 
 def test_the_controls_of_the_policy_and_its_roles_are_the_sagas_signals() -> None:

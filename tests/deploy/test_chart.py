@@ -27,8 +27,12 @@ from tests.deploy.conftest import Installation
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
 from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, installed
 
-AS_DEPLOY = ("namespace.create=true", "prometheusRule.enabled=true", "serviceMonitor.enabled=true")
-"""The chart's values that add what deploy/ and deploy/prometheus hold beyond its defaults."""
+AS_DEPLOY = (
+    "namespace.create=true", "prometheusRule.enabled=true", "serviceMonitor.enabled=true",
+    "admission.finalizerAtCreate=true",
+)  # fmt: skip
+"""The chart's values that add what deploy/, deploy/prometheus and deploy/admission/finalizer hold beyond its
+defaults."""
 EVERYTHING = (*AS_DEPLOY, "grafanaDashboard.enabled=true", "worker.split.enabled=true")
 
 RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
@@ -94,7 +98,11 @@ def _by_key(objects: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def kustomize_objects(binaries: Binaries) -> list[dict[str, Any]]:
-    return rendering.kustomized(binaries.kubectl) + rendering.kustomized(binaries.kubectl, DEPLOY / "prometheus")
+    return [
+        *rendering.kustomized(binaries.kubectl),
+        *rendering.kustomized(binaries.kubectl, DEPLOY / "prometheus"),
+        *rendering.kustomized(binaries.kubectl, DEPLOY / "admission" / "finalizer"),
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -130,6 +130,16 @@ def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
     ]
 
 
+def test_the_finalizer_policy_applies_with_its_binding(kubectl: Kubectl, migration_crd: str) -> None:
+    applied = _dry_run(kubectl, "-k", str(DEPLOY / "admission" / "finalizer"))
+
+    assert sorted(applied) == [
+        "mutatingadmissionpolicy.admissionregistration.k8s.io/ferry-finalizer serverside-applied (server dry run)",
+        "mutatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-finalizer serverside-applied "
+        "(server dry run)",
+    ]
+
+
 def test_the_sample_secrets_have_the_keys_the_worker_reads_under_the_names_the_migration_gives() -> None:
     samples = documents(DEPLOY / "samples")
     migration = find(samples, "Migration", "orders-db-to-18")

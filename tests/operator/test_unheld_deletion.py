@@ -1,7 +1,7 @@
 """A run whose Migration is being deleted without ferry's finalizer takes back what it did, and does nothing more.
 
-The watcher starts a Migration's workflow before it adds the finalizer (one write with
-the annotation naming the run). A deletion landing between the two, while another
+Without deploy/admission/finalizer, the watcher starts a Migration's workflow before it adds
+the finalizer (one write with the annotation naming the run). A deletion landing between the two, while another
 controller's finalizer keeps the object, leaves a run that ferry's finalizer does not
 hold. The watcher cancels it when it sees the deletion; here no watcher runs at all (it
 died right after the start), and the worker's gate alone must keep the run from going
@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from devstack.stack.stack import StackInfo
 from ferry.api.saga import ControlRequest, Signal
-from tests.cluster import SOURCE
+from tests.cluster import SOURCE, without_finalizer_at_create
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, migration_manifest, start_migration
 from tests.operator.conftest import MIGRATION_DONE, migration_status, wait_phase
@@ -37,6 +37,8 @@ async def test_a_run_whose_migration_is_deleted_without_ferrys_finalizer_runs_no
 ) -> None:  # fmt: skip
     manifest = migration_manifest(stack, bucket, approval={"required": True})
     manifest["metadata"]["finalizers"] = [HOLD]
+    # A cluster without deploy/admission/finalizer: there the watcher adds ferry's finalizer after the start.
+    await asyncio.to_thread(without_finalizer_at_create, kube_api, namespace, manifest)
     ref = apply_migration(kubectl, namespace, manifest)
     handle = await start_migration(temporal_client, ref, manifest, task_queue)  # and the watcher died here
     await wait_phase(kubectl, ref, "AwaitingApproval")  # provisioned: the target exists

@@ -19,7 +19,7 @@ from temporalio.common import MetricMeter
 
 from devstack.stack.stack import StackInfo
 from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
-from watcher.deletion import DeletionHandler
+from watcher.deletion import DeletionHandler, Resubmit
 from watcher.handling import MigrationHandler
 from watcher.kube import Kube
 from watcher.metrics import WatcherMetrics
@@ -45,11 +45,14 @@ async def has_workflow(client: Client, ref: MigrationRef) -> bool:
     return True
 
 
-def pass_handler(client: Client, kube: Kube, settings: WatcherSettings) -> MigrationHandler:
-    """The watcher's handler of one pass, alone: the test hands it each state the watch would."""
+def pass_handler(
+    client: Client, kube: Kube, settings: WatcherSettings, resubmit: Resubmit = lambda _: None
+) -> MigrationHandler:
+    """The watcher's handler of one pass, alone: the test hands it each state the watch would. `resubmit` gets the
+    Migrations the handler asks to look at again (the watcher would read and hand them over)."""
     writer = MigrationWriter(kube)
-    deletion = DeletionHandler(client, writer, settings, lambda _: None)
-    return MigrationHandler(client, writer, settings, deletion, WatcherMetrics(MetricMeter.noop))
+    deletion = DeletionHandler(client, writer, settings, resubmit)
+    return MigrationHandler(client, writer, settings, deletion, WatcherMetrics(MetricMeter.noop), resubmit)
 
 
 @dataclasses.dataclass
@@ -96,6 +99,7 @@ def watcher_process(
             f"--lease-namespace={namespace}",
             "--lease-duration=4", "--lease-renew-deadline=3", "--lease-retry-period=0.5",
             "--resync-interval=5",
+            "--record-start-after=1",
             f"--identity={identity}",
             *extra,
         ]  # fmt: skip

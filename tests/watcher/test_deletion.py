@@ -18,7 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER, Migration, Phase
 from ferry.api.saga import ControlRequest, MigrationRef, Signal, undo_workflow_id, workflow_id
-from tests.cluster import endpoint_pods
+from tests.cluster import endpoint_pods, without_finalizer_at_create
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import WatcherProcess, has_workflow, pass_handler
@@ -266,7 +266,11 @@ class Window(NamedTuple):
 def window(
     namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str
 ) -> Callable[..., Awaitable[Window]]:
-    """Makes the Migration `name`, with `finalizers` besides, and the pass that sees it deleted before it writes."""
+    """Makes the Migration `name`, with `finalizers` besides, and the pass that sees it deleted before it writes.
+
+    The window exists on a cluster without deploy/admission/finalizer, where the watcher adds ferry's finalizer
+    after the start: the test's namespace is left out of that policy. (With it, the Migration holds the finalizer
+    from its creation, and its deletion waits for the run's undo like any other.)"""
     custom = k8s.CustomObjectsApi(kube_api)
 
     async def make(name: str, finalizers: list[str] | None = None) -> Window:
@@ -274,6 +278,7 @@ def window(
         manifest["metadata"]["namespace"] = namespace
         if finalizers:
             manifest["metadata"]["finalizers"] = finalizers
+        await asyncio.to_thread(without_finalizer_at_create, kube_api, namespace, manifest)
         created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
         ref = MigrationRef(namespace=namespace, name=name, uid=created["metadata"]["uid"])
         kube = DeletedBeforeTheFirstWrite(

@@ -18,6 +18,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
+from devstack.stack.admission import wait_migrations_admitted
 from devstack.stack.install import Binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef
@@ -90,6 +91,7 @@ def own_cluster(binaries: Binaries) -> Iterator[tuple[Stack, StackInfo]]:
         ),
         "migrations.ferry.dev",
     )
+    wait_migrations_admitted(kubectl)
     yield stack, info
     stack.stop()
     shutil.rmtree(folder, ignore_errors=True)

@@ -11,11 +11,13 @@ from kubernetes import client as k8s
 from temporalio.client import Client
 
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import FINALIZER
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION
 from ferry.api.saga import WORKFLOW_NAME, MigrationRef, workflow_id
+from tests.cluster import without_finalizer_at_create
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import has_workflow, pass_handler, workflows_in
+from watcher.decisions import decide
 from watcher.kube import Kube
 from watcher.settings import WatcherSettings
 
@@ -123,6 +125,7 @@ async def test_a_migration_deleted_before_its_first_pass_gets_neither_a_finalize
     custom = k8s.CustomObjectsApi(kube_api)
     manifest = migration_manifest(stack, "snapshots", name="held")
     manifest["metadata"]["finalizers"] = [OTHER_FINALIZER]
+    await asyncio.to_thread(without_finalizer_at_create, kube_api, namespace, manifest)  # no policy adds ferry's
     created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
     ref = MigrationRef(namespace=namespace, name="held", uid=created["metadata"]["uid"])
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
@@ -143,3 +146,105 @@ async def test_a_migration_deleted_before_its_first_pass_gets_neither_a_finalize
         custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, ref.name, {"metadata": {"finalizers": None}}
         )
+
+
+async def test_a_migration_held_from_its_creation_costs_the_watcher_no_write_when_its_workflow_starts(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    """deploy/admission/finalizer has the API server set ferry's finalizer as it creates a Migration, so the pass
+    that starts the workflow writes nothing: in a burst of creates, that write was the API server's largest cost.
+    No worker runs here, so no status names the run; after --record-start-after the Migration is looked at again,
+    and that pass records the start in the annotation. Passes after it ask Temporal nothing."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, "snapshots", name="held-at-create")
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    assert created["metadata"]["finalizers"] == [FINALIZER]
+    ref = MigrationRef(namespace=namespace, name="held-at-create", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    looked_again: list[MigrationRef] = []
+    settings = watcher_settings(stack, task_queue, namespace, record_start_after=0.5)
+    handler = pass_handler(temporal_client, kube, settings, looked_again.append)
+    seen = await kube.read_migration(ref)
+    assert seen is not None
+
+    try:
+        assert await handler.handle(seen, gone=False, run_closed=False, received=0.0) == []
+        assert await has_workflow(temporal_client, ref)
+        unchanged = await kube.read_migration(ref)
+        assert unchanged is not None
+        assert unchanged.metadata.resource_version == created["metadata"]["resourceVersion"]
+
+        async def asked_again() -> bool:
+            return looked_again == [ref]
+
+        await eventually("the handler to ask for another look", asked_again)
+        written = await handler.handle(unchanged, gone=False, run_closed=False, received=0.0)
+
+        recorded = await kube.read_migration(ref)
+        assert recorded is not None
+        assert written == [recorded.metadata.resource_version]
+        assert recorded.metadata.annotations[WORKFLOW_ANNOTATION] == workflow_id(ref)
+        assert recorded.metadata.finalizers == [FINALIZER]
+        assert decide(recorded).nothing
+        assert await workflows_in(temporal_client, namespace) == [workflow_id(ref)]
+        handler.close()
+    finally:
+        await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
+
+
+async def test_without_the_finalizer_policy_the_starting_pass_adds_finalizer_and_annotation_in_one_write(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    """A cluster without deploy/admission/finalizer (MutatingAdmissionPolicy is beta in Kubernetes 1.34)."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, "snapshots", name="unheld-at-create")
+    await asyncio.to_thread(without_finalizer_at_create, kube_api, namespace, manifest)
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    assert not created["metadata"].get("finalizers")
+    ref = MigrationRef(namespace=namespace, name="unheld-at-create", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    looked_again: list[MigrationRef] = []
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace), looked_again.append)
+    seen = await kube.read_migration(ref)
+    assert seen is not None
+
+    try:
+        written = await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+
+        held = await kube.read_migration(ref)
+        assert held is not None
+        assert written == [held.metadata.resource_version]
+        assert held.metadata.finalizers == [FINALIZER]
+        assert held.metadata.annotations[WORKFLOW_ANNOTATION] == workflow_id(ref)
+        assert await has_workflow(temporal_client, ref)
+        assert decide(held).nothing
+        handler.close()
+        assert looked_again == []
+    finally:
+        await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
+
+
+async def test_a_migration_held_from_its_creation_and_deleted_before_the_watcher_saw_it_is_let_go_without_a_run(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    """The policy's finalizer holds a Migration before any watcher has looked at it (say none runs yet): deleting it
+    must not leave it stuck. The first pass finds no run, starts none, and releases the finalizer."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, "snapshots", name="gone-before-seen")
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    assert created["metadata"]["finalizers"] == [FINALIZER]
+    ref = MigrationRef(namespace=namespace, name="gone-before-seen", uid=created["metadata"]["uid"])
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+    kube = Kube(kube_api, "test")
+    seen = await kube.read_migration(ref)  # what the watch delivers: deleted, still held
+    assert seen is not None
+    assert seen.metadata.deletion_timestamp is not None
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+
+    await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+
+    assert await kube.read_migration(ref) is None
+    assert not await has_workflow(temporal_client, ref)
