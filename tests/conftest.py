@@ -26,7 +26,7 @@ from devstack.stack.admission import wait_migrations_admitted
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
-from tests.cluster import crd_established
+from tests.cluster import FINALIZER_AT_CREATE, crd_established
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -105,11 +105,15 @@ def kube_api(stack: StackInfo) -> Iterator[k8s.ApiClient]:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, kube_api: k8s.ApiClient) -> Iterator[str]:
-    """A namespace of the test's own, deleted afterwards."""
+    """A namespace of the test's own, deleted afterwards.
+
+    Left out of deploy/admission/finalizer, as deploy/ installs ferry by default (the watcher adds the finalizer),
+    unless the test is marked `finalizer_at_create`: then the API server sets the finalizer on each new Migration."""
     name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
     name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
+    labels = {} if request.node.get_closest_marker("finalizer_at_create") else {FINALIZER_AT_CREATE: "false"}
     core = k8s.CoreV1Api(kube_api)
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels)))
     yield name
     _release_migrations(kube_api, name)
     core.delete_namespace(name)

@@ -121,6 +121,7 @@ def _created_finalizers(kube_api: k8s.ApiClient, namespace: str, finalizers: lis
     return found
 
 
+@pytest.mark.finalizer_at_create
 def test_the_api_server_creates_every_migration_holding_ferrys_finalizer_once_unless_its_namespace_opts_out(
     migration_crd: str, namespace: str, kube_api: k8s.ApiClient
 ) -> None:
@@ -135,6 +136,7 @@ def test_the_api_server_creates_every_migration_holding_ferrys_finalizer_once_un
     assert _created_finalizers(kube_api, namespace, [OTHER]) == [OTHER]
 
 
+@pytest.mark.finalizer_at_create
 def test_the_finalizer_policy_only_acts_on_creates(
     kubectl: Kubectl, migration_crd: str, namespace: str, kube_api: k8s.ApiClient
 ) -> None:

@@ -83,6 +83,7 @@ def _read_only_default(databases: Databases) -> str | None:
     return None if row is None else str(row[0])
 
 
+@pytest.mark.finalizer_at_create  # held from its creation: the deletion waits for the undo all the same
 async def test_deleting_a_running_migration_undoes_it_then_lets_it_go(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
     kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
@@ -198,9 +199,12 @@ def _selector(api: k8s.ApiClient, namespace: str) -> dict[str, str]:
     return dict(service.spec.selector or {})
 
 
+@pytest.mark.parametrize(
+    "finalizer", ["from the watcher", pytest.param("at creation", marks=pytest.mark.finalizer_at_create)]
+)
 async def test_applying_a_deleted_migration_again_leaves_the_live_target_its_data_and_its_traffic_alone(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
-    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+    kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings, finalizer: str,
 ) -> None:  # fmt: skip
     """GitOps applies the manifest again after the Migration was deleted: the new one must not touch the live target."""
     manifest = migration_manifest(stack, bucket)

@@ -7,6 +7,7 @@ import json
 import random
 import signal
 
+import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client
 
@@ -148,6 +149,7 @@ async def test_a_migration_deleted_before_its_first_pass_gets_neither_a_finalize
         )
 
 
+@pytest.mark.finalizer_at_create
 async def test_a_migration_held_from_its_creation_costs_the_watcher_no_write_when_its_workflow_starts(
     migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
     task_queue: str,
@@ -226,6 +228,7 @@ async def test_without_the_finalizer_policy_the_starting_pass_adds_finalizer_and
         await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
 
 
+@pytest.mark.finalizer_at_create
 async def test_a_migration_held_from_its_creation_and_deleted_before_the_watcher_saw_it_is_let_go_without_a_run(
     migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
     task_queue: str,
