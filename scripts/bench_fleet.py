@@ -93,25 +93,34 @@ def _stamps(status: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def answered(audit_log: Path) -> dict[str, dict[str, float]]:
+def audit_logs(logs: Path) -> list[Path]:
+    """The API server's audit log files, oldest first: it rotates the log at 100 MB and keeps one backup, named
+    after the log with the time of the rotation (which sorts before the log's own name)."""
+    stem = Path(AUDIT_LOG).stem
+    return sorted(logs.glob(f"{stem}-*.log")) + [path for path in [logs / AUDIT_LOG] if path.exists()]
+
+
+def answered(files: list[Path]) -> dict[str, dict[str, float]]:
     """When the API server answered the first successful status write carrying each stamp, by namespace and stamp.
 
-    From the stack's audit log of status writes (a Stack with audit_status_writes): its stageTimestamp at
-    ResponseComplete is when the write was committed and answered, on the API server's clock.
+    From the stack's audit log of status writes (a Stack with audit_status_writes), read oldest file first: its
+    stageTimestamp at ResponseComplete is when the write was committed and answered, on the API server's clock.
     """
     found: dict[str, dict[str, float]] = collections.defaultdict(dict)
-    with audit_log.open() as lines:
-        for line in lines:
-            event = json.loads(line)
-            ref = event.get("objectRef") or {}
-            if ref.get("resource") != "migrations" or ref.get("subresource") != "status":
-                continue
-            if event.get("stage") != "ResponseComplete" or (event.get("responseStatus") or {}).get("code", 0) >= 300:
-                continue
-            status = (event.get("requestObject") or {}).get("status") or {}
-            at = _time(event["stageTimestamp"]).timestamp()
-            for stamp in _stamps(status):
-                found[ref["namespace"]].setdefault(stamp, at)
+    for file in files:
+        with file.open() as lines:
+            for line in lines:
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if ref.get("resource") != "migrations" or ref.get("subresource") != "status":
+                    continue
+                code = (event.get("responseStatus") or {}).get("code", 0)
+                if event.get("stage") != "ResponseComplete" or code >= 300:
+                    continue
+                status = (event.get("requestObject") or {}).get("status") or {}
+                at = _time(event["stageTimestamp"]).timestamp()
+                for stamp in _stamps(status):
+                    found[ref["namespace"]].setdefault(stamp, at)
     return found
 
 
@@ -275,9 +284,8 @@ class ObservedRun(ChaosRun):
                             self.peak_slots[key] = max(self.peak_slots.get(key, 0), used)
 
     def _check(self) -> None:
-        audit_log = self.info.logs_dir / AUDIT_LOG
-        if audit_log.exists():
-            self.answered = answered(audit_log)
+        if files := audit_logs(self.info.logs_dir):
+            self.answered = answered(files)
         for name in self.workers:
             popen = self.components[name].popen
             if popen is not None and popen.poll() is None:
