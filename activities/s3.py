@@ -81,22 +81,28 @@ def client(spec: SnapshotSpec, credentials: S3Credentials, settings: DataActivit
 
     The same arguments give the same client, made once (see the module's docstring)."""
     sse = spec.server_side_encryption
+    asked = encryption(sse) if sse is not None else None
     key = (
         spec.endpoint,
         spec.region,
         credentials.access_key_id,
         credentials.secret_access_key,
-        tuple(sorted(encryption(sse).items())) if sse is not None else None,
+        tuple(sorted(asked.items())) if asked is not None else None,
         settings.s3_attempts,
         settings.s3_connect_timeout,
         settings.s3_read_timeout,
     )
-    return _CLIENTS.get(key, lambda session: _new_client(session, spec, credentials, settings))
+    return _CLIENTS.get(key, lambda session: _new_client(session, spec, credentials, settings, asked))
 
 
 def _new_client(
-    session: boto3.session.Session, spec: SnapshotSpec, credentials: S3Credentials, settings: DataActivitySettings
+    session: boto3.session.Session,
+    spec: SnapshotSpec,
+    credentials: S3Credentials,
+    settings: DataActivitySettings,
+    asked: dict[str, str] | None,
 ) -> S3Client:
+    """`asked`: the encryption parameters each write carries (encryption()), or None."""
     style: Literal["path", "auto"] = "path" if spec.endpoint else "auto"
     config = Config(
         s3={"addressing_style": style},
@@ -113,9 +119,8 @@ def _new_client(
         aws_secret_access_key=credentials.secret_access_key,
         config=config,
     )
-    if spec.server_side_encryption is not None:
+    if asked is not None:
         # A client's events are its own copy of the session's: this reaches no other client.
-        asked = encryption(spec.server_side_encryption)
         for operation in WRITES:
             s3.meta.events.register(f"before-parameter-build.s3.{operation}", _encrypting(asked))
     return s3
