@@ -11,8 +11,9 @@ status, and Temporal.
 A Migration that holds ferry's finalizer from its creation (deploy/admission/finalizer has
 the API server set it) costs no write at all when its workflow starts: the saga's first
 status names the run. If none does within --record-start-after seconds (no worker polls,
-say), the Migration is looked at again; that pass's start is refused, as the run exists, and
-then the annotation records it, so no later pass or restarted watcher asks Temporal again.
+say), the Migration is looked at again (watcher/runner.py reads it only if the watch has
+brought no status of it); that pass's start is refused, as the run exists, and then the
+annotation records it, so no later pass or restarted watcher asks Temporal again.
 A timer lost with a restart costs the same: one refused start, then the annotation.
 
 Why the start comes first: the finalizer's write would otherwise be a write of its own,

@@ -50,7 +50,7 @@ class Watcher:
         self._metrics = metrics
         writer = MigrationWriter(kube)
         self._deletion = DeletionHandler(client, writer, settings, self._resubmit)
-        self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics, self._resubmit)
+        self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics, self._record_if_needed)
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
         self._closed_runs = ClosedRuns(client, settings.task_queue)
         self._inventory = Inventory()
@@ -68,6 +68,15 @@ class Watcher:
         task = asyncio.get_running_loop().create_task(again())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _record_if_needed(self, ref: MigrationRef) -> None:
+        """Looks again at a Migration whose run started --record-start-after ago, unless the latest state the watch
+        brought has a status: ferry wrote it (the saga names its run in each status), so there is no start to record
+        and not even a read is needed."""
+        summary = self._inventory.get((ref.namespace, ref.name))
+        if summary is not None and summary.uid == ref.uid and summary.phase is not None:
+            return
+        self._resubmit(ref)
 
     def _on_event(self, event: WatchEvent) -> None:
         self._metrics.events.add(1, {"type": event.type})

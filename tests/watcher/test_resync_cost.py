@@ -67,8 +67,9 @@ def _scrape(url: str) -> Counters:
     )
 
 
-Watch = Callable[[], contextlib.AbstractAsyncContextManager[Callable[[], Counters]]]
-"""Runs a watcher while the block runs; the block gets a reader of its counters."""
+Watch = Callable[..., contextlib.AbstractAsyncContextManager[Callable[[], Counters]]]
+"""Runs a watcher while the block runs (keyword arguments change its settings); the block gets a reader of its
+counters."""
 
 
 @pytest.fixture
@@ -76,10 +77,10 @@ def counted_watcher(stack: StackInfo, task_queue: str, namespace: str) -> Watch:
     """Runs ferry's watcher in this process with a metrics endpoint; yields a reader of its counters."""
 
     @contextlib.asynccontextmanager
-    async def watching() -> AsyncIterator[Callable[[], Counters]]:
+    async def watching(**changes: Any) -> AsyncIterator[Callable[[], Counters]]:
         address = f"127.0.0.1:{free_port()}"
         settings = dataclasses.replace(
-            watcher_settings(stack, task_queue, namespace),
+            watcher_settings(stack, task_queue, namespace, **changes),
             observability=ObservabilitySettings(metrics_address=address),
         )
         stop = asyncio.Event()
@@ -208,4 +209,48 @@ async def test_a_restarted_watcher_starts_nothing_again_for_migrations_whose_wor
         assert _versions(custom, namespace) == before
     for ref in refs:
         assert await has_workflow(temporal_client, ref)
+        await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
+
+
+def _mirror_first_status(custom: k8s.CustomObjectsApi, ref: MigrationRef) -> None:
+    """Running, naming the run, as the saga's first status mirror leaves a Migration."""
+    status = {"phase": "Running", "observedGeneration": 1, "workflow": {"namespace": "default", "id": workflow_id(ref)}}
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+@pytest.mark.finalizer_at_create
+async def test_a_start_no_status_names_in_time_is_recorded_once_and_one_the_saga_mirrored_costs_nothing_more(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    counted_watcher: Watch,
+) -> None:  # fmt: skip
+    """Both Migrations hold ferry's finalizer from their creation, so their starts write nothing. The saga of the
+    first mirrors its status in time: after --record-start-after nothing is read, asked or written for it. The
+    second gets no status (no worker runs here): after --record-start-after its start is refused and the annotation
+    records it, once."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    async with counted_watcher(record_start_after=5) as read:
+        mirrored = _create(custom, stack, namespace, "mirrored")
+        await eventually("the first Migration's workflow", lambda: has_workflow(temporal_client, mirrored))
+        _mirror_first_status(custom, mirrored)
+
+        async def status_seen() -> bool:
+            return (await asyncio.to_thread(read)).passes.get("nothing") == 1
+
+        await eventually("the pass the status brings", status_seen)
+        unmirrored = _create(custom, stack, namespace, "unmirrored")  # its timer fires after the first one's
+        await eventually("the second Migration's annotation", lambda: _annotated(custom, namespace, unmirrored))
+
+        async def settled() -> bool:  # the annotation's own event brings a pass, which does nothing
+            return (await asyncio.to_thread(read)).passes.get("nothing") == 2
+
+        # A look again at the first Migration would be a third `nothing` pass: this would time out, showing it.
+        await eventually("the pass the annotation brings, and no other", settled, seen=lambda: str(read()))
+        counted = await asyncio.to_thread(read)
+        assert counted.passes == {"start": 3, "nothing": 2}
+        assert counted.calls.get("start_workflow") == 3, counted.calls
+        assert not await _annotated(custom, namespace, mirrored)
+    for ref in (mirrored, unmirrored):
         await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
