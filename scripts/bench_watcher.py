@@ -554,8 +554,8 @@ async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
     finally:
         process.stop()
         await terminate_all(client, f"(TaskQueue = '{task_queue}' OR TaskQueue = '{task_queue}-direct')")
-        if args.state_dir:  # a stack that stays: leave no finalizer behind
-            names = [name for name, phase in map(kinds, range(args.scale)) if phase == "Paused"]
+        if args.state_dir:  # a stack that stays: leave no finalizer behind (the finalizer policy gave every one)
+            names = [name for name, _ in map(kinds, range(args.scale))]
             with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
                 list(pool.map(cluster.release, names))
 
