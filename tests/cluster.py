@@ -7,12 +7,14 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client as k8s
 
 from devstack.demo.sample import SOURCE, source_objects
 from devstack.stack.admission import wait_migrations_admitted
+from ferry.api.migration import FINALIZER
 
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 
@@ -110,23 +112,21 @@ FINALIZER_AT_CREATE = "ferry.dev/finalizer-at-create"
 """The namespace label that leaves a namespace out of deploy/admission/finalizer (value "false")."""
 
 
-def holds_at_create(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, object]) -> bool:
-    """Whether the API server would create this Migration holding ferry's finalizer (a server-side dry run)."""
-    from ferry.api.migration import FINALIZER
-
-    custom = k8s.CustomObjectsApi(kube_api)
-    dry = custom.create_namespaced_custom_object(
+def created_finalizers(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, Any]) -> list[str]:
+    """The finalizers this Migration would be created with (a server-side dry run: nothing is kept)."""
+    dry = k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
         "ferry.dev", "v1alpha1", namespace, "migrations", manifest, dry_run="All"
     )
-    return FINALIZER in (dry["metadata"].get("finalizers") or [])
+    found: list[str] = dry["metadata"].get("finalizers") or []
+    return found
 
 
-def without_finalizer_at_create(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, object]) -> None:
+def without_finalizer_at_create(kube_api: k8s.ApiClient, namespace: str, manifest: dict[str, Any]) -> None:
     """Labels the namespace out of deploy/admission/finalizer, as a cluster without the policy has it: the watcher
     adds ferry's finalizer itself. Returns once the API server acts on the label (its policy reads namespaces from
     an informer), as a dry run of `manifest` shows."""
     k8s.CoreV1Api(kube_api).patch_namespace(namespace, {"metadata": {"labels": {FINALIZER_AT_CREATE: "false"}}})
     eventually(
         f"the API server to leave namespace {namespace} out of the finalizer policy",
-        lambda: not holds_at_create(kube_api, namespace, manifest),
+        lambda: FINALIZER not in created_finalizers(kube_api, namespace, manifest),
     )

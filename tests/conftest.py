@@ -22,11 +22,10 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
 from devstack.stack import postgres_home
-from devstack.stack.admission import wait_migrations_admitted
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.clients import TemporalSettings, connect_temporal
-from tests.cluster import FINALIZER_AT_CREATE, crd_established
+from tests.cluster import FINALIZER_AT_CREATE, install_crd
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -177,11 +176,9 @@ CRD_MANIFEST = Path(__file__).parent.parent / "deploy" / "crd" / "migrations.fer
 
 
 @pytest.fixture(scope="session")
-def migration_crd(kubectl: Kubectl, stack: StackInfo, binaries: Binaries) -> str:
+def migration_crd(stack: StackInfo, binaries: Binaries) -> str:
     """Installs the committed Migration CRD once per session; returns its name."""
-    kubectl("apply", "--server-side", "-f", str(CRD_MANIFEST))
-    crd_established(lambda: kubectl("get", "crd/migrations.ferry.dev", "-o", "json").stdout, "migrations.ferry.dev")
-    wait_migrations_admitted([str(binaries.kubectl), f"--kubeconfig={stack.kubeconfig}"])
+    install_crd([str(binaries.kubectl), f"--kubeconfig={stack.kubeconfig}"], CRD_MANIFEST)
     return "migrations.ferry.dev"
 
 

@@ -135,11 +135,8 @@ class MigrationHandler:
             self._look_again.pop(ref.uid, None)
             self._resubmit(ref)
 
-        earlier = self._look_again.pop(ref.uid, None)
-        if earlier is not None:
-            earlier.cancel()
-        loop = asyncio.get_running_loop()
-        self._look_again[ref.uid] = loop.call_later(self._settings.record_start_after, again)
+        # Once per uid: only the pass whose start created the run gets here.
+        self._look_again[ref.uid] = asyncio.get_running_loop().call_later(self._settings.record_start_after, again)
 
     async def _start(self, migration: Migration, ref: MigrationRef, received: float) -> bool:
         """Starts the workflow inside the span that roots the migration's trace (once: a second start is refused).

@@ -24,7 +24,7 @@ from ferry.api.saga import MigrationRef, Signal
 from ferry.clients import kubernetes_client
 from ferry.kubectl.controls import who_from_username
 from tests import samples
-from tests.cluster import eventually, without_finalizer_at_create
+from tests.cluster import created_finalizers, eventually, without_finalizer_at_create
 from tests.conftest import Kubectl, grant
 from tests.deploy.conftest import ServiceAccountKubeconfig
 from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, documents, find
@@ -114,11 +114,7 @@ def _created_finalizers(kube_api: k8s.ApiClient, namespace: str, finalizers: lis
     manifest = samples.migration(NAME)
     if finalizers is not None:
         manifest["metadata"]["finalizers"] = finalizers
-    created = k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
-        "ferry.dev", "v1alpha1", namespace, "migrations", manifest, dry_run="All"
-    )
-    found: list[str] = created["metadata"].get("finalizers") or []
-    return found
+    return created_finalizers(kube_api, namespace, manifest)
 
 
 @pytest.mark.finalizer_at_create

@@ -6,7 +6,6 @@ import base64
 import json
 import shutil
 import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,11 +17,10 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client
 
-from devstack.stack.admission import wait_migrations_admitted
 from devstack.stack.install import Binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import MigrationRef
-from tests.cluster import crd_established
+from tests.cluster import install_crd
 from tests.conftest import CRD_MANIFEST, make_state_dir
 from tests.end_to_end import eventually, migration_manifest
 from tests.watcher.conftest import has_workflow
@@ -81,17 +79,7 @@ def own_cluster(binaries: Binaries) -> Iterator[tuple[Stack, StackInfo]]:
     folder = make_state_dir("ferry-relist-")
     stack = Stack(folder, components=frozenset({"kubernetes"}), binaries=binaries)
     info = stack.start()
-    kubectl = [str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"]
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(CRD_MANIFEST)], check=True, capture_output=True)
-    crd_established(
-        lambda: (
-            subprocess.run(
-                [*kubectl, "get", "crd/migrations.ferry.dev", "-o", "json"], check=True, capture_output=True, text=True
-            ).stdout
-        ),
-        "migrations.ferry.dev",
-    )
-    wait_migrations_admitted(kubectl)
+    install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"], CRD_MANIFEST)
     yield stack, info
     stack.stop()
     shutil.rmtree(folder, ignore_errors=True)

@@ -124,8 +124,13 @@ def _versions(custom: k8s.CustomObjectsApi, namespace: str) -> dict[str, str]:
 
 def _finish(custom: k8s.CustomObjectsApi, ref: MigrationRef) -> None:
     """Finished, as the saga's last status mirror leaves a Migration."""
+    _mirror(custom, ref, "Succeeded")
+
+
+def _mirror(custom: k8s.CustomObjectsApi, ref: MigrationRef, phase: str) -> None:
+    """The phase, naming the run, as the saga's status mirror writes it."""
     status = {
-        "phase": "Succeeded",
+        "phase": phase,
         "observedGeneration": 1,
         "workflow": {"namespace": "default", "id": workflow_id(ref)},
     }
@@ -212,15 +217,6 @@ async def test_a_restarted_watcher_starts_nothing_again_for_migrations_whose_wor
         await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
 
 
-def _mirror_first_status(custom: k8s.CustomObjectsApi, ref: MigrationRef) -> None:
-    """Running, naming the run, as the saga's first status mirror leaves a Migration."""
-    status = {"phase": "Running", "observedGeneration": 1, "workflow": {"namespace": "default", "id": workflow_id(ref)}}
-    custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
-        _content_type="application/merge-patch+json",
-    )  # fmt: skip
-
-
 @pytest.mark.finalizer_at_create
 async def test_a_start_no_status_names_in_time_is_recorded_once_and_one_the_saga_mirrored_costs_nothing_more(
     migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
@@ -234,7 +230,7 @@ async def test_a_start_no_status_names_in_time_is_recorded_once_and_one_the_saga
     async with counted_watcher(record_start_after=5) as read:
         mirrored = _create(custom, stack, namespace, "mirrored")
         await eventually("the first Migration's workflow", lambda: has_workflow(temporal_client, mirrored))
-        _mirror_first_status(custom, mirrored)
+        _mirror(custom, mirrored, "Running")  # the saga's first status
 
         async def status_seen() -> bool:
             return (await asyncio.to_thread(read)).passes.get("nothing") == 1
