@@ -16,10 +16,11 @@ in one table:
 - the ratio of ferry's time to the faster direct way, and the peak resident memory of
   this process while ferry's steps ran (VmHWM, reset before them);
 - how long reading every row of the source takes on one connection, with each row hash
-  verify may use (activities/postgres/checksums.py: md5, hashtextextended), and the rows'
-  text forms alone, which both hashes read; and a second read of ferry's target, by
-  hashtextextended, after verify read it the first time (the first read of restored rows
-  also sets their hint bits, see docs/performance.md).
+  verify may use (activities/postgres/checksums.py: md5, hashtextextended,
+  hash_record_extended), and the rows' text forms alone, which the first two read; and a
+  second read of ferry's target, by hash_record_extended, after verify read it the first
+  time (the first read of restored rows also sets their hint bits, see
+  docs/performance.md).
 
 It starts a stack of its own (PostgreSQL and S3 only) in a temporary folder, or uses
 the running stack whose state folder --state-dir names. A benchmark: it asserts nothing.
@@ -185,7 +186,7 @@ def parallel(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, j
 
 
 TEXT_ONLY = checksums.RowHash("text forms only", "pg_catalog.length(t::text)")
-"""Not a hash: the rows' text forms, which every row hash reads, summed by length."""
+"""Not a hash: the rows' text forms, which md5 and hashtextextended read, summed by length."""
 
 
 def read_rows(endpoint: PostgresEndpoint, row_hashes: tuple[checksums.RowHash, ...]) -> dict[str, float]:
@@ -300,12 +301,12 @@ def measure(
     folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
     print("row hashes ...", flush=True)
-    read = read_rows(source, (checksums.MD5, checksums.HASHTEXT, TEXT_ONLY))
+    read = read_rows(source, (checksums.MD5, checksums.HASHTEXT, checksums.COLUMNS, TEXT_ONLY))
     figures.update({f"hash {name}": seconds for name, seconds in read.items()})
     print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
     target = _fresh_database(target_admin, "ferry_bench_ferry")
     figures.update(ferry(info, bindir, source, target, compression))
-    figures["target again"] = read_rows(target, (checksums.HASHTEXT,))[checksums.HASHTEXT.name]
+    figures["target again"] = read_rows(target, (checksums.COLUMNS,))[checksums.COLUMNS.name]
     figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
     for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
         with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
@@ -331,6 +332,7 @@ def table(results: dict[int, dict[str, float]], jobs: int) -> str:
         ("ferry / faster direct way", "ratio", "{:.2f}"),
         ("source's rows read by md5 (s)", "hash md5", "{:.1f}"),
         ("  by hashtextextended (s)", "hash hashtextextended", "{:.1f}"),
+        ("  by hash_record_extended (s)", "hash hash_record_extended", "{:.1f}"),
         ("  their text forms only (s)", "hash text forms only", "{:.1f}"),
         ("ferry's target read again after verify (s)", "target again", "{:.1f}"),
         ("peak RSS during ferry's steps (MiB)", "peak_rss_mib", "{:,.0f}"),

@@ -76,17 +76,17 @@ def test_verify_sees_a_missing_row(steps: Steps, databases: Databases) -> None:
         steps.verify()
 
 
-def test_postgresql_15_and_18_hash_rows_alike_so_verify_reads_them_with_hashtextextended(databases: Databases) -> None:
+def test_postgresql_15_and_18_hash_rows_alike_so_verify_reads_them_with_hash_record_extended(
+    databases: Databases,
+) -> None:
     with connect(databases.source) as source, connect(databases.target) as target:
         versions = [conn.info.server_version // 10000 for conn in (source, target)]
 
-        assert checksums.agreed(source, target) == checksums.HASHTEXT
+        assert checksums.agreed(source, target) == checksums.COLUMNS
     assert versions == [15, 18]
 
 
-def test_verify_with_hashtextextended_sees_a_number_written_with_one_more_digit(
-    steps: Steps, databases: Databases
-) -> None:
+def test_verify_sees_a_number_written_with_one_more_digit(steps: Steps, databases: Databases) -> None:
     for endpoint, amount in ((databases.source, "1.0"), (databases.target, "1.00")):
         with connect(endpoint) as conn:
             conn.execute("create table public.prices (id int, amount numeric)")
@@ -94,3 +94,116 @@ def test_verify_with_hashtextextended_sees_a_number_written_with_one_more_digit(
 
     with pytest.raises(VerificationMismatch, match=r"public\.prices \(same 2 rows, different contents\)"):
         steps.verify()
+
+
+ALIKE_TO_THEIR_HASH = {
+    "bigint_folded": ("bigint", "0", "4294967297"),  # int8's hash folds its halves together: 0 xor 0 = 1 xor 1
+    "timestamptz_folded": ("timestamptz", "'2000-01-01 00:00+00'", "'2000-01-01 01:11:34.967297+00'"),
+    "time_folded": ("time", "'00:00'", "'01:11:34.967297'"),  # 2^32 + 1 microseconds later
+    "numeric_scale": ("numeric", "1.0", "1.00"),
+    "float_negative_zero": ("float8", "'0'", "'-0'"),
+    "jsonb_nesting": ("jsonb", "'[[1], 2]'", "'[[1, 2]]'"),
+    "interval_units": ("interval", "'1 day'", "'24 hours'"),
+    "bpchar_trailing_space": ("bpchar", "'a'", "'a '"),
+    "text_empty_or_null": ("text", "''", "null"),
+    "int_zero_or_null": ("int", "0", "null"),
+}
+"""Per table: a column type, and two values its type's own hash function takes for equal, though their text differs."""
+
+OTHERWISE_ALIKE = {
+    "values_swapped": (  # each row hashes apart, but a sum of hashes combined linearly would not see the swap
+        "create table values_swapped (id int, v text); insert into values_swapped values (1, 'x'), (2, 'y')",
+        "create table values_swapped (id int, v text); insert into values_swapped values (1, 'y'), (2, 'x')",
+    ),
+    "null_column_added": (  # a column of nulls adds nothing to a linear combination's sum
+        "create table null_column_added (v int); insert into null_column_added values (5)",
+        "create table null_column_added (added int, v int); insert into null_column_added (v) values (5)",
+    ),
+}
+"""Per table: the source's statements and the target's, whose rows differ in a way a hash of hashes could miss."""
+
+EVERY_KIND = """
+create type public.mood as enum ('sad', 'ok', 'happy');
+create domain public.positive as int check (value > 0);
+create type public.pair as (a int, b text);
+create table public.every_kind (
+    a bool, b "char", c smallint, d int, e bigint, f date, g bytea, h uuid, i text, j varchar(20), k time,
+    l timestamp, m timestamptz, n numeric, o real, p float8, q jsonb, r json, s public.mood, t public.positive,
+    u public.pair, v int[], w interval, x inet, y money, z char(5), aa int4range, ab point, ac bit(4), ad name
+);
+insert into public.every_kind select
+    i % 2 = 0, 'x', i, i * 1000, i * 10000000000, date '2024-02-29' + i, decode(md5(i::text), 'hex'),
+    md5(i::text)::uuid, 'Zoë ' || i, 'v' || i, time '12:34:56.789', timestamp '2024-01-01' + i * interval '1 s',
+    timestamptz '2024-01-01 00:00+00' + i * interval '1 min', i / 7.0, i / 3.0, i / 3.0, jsonb_build_object('i', i),
+    json_build_object('i', i), (array['sad', 'ok', 'happy'])[1 + i % 3]::public.mood, i + 1,
+    row(i, 'p' || i)::public.pair, array[i, null, -i], i * interval '1 h 3 min', '10.0.0.1'::inet + i, i * 1.5,
+    'c' || i % 10, int4range(i, i + 10), point(i, -i), (i % 16)::bit(4), 'name' || i
+from generate_series(1, 300) as i;
+insert into public.every_kind (a) values (null);
+"""
+"""A table with a column of many kinds, enums and other types of the database's own among them."""
+
+
+def test_checksums_see_every_difference_in_text_that_a_types_own_hash_would_miss(databases: Databases) -> None:
+    for side, endpoint in ((0, databases.source), (1, databases.target)):
+        with connect(endpoint) as conn:
+            conn.execute(EVERY_KIND)
+            for table, (kind, *values) in ALIKE_TO_THEIR_HASH.items():
+                conn.execute(f"create table public.{table} (id int, v {kind})")
+                conn.execute(f"insert into public.{table} values (1, {values[side]}), (2, null)")
+            for statements in OTHERWISE_ALIKE.values():
+                conn.execute(statements[side])
+
+    with (
+        connect(databases.source, **checksums.SESSION) as source,
+        connect(databases.target, **checksums.SESSION) as target,
+    ):
+        row_hash = checksums.agreed(source, target)
+        sides = [
+            checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=row_hash) for conn in (source, target)
+        ]
+
+    assert row_hash == checksums.COLUMNS
+    assert {table for table in sides[0] if sides[0][table] != sides[1][table]} == {
+        f"public.{table}" for table in [*ALIKE_TO_THEIR_HASH, *OTHERWISE_ALIKE]
+    }
+    assert sides[0]["public.every_kind"] == sides[1]["public.every_kind"]
+
+
+def test_checksums_tell_apart_text_that_its_collation_takes_for_equal(databases: Databases) -> None:
+    with connect(databases.source, **checksums.SESSION) as conn:  # PostgreSQL 15 here has ICU; the 18 has not
+        conn.execute(
+            "create collation public.anycase (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+        )
+        for table, word in (("lower", "ferry"), ("upper", "FERRY")):
+            conn.execute(f"create table public.{table} (word text collate public.anycase)")
+            conn.execute(f"insert into public.{table} values (%s)", [word])
+        equal = conn.execute("select (select word from public.lower) = (select word from public.upper)").fetchone()
+        tables = checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=checksums.COLUMNS)
+
+    assert equal == (True,)
+    assert tables["public.lower"][1] != tables["public.upper"][1]
+
+
+def test_checksums_read_a_table_as_wide_as_postgresql_allows(databases: Databases) -> None:
+    widest = ", ".join(f"n{number} numeric" for number in range(1, 1601))  # each numeric column is read twice
+    for endpoint in (databases.source, databases.target):
+        with connect(endpoint) as conn:
+            conn.execute(f"create table public.wide ({widest}); create table public.wider ({widest})")
+            conn.execute("insert into public.wide (n1, n1600) values (1, 2.5), (3, null)")
+    with connect(databases.target) as conn:
+        conn.execute("insert into public.wider (n1, n1600) values (1, 2.5), (3, 7)")
+    with connect(databases.source) as conn:
+        conn.execute("insert into public.wider (n1, n1600) values (1, 2.5), (3, 7.0)")
+
+    with (
+        connect(databases.source, **checksums.SESSION) as source,
+        connect(databases.target, **checksums.SESSION) as target,
+    ):
+        sides = [
+            checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=checksums.COLUMNS)
+            for conn in (source, target)
+        ]
+
+    assert sides[0]["public.wide"] == sides[1]["public.wide"]
+    assert sides[0]["public.wider"] != sides[1]["public.wider"]
