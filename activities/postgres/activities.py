@@ -40,12 +40,12 @@ from activities.postgres import (
     unwritten,
     verifying,
 )
-from activities.postgres.connection import Connection, connect, privileged
+from activities.postgres.connection import Connection, connect, privileged, said
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
-from ferry.api.errors import VerificationMismatch, WritesAfterFreeze, WritesOnTarget
+from ferry.api.errors import BadCredentials, VerificationMismatch, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import DriverType, StepName
 from ferry.api.saga import (
     AheadComparison,
@@ -430,14 +430,22 @@ class PostgresActivities:
                 estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
             progress.update(rows_done=0, rows_total=estimate)
             counter = _Counter(heartbeats, progress)
-            source_side, target_side = read_both(
-                self._checksum_session,
-                source,
-                target,
-                heartbeats,
-                lambda conn, row_hash, done: verifying.read(conn, row_hash, done, frozenset(compared)),
-                counter.side,
-            )
+            try:
+                source_side, target_side = read_both(
+                    self._checksum_session,
+                    source,
+                    target,
+                    heartbeats,
+                    lambda conn, row_hash, done: verifying.read(conn, row_hash, done, frozenset(compared)),
+                    counter.side,
+                )
+            except psycopg.errors.InsufficientPrivilege as error:  # row-level security, see checksums.SESSION
+                raise BadCredentials(
+                    f"the users in Secrets {source.secret} and {target.secret} may not read every row of "
+                    f"{source.describe()} and {target.describe()}: {said(source, error)}. Verify compares every "
+                    "row of every table, and compares none when some would be hidden from it: give the users "
+                    "BYPASSRLS (or use superusers), then retry the step or create the Migration again."
+                ) from None
             source_side = self._reprint_views(target, source_side, target_side)
             comparison = verifying.compare(source_side, target_side, compared)
             if comparison.difference:

@@ -67,8 +67,10 @@ SESSION = {
     "bytea_output": "hex",
     "lc_monetary": "C",
     "statement_timeout": "0",
+    "row_security": "off",
 }
-"""Session settings of both sides' connections, so equal rows have equal text."""
+"""Session settings of both sides' connections, so equal rows have equal text; and so that a read row-level security
+would show only some rows of fails instead (pg_dump reads so too)."""
 
 TABLES = """
 select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace

@@ -51,8 +51,18 @@ SESSION = {"default_transaction_read_only": "on"}
 """precheck only reads: its sessions could not write even by mistake."""
 SERVER = """
 select split_part(current_setting('server_version'), ' ', 1), current_setting('server_version_num')::int / 10000,
-    pg_database_size(current_database())
+    pg_database_size(current_database()),
+    (select rolsuper or rolbypassrls from pg_roles where rolname = current_user)
 """
+ROW_SECURITY = """
+select n.nspname || '.' || c.relname, c.relforcerowsecurity,
+    c.relforcerowsecurity or not pg_has_role(current_user, c.relowner, 'USAGE')
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relrowsecurity and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
+order by 1
+"""
+"""Tables with row-level security: whether it is forced on their owners too, and whether it applies to the current
+user (unless that user bypasses it: a superuser, or a role with BYPASSRLS)."""
 MAY = """
 select r.rolsuper, pg_has_role(current_user, d.datdba, 'USAGE'), pg_get_userbyid(d.datdba),
     r.rolsuper or pg_has_role(current_user, 'pg_signal_backend', 'USAGE')
@@ -81,6 +91,10 @@ class Server:
     size: int
     extensions: frozenset[str]
     """Installed ones on the source; available ones on the target."""
+    bypasses_rls: bool = True
+    """Whether the Secret's user reads every row whatever row-level security says."""
+    forced_rls: tuple[str, ...] = ()
+    """Tables whose row-level security applies to their owners too (FORCE ROW LEVEL SECURITY)."""
 
 
 def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckInput, owner: str) -> PrecheckResult:
@@ -99,6 +113,14 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     tools_version = _tools(settings, source, target, problems)
     if tools_version is not None:
         _tools_tls(settings, [db for db in (source_db, target_db) if db], problems)
+    if source and target and source.forced_rls and not target.bypasses_rls:
+        assert target_db is not None
+        problems.append(
+            f"the source's tables {_some(source.forced_rls)} force row-level security even on their owners, and the "
+            f"restore keeps that: the user in Secret {target_db.secret}, who would own them on {target_db.describe()}, "
+            "is neither a superuser nor has BYPASSRLS, so verify could not read every row of them, after the freeze. "
+            f"As a superuser, ALTER ROLE {target_db.username} BYPASSRLS, or use a superuser."
+        )
     if source and target:
         missing = sorted(source.extensions - target.extensions)
         if missing:
@@ -172,6 +194,15 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
                 "back, or unfreeze it by hand as the README's section Recovery says."
             )
         _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
+        tables = conn.execute(ROW_SECURITY).fetchall()
+        hidden = [name for name, _, applies in tables if applies and not server.bypasses_rls]
+        if hidden:
+            problems.append(
+                f"row-level security would hide rows of {_some(hidden)} from the user in Secret {db.secret} on "
+                f"{db.describe()}, and the snapshot and verify read every row (they would stop, after the freeze). "
+                f"As a superuser, ALTER ROLE {db.username} BYPASSRLS, or use a superuser."
+            )
+        server = dataclasses.replace(server, forced_rls=tuple(name for name, forced, _ in tables if forced))
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
             problems.append(
@@ -217,9 +248,15 @@ def _counted(conn: Connection, db: DatabaseConnection, check: str, problems: Pro
 def _server(conn: Connection, extensions: str) -> Server:
     row = conn.execute(SERVER).fetchone()
     assert row is not None
-    version, major, size = row
+    version, major, size, bypasses_rls = row
     names = frozenset(name for (name,) in conn.execute(extensions))
-    return Server(version=str(version), major=int(major), size=int(size), extensions=names)
+    return Server(
+        version=str(version), major=int(major), size=int(size), extensions=names, bypasses_rls=bool(bypasses_rls)
+    )
+
+
+def _some(names: list[str] | tuple[str, ...], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: Problems) -> None:

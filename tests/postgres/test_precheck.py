@@ -371,3 +371,37 @@ def test_precheck_names_the_roles_whose_writes_to_the_target_the_statistics_do_n
 
     assert problem.startswith(f"track_counts is off for the roles {role}, so the statistics do not count")
     assert "the check that nothing is written to the target before traffic goes back would see nothing" in problem
+
+
+def test_precheck_names_tables_whose_rows_row_level_security_would_hide_from_the_users(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    with database_owner(databases.source) as source_owner, database_owner(databases.target) as target_owner:
+        with connect(databases.source) as conn:
+            for table in ("public.notes", "public.forced_notes"):
+                conn.execute(f"create table {table} (id int, readers text)")
+                conn.execute(f"create policy everyone on {table} using (readers = 'everyone')")
+                conn.execute(f"alter table {table} enable row level security")
+            conn.execute(f"alter table public.forced_notes force row level security, owner to {source_owner.user}")
+        create_secret(kube_api, namespace, "source-owner", _connection(source_owner))
+        create_secret(kube_api, namespace, "target-owner", _connection(target_owner))
+
+        problems = _problems(_with(steps, source="source-owner", target="target-owner"))
+        as_superusers = _with(steps).precheck()
+
+    assert len(problems) == 2
+    assert problems[0].startswith(
+        f"row-level security would hide rows of public.forced_notes, public.notes from the user in Secret "
+        f"{namespace}/source-owner on database '{databases.source.database}'"
+    )
+    assert problems[0].endswith(
+        "and the snapshot and verify read every row (they would stop, after the freeze). As a superuser, "
+        f"ALTER ROLE {source_owner.user} BYPASSRLS, or use a superuser."
+    )
+    assert problems[1].startswith(
+        "the source's tables public.forced_notes force row-level security even on their owners, and the restore "
+        f"keeps that: the user in Secret {namespace}/target-owner, who would own them on database "
+        f"'{databases.target.database}'"
+    )
+    assert problems[1].endswith(f"As a superuser, ALTER ROLE {target_owner.user} BYPASSRLS, or use a superuser.")
+    assert as_superusers.source_version.startswith("15.")

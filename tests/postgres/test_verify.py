@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from kubernetes import client as k8s
 
 from activities.postgres import checksums
-from ferry.api.errors import VerificationMismatch
+from ferry.api.errors import BadCredentials, VerificationMismatch
+from ferry.api.migration import DriverSpec
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps
-from tests.postgres.data import connect
+from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.data import connect, connection_of, database_owner
 
 TABLES = """
 create schema shop;
@@ -207,3 +211,31 @@ def test_checksums_read_a_table_as_wide_as_postgresql_allows(databases: Database
 
     assert sides[0]["public.wide"] == sides[1]["public.wide"]
     assert sides[0]["public.wider"] != sides[1]["public.wider"]
+
+
+def test_verify_compares_no_rows_when_row_level_security_would_hide_some_from_it(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    sides = {
+        "source": (databases.source, "(1, 'everyone'), (2, 'auditors')"),
+        "target": (databases.target, "(1, 'everyone')"),
+    }
+    with database_owner(databases.source) as source_owner, database_owner(databases.target) as target_owner:
+        for (side, (endpoint, rows)), owner in zip(sides.items(), (source_owner, target_owner), strict=True):
+            with connect(endpoint) as conn:
+                conn.execute(
+                    f"create table public.notes (id int, readers text); insert into public.notes values {rows}"
+                )
+                conn.execute("create policy everyone on public.notes using (readers = 'everyone')")
+                conn.execute("alter table public.notes enable row level security, force row level security")
+                conn.execute(f"alter table public.notes owner to {owner.user}")  # FORCE: the owner sees row 1 only
+            create_secret(kube_api, namespace, f"{side}-owner", connection_of(owner))
+        as_owners = DriverSpec(source_secret="source-owner", target_secret="target-owner")
+
+        with pytest.raises(BadCredentials) as raised:
+            dataclasses.replace(steps, driver=as_owners).verify()
+
+    assert 'query would be affected by row-level security policy for table "notes"' in str(raised.value)
+    assert str(raised.value).endswith(
+        "give the users BYPASSRLS (or use superusers), then retry the step or create the Migration again."
+    )
