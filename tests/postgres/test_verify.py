@@ -148,6 +148,18 @@ insert into public.every_kind (a) values (null);
 """A table with a column of many kinds, enums and other types of the database's own among them."""
 
 
+def _fingerprints(databases: Databases) -> tuple[checksums.RowHash, list[dict[str, tuple[int, str]]]]:
+    """The row hash both sides agree on, and each side's fingerprints read with it, as verify reads them."""
+    with (
+        connect(databases.source, **checksums.SESSION) as source,
+        connect(databases.target, **checksums.SESSION) as target,
+    ):
+        row_hash = checksums.agreed(source, target)
+        return row_hash, [
+            checksums.fingerprints(conn, lambda _t, _r: None, row_hash=row_hash) for conn in (source, target)
+        ]
+
+
 def test_checksums_see_every_difference_in_text_that_a_types_own_hash_would_miss(databases: Databases) -> None:
     for side, endpoint in ((0, databases.source), (1, databases.target)):
         with connect(endpoint) as conn:
@@ -158,14 +170,7 @@ def test_checksums_see_every_difference_in_text_that_a_types_own_hash_would_miss
             for statements in OTHERWISE_ALIKE.values():
                 conn.execute(statements[side])
 
-    with (
-        connect(databases.source, **checksums.SESSION) as source,
-        connect(databases.target, **checksums.SESSION) as target,
-    ):
-        row_hash = checksums.agreed(source, target)
-        sides = [
-            checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=row_hash) for conn in (source, target)
-        ]
+    row_hash, sides = _fingerprints(databases)
 
     assert row_hash == checksums.COLUMNS
     assert {table for table in sides[0] if sides[0][table] != sides[1][table]} == {
@@ -200,15 +205,9 @@ def test_checksums_read_a_table_as_wide_as_postgresql_allows(databases: Database
     with connect(databases.source) as conn:
         conn.execute("insert into public.wider (n1, n1600) values (1, 2.5), (3, 7.0)")
 
-    with (
-        connect(databases.source, **checksums.SESSION) as source,
-        connect(databases.target, **checksums.SESSION) as target,
-    ):
-        sides = [
-            checksums.fingerprints(conn, lambda _tables, _rows: None, row_hash=checksums.COLUMNS)
-            for conn in (source, target)
-        ]
+    row_hash, sides = _fingerprints(databases)
 
+    assert row_hash == checksums.COLUMNS
     assert sides[0]["public.wide"] == sides[1]["public.wide"]
     assert sides[0]["public.wider"] != sides[1]["public.wider"]
 
