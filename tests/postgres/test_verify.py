@@ -105,6 +105,8 @@ ALIKE_TO_THEIR_HASH = {
     "timestamptz_folded": ("timestamptz", "'2000-01-01 00:00+00'", "'2000-01-01 01:11:34.967297+00'"),
     "time_folded": ("time", "'00:00'", "'01:11:34.967297'"),  # 2^32 + 1 microseconds later
     "numeric_scale": ("numeric", "1.0", "1.00"),
+    "numeric_nan_or_null": ("numeric", "'NaN'", "null"),  # numeric's hash of NaN and the infinities is 0, as a null's
+    "numeric_infinities": ("numeric", "'Infinity'", "'-Infinity'"),
     "float_negative_zero": ("float8", "'0'", "'-0'"),
     "jsonb_nesting": ("jsonb", "'[[1], 2]'", "'[[1, 2]]'"),
     "interval_units": ("interval", "'1 day'", "'24 hours'"),
