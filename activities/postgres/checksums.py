@@ -14,12 +14,12 @@ Which hash (`agreed`), the fastest both servers compute alike:
   columns need no text form at all. A column goes in as it is stored when its type's
   hash is exact (bool, "char", int2, int4, date, bytea, uuid), as text in collation "C"
   (text, varchar: their bytes), as its binary send form when the hash would fold 64 bits
-  into 32 (int8, time, timestamp, timestamptz), with its scale beside it (numeric, whose
-  hash ignores trailing zeros, 1.0 and 1.00, and takes NaN and the infinities for a
-  null), and every other column (floats, whose hash makes -0 and 0 alike; jsonb, whose
-  hash does not see where an array ends; enums, hashed by their oid, which a restore
-  changes; any type ferry does not know) by its text form, all of them in one
-  `row(...)::text` per row. The column count comes first, so that a null column more or
+  into 32 (int8, time, timestamp, timestamptz), and every other column by its text
+  form, all of them in one `row(...)::text` per row: numeric (whose hash ignores the
+  sign, 5 and -5, and trailing zeros, 1.0 and 1.00, and takes NaN and the infinities
+  for a null), floats (whose hash makes -0 and 0 alike), jsonb (whose hash does not see
+  where an array ends), enums (hashed by their oid, which a restore changes), any type
+  ferry does not know. The column count comes first, so that a null column more or
   less shows. hash_record_extended combines the columns linearly, so its result is
   hashed once more (hashtextextended of its digits) before the sum: without that, two
   rows that swapped a value would keep the sum.
@@ -120,13 +120,6 @@ AS_BYTES = {25: "text", 1043: "varchar"}
 """Types whose hash, in collation "C", is that of their bytes."""
 AS_SENT = {20: "int8send", 1083: "time_send", 1114: "timestamp_send", 1184: "timestamptz_send"}
 """64-bit types whose hash folds them into 32 bits: their binary send form (8 bytes) goes in instead."""
-NUMERIC = 1700
-"""numeric's hash ignores the display scale (1.0 and 1.00), so the scale goes in beside it (NUMERIC_SCALE)."""
-NUMERIC_SCALE = """coalesce(pg_catalog.scale({column}), case {column}
-    when 'NaN'::pg_catalog.numeric then -1 when 'Infinity'::pg_catalog.numeric then -2
-    when '-Infinity'::pg_catalog.numeric then -3 end)"""
-"""A numeric's scale; for NaN and the infinities, which have none and which numeric's hash takes for 0 as it takes a
-null, a number of their own."""
 ROW_ITEMS = 1000
 """Past this many items, COLUMNS hashes rows of this many, then the row of their hashes' digits."""
 
@@ -158,7 +151,6 @@ select pg_catalog.array_agg(pg_catalog.hashtextextended(pg_catalog.hash_record_e
     pg_catalog.md5(n::pg_catalog.text)::pg_catalog.uuid,
     pg_catalog.left(pg_catalog.repeat('ferry checks rows 0123456789,', 8), n) collate pg_catalog."C",
     pg_catalog.int8send(n::pg_catalog.int8 * 4294967311 - 400000000000),
-    case when n % 5 = 0 then null else (n - 100) / 7.0 end, pg_catalog.scale((n - 100) / 7.0),
     row(n / 3.0::pg_catalog.float8, n)::pg_catalog.text collate pg_catalog."C"
 ), 0)::pg_catalog.text, 0) order by n)
 from pg_catalog.generate_series(0, 200) as n
@@ -212,13 +204,11 @@ def columns(names_and_types: list[tuple[str, int]]) -> sql.Composable:
             items.append(sql.SQL('{} collate pg_catalog."C"').format(column))
         elif type_oid in AS_SENT:
             items.append(sql.SQL("pg_catalog.{}({})").format(sql.Identifier(AS_SENT[type_oid]), column))
-        elif type_oid == NUMERIC:
-            items.extend([column, sql.SQL(NUMERIC_SCALE).format(column=column)])
         else:
             others.append(column)
     if others:
         items.append(sql.SQL('row({})::pg_catalog.text collate pg_catalog."C"').format(sql.SQL(", ").join(others)))
-    if len(items) > ROW_ITEMS:  # a row holds at most 1664: numeric's two items a column could pass that
+    if len(items) > ROW_ITEMS:  # a row holds at most 1664 items
         items = [
             sql.SQL('pg_catalog.hash_record_extended(row({}), 0)::pg_catalog.text collate pg_catalog."C"').format(
                 sql.SQL(", ").join(items[at : at + ROW_ITEMS])

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 from kubernetes import client as k8s
+from psycopg import sql
 
 from activities.postgres import checksums
 from ferry.api.errors import BadCredentials, VerificationMismatch
@@ -104,6 +105,7 @@ ALIKE_TO_THEIR_HASH = {
     "bigint_folded": ("bigint", "0", "4294967297"),  # int8's hash folds its halves together: 0 xor 0 = 1 xor 1
     "timestamptz_folded": ("timestamptz", "'2000-01-01 00:00+00'", "'2000-01-01 01:11:34.967297+00'"),
     "time_folded": ("time", "'00:00'", "'01:11:34.967297'"),  # 2^32 + 1 microseconds later
+    "numeric_sign": ("numeric", "5", "-5"),  # numeric's hash ignores the sign
     "numeric_scale": ("numeric", "1.0", "1.00"),
     "numeric_nan_or_null": ("numeric", "'NaN'", "null"),  # numeric's hash of NaN and the infinities is 0, as a null's
     "numeric_infinities": ("numeric", "'Infinity'", "'-Infinity'"),
@@ -240,3 +242,48 @@ def test_verify_compares_no_rows_when_row_level_security_would_hide_some_from_it
     assert str(raised.value).endswith(
         "give the users BYPASSRLS (or use superusers), then retry the step or create the Migration again."
     )
+
+
+FOLDING = (
+    "(n::bigint * 4294967297)"  # values whose halves xor alike: a hash that folds 64 bits into 32 takes them for one
+)
+VALUES_OF = {
+    "bool": "n % 2 = 0",
+    '"char"': 'pg_catalog.chr(1 + (n + 2000) % 127)::"char"',
+    "smallint": "n::smallint",
+    "int": "n * 1073741",
+    "date": "case n when 0 then 'infinity'::date when 1 then '-infinity'::date else date '2000-01-01' + n * 37 end",
+    "bytea": "case when n = 0 then ''::bytea else decode(md5(n::text), 'hex') end",
+    "uuid": "md5(n::text)::uuid",
+    "text": "repeat(n::text, 3)",
+    "varchar": "case when n = 0 then '' else n::text end",
+    "bigint": FOLDING,
+    "time": "time '00:00' + (abs(n) % 21) * interval '4294.967297 s' + (n < 0)::int * interval '1 us'",
+    "timestamp": f"timestamp '2000-01-01' + {FOLDING} * interval '1 us'",
+    "timestamptz": f"timestamptz '2000-01-01 00:00+00' + {FOLDING} * interval '1 us'",
+}
+"""For each type read as stored (or as its bytes, or its send form), values of n from -2000 to 2000."""
+
+
+def test_checksums_hash_every_value_of_the_types_read_as_stored_apart(databases: Databases) -> None:
+    distinct: dict[str, tuple[int, int]] = {}  # by server and type: how many text forms, how many hashes
+    for endpoint in (databases.source, databases.target):
+        with connect(endpoint, **checksums.SESSION) as conn:
+            major = conn.info.server_version // 10000
+            for kind, values in VALUES_OF.items():
+                conn.execute(f"create table public.kind (v {kind})")
+                conn.execute(f"insert into public.kind select {values} from generate_series(-2000, 2000) as n")
+                row = conn.execute("select atttypid::bigint from pg_attribute where attrelid = 'public.kind'::regclass "
+                                   "and attname = 'v'").fetchone()  # fmt: skip
+                assert row is not None
+                hashed = sql.SQL(checksums.COLUMNS.sql).format(columns=checksums.columns([("v", row[0])]))
+                counts = conn.execute(
+                    sql.SQL("select count(distinct t.v::text), count(distinct {}) from public.kind as t").format(hashed)
+                ).fetchone()
+                assert counts is not None
+                distinct[f"{major} {kind}"] = counts
+                conn.execute("drop table public.kind")
+
+    assert len(distinct) == 2 * len(VALUES_OF)
+    assert {kind: counts for kind, counts in distinct.items() if counts[0] != counts[1]} == {}
+    assert min(texts for texts, _ in distinct.values()) == 2  # bool
