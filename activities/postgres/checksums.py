@@ -1,11 +1,11 @@
 """Fingerprints of every user table that do not depend on row order: a row count and a content checksum.
 
 Each row is hashed into 64 bits (from its text form, or column by column: see below),
-and the hashes are summed into a numeric. A sum does not depend on the order rows come in (a restored
-table's physical order may differ), and it counts duplicate rows, which an XOR would
-cancel in pairs. A changed row goes unnoticed only if its 64-bit hash stays the same: a
-chance of 2^-64. A row's text form depends on session settings (dates, time zone,
-floats, bytea, intervals, money), so both sides read with the same fixed ones.
+and the hashes are summed into a numeric. A sum does not depend on the order rows come
+in (a restored table's physical order may differ), and it counts duplicate rows, which
+an XOR would cancel in pairs. A changed row goes unnoticed only if its 64-bit hash stays
+the same: a chance of 2^-64. A row's text form depends on session settings (dates, time
+zone, floats, bytea, intervals, money), so both sides read with the same fixed ones.
 
 Which hash (`agreed`), the fastest both servers compute alike:
 - COLUMNS: each column hashed from its stored value where that is exact, PostgreSQL's
@@ -238,9 +238,8 @@ def fingerprints(
     for schema, name in tables:
         if not wanted(f"{schema}.{name}"):
             continue
-        hashed: sql.Composable = sql.SQL(row_hash.sql)
-        if row_hash.by_column:
-            hashed = sql.SQL(row_hash.sql).format(columns=columns(types.get((schema, name), [])))
+        template = sql.SQL(row_hash.sql)
+        hashed = template.format(columns=columns(types.get((schema, name), []))) if row_hash.by_column else template
         query = sql.SQL(CHECKSUM).format(hash=hashed, table=sql.Identifier(schema, name))
         row = conn.execute(query).fetchone()
         assert row is not None
