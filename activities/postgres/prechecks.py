@@ -33,6 +33,7 @@ from activities.postgres.database_settings import (
     VERIFIED_MARK,
 )
 from activities.postgres.freezing import is_on
+from activities.postgres.replication_checks import listed
 from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
@@ -116,7 +117,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     if source and target and source.forced_rls and not target.bypasses_rls:
         assert target_db is not None
         problems.append(
-            f"the source's tables {_some(source.forced_rls)} force row-level security even on their owners, and the "
+            f"the source's tables {listed(source.forced_rls)} force row-level security even on their owners, and the "
             f"restore keeps that: the user in Secret {target_db.secret}, who would own them on {target_db.describe()}, "
             "is neither a superuser nor has BYPASSRLS, so verify could not read every row of them, after the freeze. "
             f"As a superuser, ALTER ROLE {target_db.username} BYPASSRLS, or use a superuser."
@@ -198,7 +199,7 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
         hidden = [name for name, _, applies in tables if applies and not server.bypasses_rls]
         if hidden:
             problems.append(
-                f"row-level security would hide rows of {_some(hidden)} from the user in Secret {db.secret} on "
+                f"row-level security would hide rows of {listed(hidden)} from the user in Secret {db.secret} on "
                 f"{db.describe()}, and the snapshot and verify read every row (they would stop, after the freeze). "
                 f"As a superuser, ALTER ROLE {db.username} BYPASSRLS, or use a superuser."
             )
@@ -253,10 +254,6 @@ def _server(conn: Connection, extensions: str) -> Server:
     return Server(
         version=str(version), major=int(major), size=int(size), extensions=names, bypasses_rls=bool(bypasses_rls)
     )
-
-
-def _some(names: list[str] | tuple[str, ...], shown: int = 5) -> str:
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: Problems) -> None:

@@ -21,6 +21,8 @@ precheck, listed with the others, each saying what to change:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from activities.postgres import replication
 from activities.postgres.connection import Connection, connect
 from activities.secrets import DatabaseConnection
@@ -120,14 +122,14 @@ def check_source(
         if not_owned:
             problems.append(
                 f"the user in Secret {db.secret} is not a superuser, so ferry publishes the tables of "
-                f"{db.describe()} by name, which needs their owner; it does not own {_listed(not_owned)}. Use a "
+                f"{db.describe()} by name, which needs their owner; it does not own {listed(not_owned)}. Use a "
                 "superuser (who may publish every table), or the tables' owner."
             )
     lacking = replication.lacking_identity(conn)
     if lacking and not driver.allow_replica_identity_full:
         problems.append(
             f"these tables of {db.describe()} have no primary key and no replica identity, so the source cannot "
-            f"replicate their updates and deletes: {_listed(list(lacking))}. Give them a primary key (or ALTER TABLE "
+            f"replicate their updates and deletes: {listed(list(lacking))}. Give them a primary key (or ALTER TABLE "
             "... REPLICA IDENTITY USING INDEX), or set spec.driver.allowReplicaIdentityFull: true to have ferry set "
             "REPLICA IDENTITY FULL while replicating (slower updates and deletes; restored afterwards), or use mode "
             "Snapshot."
@@ -136,7 +138,7 @@ def check_source(
     if unlogged:
         problems.append(
             f"these tables of {db.describe()} are unlogged, and logical replication only carries what the WAL "
-            f"holds: {_listed(unlogged)}. ALTER TABLE ... SET LOGGED, or use mode Snapshot."
+            f"holds: {listed(unlogged)}. ALTER TABLE ... SET LOGGED, or use mode Snapshot."
         )
     if conn.execute("select from pg_largeobject_metadata limit 1").fetchone() is not None:
         problems.append(
@@ -145,6 +147,7 @@ def check_source(
         )
 
 
-def _listed(tables: list[str]) -> str:
+def listed(tables: Sequence[str]) -> str:
+    """The first SHOWN names, and how many more there are."""
     more = f" and {len(tables) - SHOWN} more" if len(tables) > SHOWN else ""
     return ", ".join(tables[:SHOWN]) + more
