@@ -38,7 +38,12 @@ in for them.
 
 The tables are the ordinary tables (relkind r, so partitioned tables are checked
 through their partitions) and the populated materialized views, in every schema but
-pg_* and information_schema, except those belonging to an extension. Large objects
+pg_* and information_schema, except those belonging to an extension. A hash-partitioned
+table is the exception: it is read whole, as one table, under the name of its highest
+hash-partitioned ancestor (`HASH_PARTITIONED`), and its partitions are not read on their
+own. The partition a row goes to there follows a hash that need not be the same on the
+two servers (an enum's hashes its oid, which a restore changes, so pg_dump loads such a
+table through its root), and the same rows may be spread over the partitions otherwise. Large objects
 are one more entry, `large objects`, when a side has any: their count, and the sum of
 a hash of each one's oid and contents (pg_dump keeps their oids).
 """
@@ -123,11 +128,28 @@ AS_SENT = {20: "int8send", 1083: "time_send", 1114: "timestamp_send", 1184: "tim
 ROW_ITEMS = 1000
 """Past this many items, COLUMNS hashes rows of this many, then the row of their hashes' digits."""
 
+HASH_PARTITIONED = """
+with recursive up(leaf, ancestor, depth) as (
+    select i.inhrelid, i.inhparent, 1 from pg_catalog.pg_inherits i
+    join pg_catalog.pg_class c on c.oid = i.inhrelid and c.relispartition and c.relkind = 'r'
+    union all
+    select up.leaf, i.inhparent, up.depth + 1 from up
+    join pg_catalog.pg_class p on p.oid = up.ancestor and p.relispartition
+    join pg_catalog.pg_inherits i on i.inhrelid = up.ancestor
+)
+select distinct on (up.leaf) ln.nspname, l.relname, an.nspname, a.relname
+from up join pg_catalog.pg_partitioned_table pt on pt.partrelid = up.ancestor and pt.partstrat = 'h'
+join pg_catalog.pg_class l on l.oid = up.leaf join pg_catalog.pg_namespace ln on ln.oid = l.relnamespace
+join pg_catalog.pg_class a on a.oid = up.ancestor join pg_catalog.pg_namespace an on an.oid = a.relnamespace
+order by up.leaf, up.depth desc
+"""
+"""Each partition with a hash-partitioned ancestor, and the highest such ancestor, which is read in its stead."""
+
 COLUMN_TYPES = """
 select n.nspname, c.relname, a.attname, a.atttypid::bigint
 from pg_catalog.pg_attribute a join pg_catalog.pg_class c on c.oid = a.attrelid
 join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-where a.attnum > 0 and not a.attisdropped and c.relkind in ('r', 'm')
+where a.attnum > 0 and not a.attisdropped and c.relkind in ('r', 'm', 'p')
 and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
 order by 1, 2, a.attnum
 """
@@ -218,6 +240,17 @@ def columns(names_and_types: list[tuple[str, int]]) -> sql.Composable:
     return sql.SQL(", ").join(items)
 
 
+def read_tables(conn: Connection) -> list[tuple[str, str]]:
+    """The tables `fingerprints` reads, as (schema, name), in order: TABLES, each partition of a hash-partitioned
+    table replaced by its highest hash-partitioned ancestor (see HASH_PARTITIONED), once."""
+    tables = [(str(schema), str(name)) for schema, name in conn.execute(TABLES).fetchall()]
+    if conn.info.server_version < 100000:  # no partitioning before PostgreSQL 10
+        return tables
+    partitioned = conn.execute(HASH_PARTITIONED).fetchall()
+    instead = {(leaf_schema, leaf): (schema, name) for leaf_schema, leaf, schema, name in partitioned}
+    return sorted({instead.get(table, table) for table in tables})
+
+
 def fingerprints(
     conn: Connection,
     done: Callable[[int, int], None],
@@ -227,7 +260,7 @@ def fingerprints(
 ) -> dict[str, tuple[int, str]]:
     """Row count and checksum of each `wanted` user table, by `schema.table`, with `row_hash` (both sides of a
     comparison must use the same, see `agreed`); calls `done` with the tables and rows read so far."""
-    tables = conn.execute(TABLES).fetchall()
+    tables = read_tables(conn)
     types: dict[tuple[str, str], list[tuple[str, int]]] = {}
     if row_hash.by_column:
         for schema, name, column, type_oid in conn.execute(COLUMN_TYPES).fetchall():
