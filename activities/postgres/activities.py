@@ -35,6 +35,7 @@ from activities.postgres import (
     freezing,
     grants,
     prechecks,
+    restore_script,
     restoring,
     schema,
     unwritten,
@@ -295,13 +296,16 @@ class PostgresActivities:
         ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
+                freeze = restore_script.freezable(conn) if target is not None else None
             if target is not None:
                 with self._connect(target) as conn, privileged(target, "drop and create schemas"):
                     restoring.prepare_target(conn, target, owner(input.ref))
+                    if not restore_script.usable(self._settings.postgres_bindir, conn.info.server_version):
+                        freeze = None  # pg_restore restores directly, its rows not frozen
             s3 = snapshot_store.client(spec, credentials, self._settings)
             with (
                 snapshot_store.permanent_failures(s3, bucket, credentials),
-                restoring.Restore(target, self._settings, heartbeats, location)
+                restoring.Restore(target, self._settings, heartbeats, location, freeze)
                 if target
                 else contextlib.nullcontext() as restore,
             ):

@@ -26,6 +26,11 @@ removes the marker and verify's mark (ferry.verified_mark, see unwritten), so th
 another Migration may restore into it; a target whose marker names nobody or another
 Migration is left as it is.
 
+Where restore_script.usable says so, pg_restore writes its SQL script instead, and psql
+runs it with FREEZE added to each ordinary table's COPY, so the rows arrive frozen and
+verify's first read of them writes nothing (see restore_script); the snapshot step
+restores that way, migrate's restore from S3 directly.
+
 Objects are restored without owners and privileges (--no-owner --no-privileges) and
 belong to the target Secret's user: roles live outside the database, and the
 target's server need not have the source's.
@@ -36,7 +41,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import queue
+import signal
 import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -50,6 +57,7 @@ from activities.heartbeats import Heartbeats
 from activities.postgres import database_settings, tls, unwritten
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
+from activities.postgres.restore_script import Copies, ScriptRefused
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress_status import ProgressWriter
 from activities.s3 import error_code
@@ -62,6 +70,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 CHUNK = MIB
+KILLED = (-signal.SIGKILL, -signal.SIGPIPE)
+"""How a tool ends when ferry kills it, or when the other end of its pipe was killed: never the first failure."""
 
 USER_SCHEMAS = "n.nspname !~ '^pg_' and n.nspname <> 'information_schema'"
 CONTENTS = f"""
@@ -192,6 +202,12 @@ class Restore:
     over. `abort`, a cancellation, or leaving the context without `commit` kills
     pg_restore, and the server rolls its transaction back: the target keeps nothing.
 
+    With `freeze` (the source's tables, see restore_script.freezable), pg_restore writes
+    its script instead, and a second thread passes it through restore_script.Copies to
+    psql, so those tables' rows load frozen. psql is handed the end of the script only
+    once pg_restore exited cleanly and the script ended with its COMMIT; otherwise it
+    is killed with pg_restore, and the server rolls its transaction back just the same.
+
     Memory: the pieces are slices of the caller's buffers, not copies; at most QUEUED
     bytes of them wait, plus the piece held back, so the caller's last two or three
     buffers stay alive (a snapshot part each, when fed from pg_dump: see dumping).
@@ -200,9 +216,19 @@ class Restore:
     QUEUED = 8 * CHUNK
 
     def __init__(
-        self, db: DatabaseConnection, settings: DataActivitySettings, heartbeats: Heartbeats, location: str
+        self,
+        db: DatabaseConnection,
+        settings: DataActivitySettings,
+        heartbeats: Heartbeats,
+        location: str,
+        freeze: frozenset[bytes] | None = None,
     ) -> None:
         self._db, self._settings, self._heartbeats, self._location = db, settings, heartbeats, location
+        self._copies = None if freeze is None else Copies(freeze)
+        self._psql: Tool | None = None
+        """psql, running pg_restore's script, when restoring with `freeze`."""
+        self._relay: threading.Thread | None = None
+        self._refused: ScriptRefused | None = None
         self._queue: queue.Queue[memoryview | None] = queue.Queue(maxsize=self.QUEUED // CHUNK)
         self._stopped = threading.Event()
         """pg_restore stopped reading (it exited, or was killed): nothing more reaches it."""
@@ -211,16 +237,22 @@ class Restore:
         self._writer: threading.Thread | None = None
 
     def __enter__(self) -> Restore:
-        argv = [
-            str(find_bindir(self._settings.postgres_bindir) / "pg_restore"),
-            f"--dbname={conninfo(self._db, self._settings)}",
-            "--format=custom",
-            "--single-transaction",
-            "--no-owner",
-            "--no-privileges",
-            "--no-password",
-        ]
-        self._tool = Tool(argv, self._db, self._settings, reads=True, writes=False)
+        bindir = find_bindir(self._settings.postgres_bindir)
+        dbname, options = f"--dbname={conninfo(self._db, self._settings)}", ["--no-owner", "--no-privileges"]
+        pg_restore = [str(bindir / "pg_restore"), "--format=custom", "--single-transaction", *options]
+        if self._copies is None:
+            argv = [*pg_restore, dbname, "--no-password"]
+            self._tool = Tool(argv, self._db, self._settings, reads=True, writes=False)
+        else:
+            psql = [str(bindir / "psql"), "--no-psqlrc", "--quiet", "--set=ON_ERROR_STOP=1", dbname, "--no-password"]
+            self._psql = Tool(psql, self._db, self._settings, reads=True, writes=False)
+            try:
+                self._tool = Tool([*pg_restore, "--file=-"], self._db, self._settings, reads=True, writes=True)
+            except BaseException:
+                self._psql.__exit__(None, None, None)
+                raise
+            self._relay = threading.Thread(target=self._relay_script, name="pg_restore-psql", daemon=True)
+            self._relay.start()
         self._heartbeats.on_cancel(self.abort)
         self._writer = threading.Thread(target=self._write, name="pg_restore-stdin", daemon=True)
         self._writer.start()
@@ -246,17 +278,20 @@ class Restore:
         assert self._writer is not None
         assert self._tool is not None
         self._writer.join()
-        code = self._tool.wait()
-        if code != 0:  # killed by a cancellation, or it failed: rolled back either way
+        if self._relay is not None:
+            self._relay.join()
+        codes = [tool.wait() for tool in self._tools()]
+        if any(codes) or (self._copies is not None and not self._copies.complete):
+            # killed by a cancellation, or it failed: rolled back either way
             self._heartbeats.raise_if_cancelled("restoring the snapshot")
-            raise self._failure(code)
+            raise self._failure()
         self._committed = True  # even if a cancellation came meanwhile: the step did its work, and its undo knows
 
     def abort(self) -> None:
-        """Kills pg_restore before it can commit; callable from any thread."""
+        """Kills pg_restore (and psql) before it can commit; callable from any thread."""
         self._stopped.set()
-        if self._tool is not None:
-            self._tool.kill()
+        for tool in self._tools():
+            tool.kill()
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
@@ -265,8 +300,14 @@ class Restore:
             self.abort()
         if self._writer is not None:
             self._writer.join()
-        if self._tool is not None:
-            self._tool.__exit__(kind, error, traceback)
+        if self._relay is not None:
+            self._relay.join()
+        for tool in self._tools():
+            tool.__exit__(kind, error, traceback)
+
+    def _tools(self) -> list[Tool]:
+        """The running tools, psql (when there is one) first: when both failed, psql's error says why."""
+        return [tool for tool in (self._psql, self._tool) if tool is not None]
 
     def _put(self, item: memoryview | None) -> None:
         while True:
@@ -280,16 +321,48 @@ class Restore:
 
     def _raise_stopped(self) -> NoReturn:
         self._heartbeats.raise_if_cancelled("restoring the snapshot")
-        assert self._tool is not None
-        raise self._failure(self._tool.wait())
+        raise self._failure()
 
-    def _failure(self, code: int) -> Exception:
-        assert self._tool is not None
-        failure = self._tool.failure(code)
-        refused = tls.refusal(self._db, failure)
+    def _failure(self) -> Exception:
+        """Why the restore failed: a refused script, else the first tool that failed and was not killed for another's
+        failure (psql first), else the first that failed."""
+        if self._refused is not None:
+            said = str(self._refused)
+        else:
+            ended = [(tool, tool.wait()) for tool in self._tools()]
+            failed = [(tool, code) for tool, code in ended if code != 0]
+            first = [(tool, code) for tool, code in failed if code not in KILLED] or failed
+            if first:
+                said = first[0][0].failure(first[0][1])
+            else:  # both exited cleanly, and the script did not end with its COMMIT
+                said = "pg_restore's script ended without its COMMIT, so psql committed nothing"
+        refused = tls.refusal(self._db, said)
         if refused is not None:
             return refused
-        return RuntimeError(f"could not restore {self._location} into {self._db.describe()}: {failure}")
+        return RuntimeError(f"could not restore {self._location} into {self._db.describe()}: {said}")
+
+    def _relay_script(self) -> None:
+        """The relay thread, with `freeze`: pg_restore's script through Copies into psql. psql gets the end of its input
+        only when pg_restore exited cleanly and the script is whole; otherwise both are killed."""
+        assert self._tool is not None
+        assert self._psql is not None
+        assert self._copies is not None
+        whole = False
+        try:
+            script = self._tool.stdout.fileno()
+            while chunk := os.read(script, CHUNK):
+                for piece in self._copies.feed(chunk):
+                    self._psql.stdin.write(piece)
+            whole = self._tool.exit_code() == 0 and self._copies.complete
+            if whole:
+                self._psql.stdin.close()  # psql runs the rest of the script, COMMIT last, and exits
+        except (OSError, ValueError):  # psql exited (its exit code says why), or a kill closed a pipe
+            pass
+        except ScriptRefused as refused:
+            self._refused = refused
+        finally:
+            if not whole:
+                self.abort()
 
     def _write(self) -> None:
         """The writing thread: everything but the last piece, then that piece once `commit` queues its None."""

@@ -183,6 +183,10 @@ class Tool:
         with contextlib.suppress(ProcessLookupError):
             self._process.kill()
 
+    def exit_code(self) -> int:
+        """Waits for the tool to exit and returns its code; `wait` also reaps what reads its stderr."""
+        return self._process.wait()
+
     def wait(self) -> int:
         code = self._process.wait()
         self._reader.join()

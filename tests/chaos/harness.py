@@ -6,7 +6,7 @@ the leading watcher and the Temporal server are killed with SIGKILL at random an
 started again (Temporal on the same SQLite file). When every Migration has ended, the
 run checks what a person would: final phases, one workflow per Migration, equal data
 where it Succeeded, nothing left where it was rolled back or deleted while running,
-a Service that never lost its endpoints, no finalizer stuck, no pg_dump or pg_restore
+a Service that never lost its endpoints, no finalizer stuck, no pg_dump, pg_restore or psql
 still running, no unfinished upload. `scripts/chaos.py` runs it on a stack of its own
 and prints the figures; tests/chaos/test_chaos.py runs a small one in the test suite.
 """
@@ -541,7 +541,7 @@ class ChaosRun:
         report.figures["samples of the Service"] = self._samples
         report.figures["samples with no endpoints"] = sum(self._empty_endpoints.values())
         report.figures["stuck finalizers"] = sum(1 for s in self.subjects if s.deleted_at is not None and not s.gone)
-        report.figures["pg_dump/pg_restore still running"] = len(
+        report.figures["pg_dump/pg_restore/psql still running"] = len(
             _tools_running({subject.database for subject in self.subjects})
         )
         report.figures["unfinished multipart uploads"] = len(
@@ -742,13 +742,13 @@ def _time(raw: str) -> datetime:
 
 
 def _tools_running(databases: set[str]) -> list[int]:
-    """pg_dump and pg_restore processes alive on this machine that work on one of `databases`: ferry gives each tool
-    its database in PGDATABASE, so another run's tools, or a test's running beside this one, do not count."""
+    """pg_dump, pg_restore and psql processes alive on this machine that work on one of `databases`: ferry gives each
+    tool its database in PGDATABASE, so another run's tools, or a test's running beside this one, do not count."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() not in ("pg_dump", "pg_restore"):
+                if (entry / "comm").read_text().strip() not in ("pg_dump", "pg_restore", "psql"):
                     continue
                 environment = (entry / "environ").read_bytes().split(b"\0")
                 named = {

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from psycopg import sql
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
@@ -126,6 +127,76 @@ def test_a_snapshot_run_again_after_its_restore_committed_restores_once_more_fro
     assert _target_tables(databases) == ["audit.log", "shop.customers", "shop.orders"]
 
 
+def _loaded_frozen(databases: Databases) -> dict[str, bool]:
+    """Whether every row of each of the target's tables is frozen, as COPY ... FREEZE loads them; a partitioned
+    table's rows by the name of its root.
+
+    A row's header says so (HEAP_XMIN_FROZEN: both of t_infomask's bits 0x0100 and 0x0200);
+    a row loaded by a plain COPY has at most the first, once a read set its hint bits.
+    Read with pageinspect, created once the steps are done, as the target's superuser.
+    """
+    with connect(databases.target) as conn:
+        conn.execute("create extension if not exists pageinspect")
+        rows = conn.execute(
+            "select format('%s.%s', n.nspname, r.relname), count(*) = count(*) filter (where t_infomask & 768 = 768) "
+            "from pg_class c join pg_class r on r.oid = coalesce(pg_partition_root(c.oid), c.oid) "
+            "join pg_namespace n on n.oid = r.relnamespace, "
+            "generate_series(0, pg_relation_size(c.oid) / current_setting('block_size')::int - 1) as page, "
+            "heap_page_items(get_raw_page(c.oid::regclass::text, page::int)) "
+            "where c.relkind = 'r' and n.nspname !~ '^pg_' and n.nspname <> 'information_schema' and lp_flags = 1 "
+            "group by 1 order by 1"
+        ).fetchall()
+    return dict(rows)
+
+
+def test_the_restore_loads_rows_frozen_and_a_partitioned_table_loaded_through_its_root_as_before(
+    steps: Steps, databases: Databases
+) -> None:
+    """Frozen rows spare verify's first read of the target a write of every page (activities/postgres/restore_script).
+
+    pg_dump loads a table hash-partitioned on an enum through its root, where FREEZE is
+    refused: those rows load as before, and the restore commits. A target whose sessions
+    default to serializable transactions takes FREEZE too.
+    """
+    create_shop(databases.source, customers=500, orders=5_000)
+    with connect(databases.source) as conn:
+        conn.execute('create schema "Odd Schema"')
+        conn.execute('create table "Odd Schema"."Mixed Case" (id int primary key, note text)')
+        conn.execute("""insert into "Odd Schema"."Mixed Case" select g, md5(g::text) from generate_series(1, 2000) g""")
+        conn.execute("create type shop.tier as enum ('bronze', 'silver', 'gold')")
+        conn.execute("create table shop.by_tier (tier shop.tier not null, id int not null) partition by hash (tier)")
+        for remainder in range(2):
+            conn.execute(
+                f"create table shop.by_tier_{remainder} partition of shop.by_tier "
+                f"for values with (modulus 2, remainder {remainder})"
+            )
+        conn.execute(
+            "insert into shop.by_tier select (array['bronze', 'silver', 'gold']::shop.tier[])[1 + g % 3], g "
+            "from generate_series(1, 3000) g"
+        )
+    with connect(databases.target) as conn:
+        conn.execute(
+            sql.SQL("alter database {} set default_transaction_isolation = 'serializable'").format(
+                sql.Identifier(databases.target.database)
+            )
+        )
+    steps.freeze()
+
+    steps.snapshot(restore=True)
+    verified = steps.verify()
+
+    assert [check.table for check in verified.tables] == [
+        "Odd Schema.Mixed Case", "audit.log", "shop.by_tier", "shop.customers", "shop.orders"
+    ]  # fmt: skip
+    assert _loaded_frozen(databases) == {
+        "Odd Schema.Mixed Case": True,
+        "audit.log": True,
+        "shop.by_tier": False,
+        "shop.customers": True,
+        "shop.orders": True,
+    }
+
+
 def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
     steps: Steps, databases: Databases, stack: StackInfo, bucket: str
 ) -> None:
@@ -156,7 +227,7 @@ def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
     assert ended == [1], "pg_dump's session was ended while it dumped"
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
-    assert _children("pg_dump", "pg_restore") == []
+    assert _children("pg_dump", "pg_restore", "psql") == []
     eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
 
 
@@ -184,7 +255,7 @@ def test_a_snapshot_cancelled_while_restoring_stops_pg_dump_and_pg_restore_and_l
     assert seen[-1]["dumped_bytes"] < 26 * MIB, "it stopped before the dump was through"
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
-    assert _children("pg_dump", "pg_restore") == []
+    assert _children("pg_dump", "pg_restore", "psql") == []
     eventually("pg_dump's session to end", lambda: _sessions(databases, "source") == 0, timeout=10)
     eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
 
@@ -233,12 +304,16 @@ class RestoreSession:
         return time.monotonic() - self._since >= seconds
 
 
+@pytest.mark.parametrize(
+    "freeze", [pytest.param(None, id="pg_restore alone"), pytest.param(frozenset({b"public.blobs"}), id="through psql")]
+)
 def test_pg_restore_given_all_but_the_held_back_piece_never_commits_and_commits_once_given_it(
     steps: Steps, databases: Databases, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient,
-    data_settings: DataActivitySettings,
+    data_settings: DataActivitySettings, freeze: frozenset[bytes] | None,
 ) -> None:  # fmt: skip
     """Without the held-back piece, pg_restore would reach the end of the dump and commit before anyone knew the
-    stream was whole: here it has the complete dump, the upload could still fail, and it must not commit."""
+    stream was whole: here it has the complete dump, the upload could still fail, and it must not commit. Through
+    psql (restore_script), the same: pg_restore writes the script's COMMIT only once it has read the end."""
     create_bulky(databases.source, rows=100_000)  # about 6 MB: pg_restore gets all but the last of six pieces
     steps.freeze()
     snapshot = steps.snapshot()
@@ -247,7 +322,7 @@ def test_pg_restore_given_all_but_the_held_back_piece_never_commits_and_commits_
 
     def restore(commit: bool) -> None:
         with Heartbeats(data_settings.heartbeat_interval) as heartbeats, Restore(
-            target, data_settings, heartbeats, snapshot.location
+            target, data_settings, heartbeats, snapshot.location, freeze
         ) as restoring:  # fmt: skip
             restoring.feed(dump)
             if commit:
@@ -260,6 +335,8 @@ def test_pg_restore_given_all_but_the_held_back_piece_never_commits_and_commits_
                 timeout=60,
             )
             assert _children("pg_restore", running=True), "pg_restore ended before it was given the last piece"
+            if freeze is not None:
+                assert _children("psql", running=True), "psql ended before pg_restore was given the last piece"
 
     ActivityEnvironment().run(restore, False)
 
