@@ -61,6 +61,11 @@ LINE_LIMIT = 1 << 20
 quoted 63-byte names) is about 200 KB."""
 END_OF_ROWS = b"\n\\.\n"
 COPY_START, COPY_END = b"COPY ", b" FROM stdin;\n"
+STANDARD_STRINGS = {
+    b"SET standard_conforming_strings = off;": True,
+    b"SET standard_conforming_strings = on;": False,
+}
+"""How pg_restore's script says whether a backslash escapes in quotes, and what that makes of it."""
 _IDENTIFIER = rb'(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_]*)'
 _COPY_INTO = re.compile(rb"COPY (" + _IDENTIFIER + rb"\." + _IDENTIFIER + rb") (?:\(.*\) )?FROM stdin;\n", re.DOTALL)
 
@@ -227,6 +232,8 @@ class Copies:
             self._last = b"(a long line)"
         elif stripped and not stripped.startswith((b"--", b"\\")):
             self._last = stripped
+        if began and stripped in STANDARD_STRINGS:
+            self._lexer.backslashes_escape = STANDARD_STRINGS[stripped]
         if not (began and head == COPY_START and tail == COPY_END and self._lexer.between_statements):
             return None
         self._copying, self._recent = True, b"\n"  # psql reads the rows from the next line on
@@ -244,7 +251,9 @@ class Lexer:
     (with '' inside, and backslash escapes in E'...'), double-quoted identifiers,
     dollar quotes ($$ or $tag$), -- and nested /* */ comments, parentheses (psql ends
     a statement only at a semicolon outside them), and a backslash outside all of
-    these, which begins a meta-command running to the end of its line.
+    these, which begins a meta-command running to the end of its line. A dump of a server
+    with standard_conforming_strings off says so (`SET standard_conforming_strings = off;`),
+    and then a backslash escapes in every quote (`backslashes_escape`).
     """
 
     LOOKAHEAD = 66
@@ -260,6 +269,8 @@ class Lexer:
         self._begun = False
         """Something of a statement came since the last semicolon outside parentheses."""
         self._before = b"  "
+        self.backslashes_escape = False
+        """Whether a backslash escapes in every quote, as with standard_conforming_strings off."""
         """The last two bytes read: an E before a quote makes it an escape string."""
 
     @property
@@ -328,6 +339,7 @@ class Lexer:
         preceding = self._preceding(text, start)
         if token == b"'":
             escape = preceding[1:] in (b"E", b"e") and not _IDENTIFIER_BYTE.fullmatch(preceding[:1])
+            escape = escape or self.backslashes_escape
             self._state, self._begun = (_ESCAPE_QUOTE if escape else _QUOTE), True
         elif token == b'"':
             self._state, self._begun = _NAME_QUOTE, True

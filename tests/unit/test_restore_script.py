@@ -207,3 +207,15 @@ def test_a_line_reading_like_a_copy_where_psql_would_not_run_one_is_left_alone(h
 
     assert out == EXPECTED.replace(b"BEGIN;\n", b"BEGIN;\n" + held)
     assert copies.frozen == 4
+
+
+def test_after_standard_conforming_strings_off_a_backslash_escapes_a_quote_as_psql_reads_it() -> None:
+    """A dump of a server with standard_conforming_strings off: 'it\\'s' is one string there, and what follows
+    it on the next lines is still inside it until its last quote."""
+    held = b"SET standard_conforming_strings = off;\nCOMMENT ON TABLE public.orders IS 'it\\'s\n%s\n';\n"
+    held %= ROWS_LIKE_A_COPY
+    script = SCRIPT.replace(b"BEGIN;\n", b"BEGIN;\n" + held)
+    copies = Copies(TABLES)
+
+    assert _through(copies, [script]) == EXPECTED.replace(b"BEGIN;\n", b"BEGIN;\n" + held)
+    assert copies.frozen == 4
