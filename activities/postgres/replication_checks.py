@@ -15,6 +15,9 @@ precheck, listed with the others, each saying what to change:
   replicate then sets to FULL for the time of the replication);
 - no unlogged tables (their changes are not in the WAL) and no large objects (not
   replicated): mode Snapshot moves both;
+- no table hash-partitioned on an enum: an enum's hash is its oid, which is not the
+  same in the target, so the target's partitions would refuse the rows replicated into
+  them by name; mode Snapshot loads such a table through its root (pg_dump does so);
 - the target's user must be allowed to create a subscription (a superuser, or from
   PostgreSQL 16 a member of pg_create_subscription with CREATE on the database).
 """
@@ -48,6 +51,17 @@ UNLOGGED = f"""
 select format('%I.%I', n.nspname, c.relname) {replication.USER_TABLES}
 and c.relkind in ('r', 'p') and c.relpersistence = 'u' order by 1
 """
+ENUM_HASHED = f"""
+select format('%I.%I', n.nspname, c.relname) {replication.USER_TABLES}
+and c.relkind = 'p' and exists (
+    select from pg_partitioned_table p
+    join pg_attribute a on a.attrelid = p.partrelid and a.attnum = any(p.partattrs::int2[])
+    join pg_type t on t.oid = a.atttypid
+    left join pg_type base on base.oid = t.typbasetype
+    where p.partrelid = c.oid and p.partstrat = 'h' and (t.typtype = 'e' or base.typtype = 'e')
+) order by 1
+"""
+"""Tables hash-partitioned on an enum column (or a domain over one)."""
 TARGET = """
 select r.rolsuper,
     exists (select from pg_roles g
@@ -139,6 +153,13 @@ def check_source(
         problems.append(
             f"these tables of {db.describe()} are unlogged, and logical replication only carries what the WAL "
             f"holds: {listed(unlogged)}. ALTER TABLE ... SET LOGGED, or use mode Snapshot."
+        )
+    enum_hashed = [name for (name,) in conn.execute(ENUM_HASHED)]
+    if enum_hashed:
+        problems.append(
+            f"these tables of {db.describe()} are hash-partitioned on an enum, whose hash is its oid, which differs "
+            f"in the target: replicated by partition, their rows would be refused by the target's partitions: "
+            f"{listed(enum_hashed)}. Use mode Snapshot, which loads them through their root."
         )
     if conn.execute("select from pg_largeobject_metadata limit 1").fetchone() is not None:
         problems.append(

@@ -177,6 +177,30 @@ def test_unlogged_tables_and_large_objects_are_refused_with_the_other_problems(
     assert "has large objects, which logical replication does not carry. Use mode Snapshot" in problems[2]
 
 
+def test_a_table_hash_partitioned_on_an_enum_is_refused_since_its_rows_would_go_to_other_partitions(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    with connect(databases.source) as conn:
+        conn.execute("create type public.tier as enum ('bronze', 'silver')")
+        conn.execute("create domain public.level as public.tier")
+        for name, key in (("by_tier", "public.tier"), ("by_level", "public.level"), ("by_number", "int")):
+            conn.execute(
+                f"create table public.{name} (key {key}, id int, primary key (key, id)) partition by hash (key)"
+            )
+            conn.execute(
+                f"create table public.{name}_0 partition of public.{name} for values with (modulus 1, remainder 0)"
+            )
+
+    problems = _problems(online)
+
+    assert len(problems) == 1
+    assert problems[0].endswith(
+        "are hash-partitioned on an enum, whose hash is its oid, which differs in the target: replicated by "
+        "partition, their rows would be refused by the target's partitions: public.by_level, public.by_tier. Use "
+        "mode Snapshot, which loads them through their root."
+    )
+
+
 def test_mode_snapshot_asks_none_of_this(online: OnlineSteps, databases: Databases) -> None:
     with connect(databases.source) as conn:
         conn.execute("create unlogged table public.cache (key text primary key, value text)")
