@@ -15,11 +15,15 @@ Which hash (`agreed`), the fastest both servers compute alike:
   hash is exact (bool, "char", int2, int4, date, bytea, uuid), as text in collation "C"
   (text, varchar: their bytes), as its binary send form when the hash would fold 64 bits
   into 32 (int8, time, timestamp, timestamptz), and every other column by its text
-  form, all of them in one `row(...)::text` per row: numeric (whose hash ignores the
-  sign, 5 and -5, and trailing zeros, 1.0 and 1.00, and takes NaN and the infinities
-  for a null), floats (whose hash makes -0 and 0 alike), jsonb (whose hash does not see
-  where an array ends), enums (hashed by their oid, which a restore changes), any type
-  ferry does not know. The column count comes first, so that a null column more or
+  form: numeric (whose hash ignores the sign, 5 and -5, and trailing zeros, 1.0 and
+  1.00, and takes NaN and the infinities for a null), floats (whose hash makes -0 and 0
+  alike), jsonb (whose hash does not see where an array ends), enums (hashed by their
+  oid, which a restore changes), any type ferry does not know. The common ones whose
+  cast to text is their output function (AS_TEXT) go in one by one, `col::text`; the
+  rest, in one `row(...)::text` per row, whose quoting costs more (1.1 of 6.6 seconds
+  of CPU per GB of the benchmark's table) but whose text is the output function's for
+  every type: a cast to text may be a function of its own, and character(n)'s strips
+  the trailing blanks. The column count comes first, so that a null column more or
   less shows. hash_record_extended combines the columns linearly, so its result is
   hashed once more (hashtextextended of its digits) before the sum: without that, two
   rows that swapped a value would keep the sum.
@@ -125,6 +129,14 @@ AS_BYTES = {25: "text", 1043: "varchar"}
 """Types whose hash, in collation "C", is that of their bytes."""
 AS_SENT = {20: "int8send", 1083: "time_send", 1114: "timestamp_send", 1184: "timestamptz_send"}
 """64-bit types whose hash folds them into 32 bits: their binary send form (8 bytes) goes in instead."""
+AS_TEXT = {
+    **{1700: "numeric", 700: "float4", 701: "float8", 3802: "jsonb", 114: "json", 1186: "interval"},
+    **{1266: "timetz", 790: "money", 142: "xml", 1560: "bit", 1562: "varbit", 829: "macaddr", 3614: "tsvector"},
+    **{1007: "int4[]", 1016: "int8[]", 1009: "text[]", 1015: "varchar[]", 1022: "float8[]", 1231: "numeric[]"},
+    **{2951: "uuid[]", 3807: "jsonb[]", 1000: "bool[]", 1185: "timestamptz[]", 1182: "date[]"},
+}
+"""Types whose hash is not exact and whose cast to text is their output function (checked against pg_cast): such
+a column goes in as its text, in collation "C"."""
 ROW_ITEMS = 1000
 """Past this many items, COLUMNS hashes rows of this many, then the row of their hashes' digits."""
 
@@ -173,6 +185,7 @@ select pg_catalog.array_agg(pg_catalog.hashtextextended(pg_catalog.hash_record_e
     pg_catalog.md5(n::pg_catalog.text)::pg_catalog.uuid,
     pg_catalog.left(pg_catalog.repeat('ferry checks rows 0123456789,', 8), n) collate pg_catalog."C",
     pg_catalog.int8send(n::pg_catalog.int8 * 4294967311 - 400000000000),
+    (n / 7.0 - 3)::pg_catalog.numeric::pg_catalog.text collate pg_catalog."C",
     row(n / 3.0::pg_catalog.float8, n)::pg_catalog.text collate pg_catalog."C"
 ), 0)::pg_catalog.text, 0) order by n)
 from pg_catalog.generate_series(0, 200) as n
@@ -215,7 +228,7 @@ def _probe(conn: Connection, probe: str) -> list[int] | None:
 
 def columns(names_and_types: list[tuple[str, int]]) -> sql.Composable:
     """A table's columns (name and type oid, in their order) as COLUMNS reads them: the count first, then each column
-    whose type it knows, then the others' text form as one row."""
+    whose type it knows (those of AS_TEXT by their text), then the others' text form as one row."""
     items: list[sql.Composable] = [sql.Literal(len(names_and_types))]
     others: list[sql.Composable] = []
     for name, type_oid in names_and_types:
@@ -226,6 +239,8 @@ def columns(names_and_types: list[tuple[str, int]]) -> sql.Composable:
             items.append(sql.SQL('{} collate pg_catalog."C"').format(column))
         elif type_oid in AS_SENT:
             items.append(sql.SQL("pg_catalog.{}({})").format(sql.Identifier(AS_SENT[type_oid]), column))
+        elif type_oid in AS_TEXT:
+            items.append(sql.SQL('{}::pg_catalog.text collate pg_catalog."C"').format(column))
         else:
             others.append(column)
     if others:
