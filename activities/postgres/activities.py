@@ -47,7 +47,7 @@ from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from ferry.api.errors import BadCredentials, VerificationMismatch, WritesAfterFreeze, WritesOnTarget
-from ferry.api.migration import DriverType, StepName
+from ferry.api.migration import DriverSpec, DriverType, StepName
 from ferry.api.saga import (
     AheadComparison,
     CheckFrozenInput,
@@ -296,12 +296,11 @@ class PostgresActivities:
         ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
-                freeze = restore_script.freezable(conn) if target is not None else None
+            freeze = None
             if target is not None:
                 with self._connect(target) as conn, privileged(target, "drop and create schemas"):
                     restoring.prepare_target(conn, target, owner(input.ref))
-                    if not restore_script.usable(self._settings.postgres_bindir, conn.info.server_version):
-                        freeze = None  # pg_restore restores directly, its rows not frozen
+                    freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
             s3 = snapshot_store.client(spec, credentials, self._settings)
             with (
                 snapshot_store.permanent_failures(s3, bucket, credentials),
@@ -379,11 +378,12 @@ class PostgresActivities:
             ):
                 with privileged(db, "drop and create schemas"):
                     restoring.prepare_target(conn, db, owner(input.ref), found)
+                freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
                 s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
                 with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                     body = restoring.open_snapshot(s3, artifact)
                     try:
-                        read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress)
+                        read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress, freeze)
                     finally:
                         body.close()
                 with self._connect(db) as after:  # a new session, as in snapshot: the first sat idle meanwhile
@@ -391,6 +391,15 @@ class PostgresActivities:
                     tables = restoring.count_tables(after)
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)
+
+    def _freezable(self, ref: MigrationRef, driver: DriverSpec, server_version: int) -> frozenset[bytes] | None:
+        """The source's tables whose rows a restore into a target of `server_version` loads frozen, or None when the
+        restore cannot go through psql (see restore_script)."""
+        if not restore_script.usable(self._settings.postgres_bindir, server_version):
+            return None
+        source = self._database(ref, driver.source_secret, "spec.driver.sourceSecret")
+        with self._connect(source) as conn:
+            return restore_script.freezable(conn)
 
     @activity.defn(name=_name(DriverOperation.UNDO_MIGRATE), no_thread_cancel_exception=True)
     def undo_migrate(self, input: UndoMigrateInput) -> UndoMigrateResult:

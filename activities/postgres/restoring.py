@@ -28,8 +28,8 @@ Migration is left as it is.
 
 Where restore_script.usable says so, pg_restore writes its SQL script instead, and psql
 runs it with FREEZE added to each ordinary table's COPY, so the rows arrive frozen and
-verify's first read of them writes nothing (see restore_script); the snapshot step
-restores that way, migrate's restore from S3 directly.
+verify's first read of them writes nothing (see restore_script); the snapshot step and
+migrate's restore from S3 alike.
 
 Objects are restored without owners and privileges (--no-owner --no-privileges) and
 belong to the target Secret's user: roles live outside the database, and the
@@ -400,16 +400,18 @@ def restore(
     artifact: SnapshotResult,
     heartbeats: Heartbeats,
     progress: ProgressWriter | None = None,
+    freeze: frozenset[bytes] | None = None,
 ) -> int:
     """Feeds the object's `body` (a botocore StreamingBody) into pg_restore; returns the bytes read.
 
-    `progress` is given the bytes read so far, of the snapshot's size, after each chunk.
+    `progress` is given the bytes read so far, of the snapshot's size, after each chunk;
+    `freeze`, the tables whose rows load frozen through psql (see `Restore`).
 
     Raises:
         SnapshotCorrupt: the object's SHA-256 is not the recorded one; nothing was committed.
     """
     digest, read = hashlib.sha256(), 0
-    with Restore(db, settings, heartbeats, artifact.location) as restoring:
+    with Restore(db, settings, heartbeats, artifact.location, freeze) as restoring:
         for chunk in body.iter_chunks(CHUNK):
             digest.update(chunk)
             read += len(chunk)

@@ -114,6 +114,7 @@ def test_migrate_restores_from_s3_when_the_target_no_longer_holds_the_snapshots_
     assert not migrated.during_snapshot
     assert migrated.bytes_restored == snapshot.size_bytes
     assert contents(databases.target) == contents(databases.source)
+    assert _loaded_frozen(databases) == dict.fromkeys(["audit.log", "shop.customers", "shop.orders"], True)
 
 
 def test_a_snapshot_run_again_after_its_restore_committed_restores_once_more_from_a_clean_target(

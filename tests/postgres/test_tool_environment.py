@@ -1,4 +1,4 @@
-"""pg_dump and pg_restore get the connection and English messages in their environment, and nothing of the worker's.
+"""pg_dump and the restoring psql get the connection and English messages in their environment, nothing of the worker's.
 
 The worker's environment here holds what a real one does: its Temporal API key, cloud
 credentials, PG* settings of its own. Each test holds the real tool on a lock in the
@@ -89,19 +89,21 @@ def test_pg_dump_runs_with_the_connection_and_none_of_the_workers_variables(
     assert seen == _expected(databases.source, data_settings)
 
 
-def test_pg_restore_runs_with_the_connection_and_none_of_the_workers_variables(
+def test_psql_restoring_runs_with_the_connection_and_none_of_the_workers_variables(
     steps: Steps, databases: Databases, data_settings: DataActivitySettings
 ) -> None:
+    """The target is PostgreSQL 18, so psql runs pg_restore's script (restore_script) and is the tool that connects;
+    pg_restore, which only writes the script, gets the same environment from the same code (tools.Tool)."""
     with connect(databases.source) as conn:
         conn.execute("create table public.orders (id int primary key); insert into public.orders values (1)")
     artifact = steps.snapshot()
     migrated: concurrent.futures.Future[Any]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         with connect(databases.target) as locker, locker.transaction():
-            # pg_restore's first table in public waits for this drop of the schema to end.
+            # The restore's first table in public waits for this drop of the schema to end.
             locker.execute("drop schema public cascade")
             migrated = pool.submit(steps.migrate, artifact)
-            seen = _child_environment("pg_restore")
+            seen = _child_environment("psql")
             raise psycopg.Rollback  # public is back, and the restore goes on
         migrated.result(timeout=WAIT)
 
