@@ -298,8 +298,9 @@ class PostgresActivities:
                 estimate = dumping.database_size(conn)
             freeze = None
             if target is not None:
-                with self._connect(target) as conn, privileged(target, "drop and create schemas"):
-                    restoring.prepare_target(conn, target, owner(input.ref))
+                with self._connect(target) as conn:
+                    with privileged(target, "drop and create schemas"):
+                        restoring.prepare_target(conn, target, owner(input.ref))
                     freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
             s3 = snapshot_store.client(spec, credentials, self._settings)
             with (

@@ -47,9 +47,9 @@ table is the exception: it is read whole, as one table, under the name of its hi
 hash-partitioned ancestor (`HASH_PARTITIONED`), and its partitions are not read on their
 own. The partition a row goes to there follows a hash that need not be the same on the
 two servers (an enum's hashes its oid, which a restore changes, so pg_dump loads such a
-table through its root), and the same rows may be spread over the partitions otherwise. Large objects
-are one more entry, `large objects`, when a side has any: their count, and the sum of
-a hash of each one's oid and contents (pg_dump keeps their oids).
+table through its root), and the same rows may be spread over the partitions otherwise.
+Large objects are one more entry, `large objects`, when a side has any: their count,
+and the sum of a hash of each one's oid and contents (pg_dump keeps their oids).
 """
 
 from __future__ import annotations

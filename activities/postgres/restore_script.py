@@ -51,8 +51,9 @@ import os
 import re
 from pathlib import Path
 
+from activities.postgres import replication
 from activities.postgres.connection import Connection
-from activities.postgres.tools import find_bindir, major, version
+from activities.postgres.tools import find_bindir, version
 
 RESTRICTED_SINCE = {13: 22, 14: 19, 15: 14, 16: 10, 17: 6}
 """The first minor release of each older major whose pg_restore begins its scripts with \\restrict; 18 always did."""
@@ -69,13 +70,9 @@ STANDARD_STRINGS = {
 _IDENTIFIER = rb'(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_]*)'
 _COPY_INTO = re.compile(rb"COPY (" + _IDENTIFIER + rb"\." + _IDENTIFIER + rb") (?:\(.*\) )?FROM stdin;\n", re.DOTALL)
 
-FREEZABLE = """
+FREEZABLE = f"""
 select convert_to(quote_ident(n.nspname) || '.' || quote_ident(c.relname), pg_catalog.getdatabaseencoding())
-from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind = 'r' and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
-  and not exists (
-    select from pg_depend d where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.deptype = 'e'
-  )
+{replication.USER_TABLES} and c.relkind = 'r'
 """
 """The source's ordinary tables that belong to no extension, named as the dump names them, in the dump's encoding."""
 
@@ -116,7 +113,7 @@ def _restricting_major(bindir: Path) -> int | None:
     tools_major, minor = numbers[0], numbers[1] if len(numbers) > 1 else 0
     if tools_major < 18 and minor < RESTRICTED_SINCE.get(tools_major, 1 << 30):
         return None
-    return major(said)
+    return tools_major
 
 
 class Copies:
@@ -269,9 +266,9 @@ class Lexer:
         self._begun = False
         """Something of a statement came since the last semicolon outside parentheses."""
         self._before = b"  "
+        """The last two bytes read: an E before a quote makes it an escape string."""
         self.backslashes_escape = False
         """Whether a backslash escapes in every quote, as with standard_conforming_strings off."""
-        """The last two bytes read: an E before a quote makes it an escape string."""
 
     @property
     def between_statements(self) -> bool:
@@ -304,7 +301,7 @@ class Lexer:
             self._begun = self._begun or bool(text[at:start].strip())
             assert found is not None
             return self._token(text, found.group(), start)
-        end = {_QUOTE: _QUOTE_END, _ESCAPE_QUOTE: _ESCAPE_QUOTE_END, _NAME_QUOTE: _NAME_QUOTE_END}.get(self._state)
+        end = _QUOTE_ENDS.get(self._state)
         if end is not None:
             found = end.search(text, at)
             if found is None or found.start() >= limit:
@@ -369,6 +366,7 @@ _NEXT_IN_SQL = re.compile(rb"""['"$;()\\]|--|/\*""")
 _QUOTE_END = re.compile(rb"''|'")
 _ESCAPE_QUOTE_END = re.compile(rb"\\[\s\S]|''|'")
 _NAME_QUOTE_END = re.compile(rb'""|"')
+_QUOTE_ENDS = {_QUOTE: _QUOTE_END, _ESCAPE_QUOTE: _ESCAPE_QUOTE_END, _NAME_QUOTE: _NAME_QUOTE_END}
 _COMMENT_EDGE = re.compile(rb"/\*|\*/")
 _DOLLAR_TAG = re.compile(rb"\$(?:[A-Za-z_\x80-\xff][A-Za-z0-9_\x80-\xff]*)?\$")
 _IDENTIFIER_BYTE = re.compile(rb"[A-Za-z0-9_$\x80-\xff]")
