@@ -79,9 +79,12 @@ class DataActivitySettings:
     session_end_timeout: Annotated[float, Knob(flag="freeze-session-end-timeout"), Field(ge=0)] = 10.0
     """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
 
-    dump_compression: Annotated[int, Knob(flag="snapshot-compression"), Field(ge=0, le=9)] = 1
-    """pg_dump's compression level, 0-9. Level 1 keeps most of level 6's gain (pg_dump's default)
-    at a fraction of its CPU, and the dump runs while the source is frozen."""
+    dump_compression: Annotated[int, Knob(flag="snapshot-compression"), Field(ge=0, le=9)] = 0
+    """pg_dump's compression level, 0 to 9; 0, none, by default. The dump, the upload and the restore run at once
+    while writes are stopped, and compressing costs the dump and the restore more CPU than the larger upload costs:
+    on 2 cores, level 1 made the snapshot step of 1 GB 3 to 7 seconds slower (docs/performance.md). Level 1 keeps
+    most of level 6's gain at a fraction of its CPU: choose it when the network to S3 is the limit, or to keep
+    smaller snapshots (about 2.7 times smaller in that test)."""
 
     part_size: Annotated[
         int, Knob(flag="snapshot-part-size-mib", unit=MIB, unit_name="MiB"), AfterValidator(_s3_part_size)
@@ -89,6 +92,10 @@ class DataActivitySettings:
     """Smallest size of a part of the snapshot's multipart upload, from 5 MiB (S3's minimum). Parts are
     larger for a large source (its size read once it is frozen, spread over half of S3's 10,000 parts)
     and grow as a dump outgrows that, so no snapshot runs out of parts (see activities/parts.py)."""
+
+    analyze_sessions: Annotated[int, Knob(flag="analyze-sessions"), Field(ge=1, le=64)] = 4
+    """Sessions that gather the target's planner statistics at once after a restore (ANALYZE, while writes are
+    stopped): ANALYZE mostly waits on the pages it samples, so a few sessions overlap those waits."""
 
     upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1)] = 4
     """Parts uploaded at once while pg_dump goes on writing the next ones; each is held in memory."""

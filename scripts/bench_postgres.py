@@ -13,6 +13,8 @@ in one table:
   (which then finds the target restored) and verify, run as the worker runs them (ActivityEnvironment, in this process)
   into another fresh database; this is the write-downtime window (undo_freeze, which
   reopens writes, takes milliseconds);
+- for comparison, the same pipe without compression (`pg_dump -Fc -Z0`), as ferry
+  dumps by default, and ferry's time against it;
 - the ratio of ferry's time to the faster direct way, and the peak resident memory of
   this process while ferry's steps ran (VmHWM, reset before them);
 - how long reading every row of the source takes on one connection, with each row hash
@@ -157,10 +159,12 @@ def _env(endpoint: PostgresEndpoint) -> dict[str, str]:
     )
 
 
-def pipe(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint) -> float:
-    """Seconds of `pg_dump -Fc | pg_restore` (pg_dump's default compression), restored as ferry restores."""
+def pipe(bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, compress: int | None = None) -> float:
+    """Seconds of `pg_dump -Fc | pg_restore` (pg_dump's default compression unless `compress` says), restored as ferry
+    restores."""
     started = time.perf_counter()
-    dump = subprocess.Popen([str(bindir / "pg_dump"), "--format=custom"], stdout=subprocess.PIPE, env=_env(source))
+    argv = [str(bindir / "pg_dump"), "--format=custom"] + ([] if compress is None else [f"--compress={compress}"])
+    dump = subprocess.Popen(argv, stdout=subprocess.PIPE, env=_env(source))
     restore_options = ["--single-transaction", "--no-owner", "--no-privileges", f"--dbname={target.database}"]
     restored = subprocess.run([str(bindir / "pg_restore"), *restore_options], stdin=dump.stdout, env=_env(target))
     assert dump.stdout is not None
@@ -297,6 +301,8 @@ def measure(
     figures: dict[str, float] = {"size_mb": _size_mb(source), "rows": rows}
     print("pg_dump | pg_restore ...", flush=True)
     figures["pipe"] = pipe(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"))
+    print("pg_dump -Z0 | pg_restore ...", flush=True)
+    figures["pipe_z0"] = pipe(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), compress=0)
     print(f"pg_dump -Fd -j{jobs}, pg_restore -j{jobs} ...", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="ferry-bench-dump-", dir=os.environ.get("FERRY_TEST_TMP", "/tmp")))
     figures["parallel"] = parallel(bindir, source, _fresh_database(target_admin, "ferry_bench_pipe"), jobs, folder)
@@ -330,6 +336,8 @@ def table(results: dict[int, dict[str, float]], jobs: int) -> str:
         ("  verify (s)", "verify", "{:.1f}"),
         ("  then undo_freeze (s)", "undo_freeze", "{:.2f}"),
         ("ferry / faster direct way", "ratio", "{:.2f}"),
+        ("(uncompressed pipe: pg_dump -Fc -Z0 | pg_restore (s))", "pipe_z0", "{:.1f}"),
+        ("(ferry / uncompressed pipe)", "ratio_z0", "{:.2f}"),
         ("source's rows read by md5 (s)", "hash md5", "{:.1f}"),
         ("  by hashtextextended (s)", "hash hashtextextended", "{:.1f}"),
         ("  by hash_record_extended (s)", "hash hash_record_extended", "{:.1f}"),
@@ -339,6 +347,7 @@ def table(results: dict[int, dict[str, float]], jobs: int) -> str:
     ]
     for figures in results.values():
         figures["ratio"] = figures["ferry"] / min(figures["pipe"], figures["parallel"])
+        figures["ratio_z0"] = figures["ferry"] / figures["pipe_z0"]
     width = max(len(name) for name, _, _ in rows)
     header = " " * width + "".join(f"{f'{size} MB':>12}" for size in results)
     lines = [header]

@@ -28,6 +28,7 @@ from activities.heartbeats import Heartbeats
 from activities.known_versions import KnownVersions
 from activities.postgres import (
     ahead,
+    analyzing,
     checksums,
     database_settings,
     dumping,
@@ -281,7 +282,7 @@ class PostgresActivities:
         attempt left behind, and a restoring retry first empties what an earlier attempt
         of this Migration restored. A failed or cancelled attempt aborts its own upload
         and kills its pg_restore before it commits. While it runs, status.progress shows
-        the bytes dumped (pg_dump compresses, so no total is known beforehand).
+        the bytes dumped (no total: the dump's size is not known beforehand).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = None
@@ -321,10 +322,9 @@ class PostgresActivities:
                 if restore is not None:
                     restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
             if target is not None:
-                # A session of its own: one kept open through a long dump could be closed as idle by the server
+                # Sessions of their own: one kept open through a long dump could be closed as idle by the server
                 # (idle_session_timeout) or a proxy, and fail a step whose restore had committed.
-                with self._connect(target) as conn:
-                    restoring.analyze(conn, heartbeats)
+                self._analyze(target, heartbeats)
         activity.logger.info(
             "snapshot of %s: %s, %d bytes, sha256 %s%s",
             db.describe(),
@@ -387,11 +387,15 @@ class PostgresActivities:
                         read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress, freeze)
                     finally:
                         body.close()
-                with self._connect(db) as after:  # a new session, as in snapshot: the first sat idle meanwhile
-                    restoring.analyze(after, heartbeats)
+                self._analyze(db, heartbeats)  # new sessions, as in snapshot: the first sat idle meanwhile
+                with self._connect(db) as after:
                     tables = restoring.count_tables(after)
         activity.logger.info("restored %s into %s: %d bytes, %d tables", artifact.location, db.describe(), read, tables)
         return MigrateResult(tables=tables, bytes_restored=read)
+
+    def _analyze(self, db: DatabaseConnection, heartbeats: Heartbeats) -> None:
+        """The restored target's planner statistics (see analyzing), in sessions of their own."""
+        analyzing.analyze(lambda: self._connect(db), heartbeats, self._settings.analyze_sessions)
 
     def _freezable(self, ref: MigrationRef, driver: DriverSpec, server_version: int) -> frozenset[bytes] | None:
         """The source's tables whose rows a restore into a target of `server_version` loads frozen, or None when the

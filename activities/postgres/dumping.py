@@ -1,6 +1,6 @@
 """Streaming pg_dump into S3: the snapshot never lands on the worker's disk.
 
-pg_dump writes the custom format (compressed, and what pg_restore reads) into a pipe.
+pg_dump writes the custom format (what pg_restore reads; compressed if the worker is told to) into a pipe.
 The activity reads it one part at a time, hashing and counting as it goes, and
 uploads each part while pg_dump writes the next, a few parts in flight. In mode
 Snapshot each part also goes to a pg_restore into the target as it is uploaded (see

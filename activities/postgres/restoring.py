@@ -431,15 +431,6 @@ def restore(
     return read
 
 
-def analyze(conn: Connection, heartbeats: Heartbeats) -> None:
-    """Gathers the planner's statistics of everything restored, which pg_restore does not: without them the first
-    queries after traffic moves would be planned blind until autovacuum gets to the tables. ANALYZE samples a
-    bounded number of rows per table, so it takes seconds whatever the size; a cancellation stops it."""
-    heartbeats.on_cancel(conn.cancel_safe)
-    conn.execute("analyze")
-    heartbeats.raise_if_cancelled("gathering the target's statistics")
-
-
 def count_tables(conn: Connection) -> int:
     row = conn.execute(
         f"select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace "

@@ -106,7 +106,7 @@ def detail(step: str, heartbeat: dict[str, Any] | None, elapsed: float | None = 
     if not heartbeat:
         return ""
     if step == "snapshot" and "dumped_bytes" in heartbeat:
-        # pg_dump compresses, so no total is known for the snapshot: no bar, no time left.
+        # A dump's size is not known before it ends, so the snapshot has no total: no bar, no time left.
         uploaded = heartbeat.get("uploaded_bytes", 0)
         return f"{megabytes(heartbeat['dumped_bytes'])} dumped, {megabytes(uploaded)} uploaded"
     if step == "migrate" and "read_bytes" in heartbeat:

@@ -68,7 +68,7 @@ def test_the_workers_defaults_are_those_its_activities_declare() -> None:
     assert loaded.kube_activities.poll_interval == 1.0
     assert loaded.data_activities.part_size == 16 * MIB
     assert loaded.data_activities.upload_concurrency == 4
-    assert loaded.data_activities.dump_compression == 1
+    assert loaded.data_activities.dump_compression == 0
 
 
 def test_ferry_variables_set_the_knobs_in_their_own_units() -> None:

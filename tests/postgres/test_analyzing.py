@@ -1,0 +1,107 @@
+"""After a restore, the target's planner statistics are gathered by several sessions at once, for every relation a
+plain ANALYZE covers; a failure of one session stops the others and fails the step."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.heartbeats import Heartbeats
+from activities.postgres import analyzing
+from tests.cluster import eventually
+from tests.end_to_end import Databases
+from tests.postgres.data import connect, create_shop
+
+MORE = """
+create table shop.events (id bigint, at date not null, kind text) partition by range (at);
+create table shop.events_2024 partition of shop.events for values from ('2024-01-01') to ('2025-01-01');
+create table shop.events_2025 partition of shop.events for values from ('2025-01-01') to ('2026-01-01');
+insert into shop.events select i, date '2024-01-01' + (i % 700), 'k' || i % 5 from generate_series(1, 5000) as i;
+create materialized view shop.totals as select customer_id, sum(total) as total from shop.orders group by 1;
+"""
+RELATIONS = [
+    "audit.log",
+    "shop.customers",
+    "shop.events",
+    "shop.events_2024",
+    "shop.events_2025",
+    "shop.orders",
+    "shop.totals",
+]
+
+
+def _with_statistics(databases: Databases) -> list[str]:
+    """The user relations the planner has statistics of (only ANALYZE makes them; a partitioned table's are its
+    whole tree's, `inherited`)."""
+    with connect(databases.target) as conn:
+        rows = conn.execute(
+            "select distinct schemaname || '.' || tablename from pg_stats where schemaname in ('shop', 'audit') "
+            "order by 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.fixture
+def target(databases: Databases) -> Databases:
+    """The target holding the shop, a partitioned table and a materialized view, never analyzed."""
+    create_shop(databases.target, customers=300, orders=2_000)
+    with connect(databases.target) as conn:
+        conn.execute(MORE)
+        conn.execute("select pg_stat_reset()")
+        conn.execute("delete from pg_statistic s using pg_class c where c.oid = s.starelid and "
+                     "c.relnamespace in ('shop'::regnamespace, 'audit'::regnamespace)")  # fmt: skip
+    assert _with_statistics(databases) == []
+    return databases
+
+
+def _analyze(databases: Databases, sessions: int, fail_on: int | None = None) -> list[int]:
+    """Runs analyzing.analyze against the target as an activity; returns the pids of the sessions it opened."""
+    pids: list[int] = []
+    lock = threading.Lock()
+
+    def session() -> psycopg.Connection[tuple[object, ...]]:
+        with lock:
+            if fail_on is not None and len(pids) + 1 == fail_on:
+                pids.append(-1)
+                raise psycopg.OperationalError("the test's connection refused")
+            conn = connect(databases.target)
+            pids.append(conn.info.backend_pid)
+        return conn
+
+    def run() -> None:
+        with Heartbeats(1.0) as heartbeats:
+            analyzing.analyze(session, heartbeats, sessions)
+
+    ActivityEnvironment().run(run)
+    return pids
+
+
+def test_several_sessions_analyze_every_relation_a_plain_analyze_covers(target: Databases) -> None:
+    pids = _analyze(target, sessions=3)
+
+    assert _with_statistics(target) == RELATIONS
+    assert len(set(pids)) == 4, "one session to list the relations, then three at once"
+
+
+def test_one_session_analyzes_the_whole_database_at_once(target: Databases) -> None:
+    pids = _analyze(target, sessions=1)
+
+    assert _with_statistics(target) == RELATIONS
+    assert len(pids) == 1
+
+
+def test_a_session_that_fails_stops_the_others_and_fails_the_step(target: Databases) -> None:
+    with pytest.raises(psycopg.OperationalError, match="the test's connection refused"):
+        _analyze(target, sessions=3, fail_on=3)
+
+    def others() -> int:
+        with connect(target.target) as conn:
+            row = conn.execute(
+                "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+            ).fetchone()
+        return int(row[0]) if row else -1
+
+    eventually("every session the analyze opened to end", lambda: others() == 0, timeout=10)
