@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -395,7 +396,10 @@ class PostgresActivities:
 
     def _analyze(self, db: DatabaseConnection, heartbeats: Heartbeats) -> None:
         """The restored target's planner statistics (see analyzing), in sessions of their own."""
-        analyzing.analyze(lambda: self._connect(db), heartbeats, self._settings.analyze_sessions)
+        once = dataclasses.replace(self._settings, connect_attempts=1)  # the extra sessions are not needed
+        analyzing.analyze(
+            lambda: self._connect(db), lambda: connect(db, once), heartbeats, self._settings.analyze_sessions
+        )
 
     def _freezable(self, ref: MigrationRef, driver: DriverSpec, server_version: int) -> frozenset[bytes] | None:
         """The source's tables whose rows a restore into a target of `server_version` loads frozen, or None when the

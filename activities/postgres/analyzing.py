@@ -10,7 +10,9 @@ sessions, the largest first, each taking the next one when it is done: the waits
 overlap. It analyzes what a plain ANALYZE does (every table, partitioned table and
 materialized view of the database, the system catalogs included, no other session's
 temporary tables); a relation its user may not analyze is skipped with the server's
-warning, as there. A cancellation, or the failure of one session, stops them all.
+warning, as there. The session that lists the relations is one of them; another that
+cannot connect (a target short of connections) is done without. A cancellation, or the
+failure of one ANALYZE, stops them all.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
+from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres.connection import Connection
+from ferry.api.errors import BadCredentials, DatabaseUnreachable
 
 RELATIONS = """
 select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
@@ -35,8 +39,12 @@ order by c.relpages desc, n.nspname, c.relname
 """What a plain ANALYZE analyzes, the largest first (by the pages the restore's statistics know of)."""
 
 
-def analyze(connect: Callable[[], Connection], heartbeats: Heartbeats, sessions: int) -> None:
-    """ANALYZE of every relation of the database that `connect` opens sessions to, `sessions` at a time."""
+def analyze(
+    connect: Callable[[], Connection], extra: Callable[[], Connection], heartbeats: Heartbeats, sessions: int
+) -> None:
+    """ANALYZE of every relation of the database, `sessions` at a time: the session `connect` opens, which lists
+    them, and up to `sessions - 1` that `extra` opens. An extra session that cannot connect (a target short of
+    connections) is done without: the others take its share."""
     try:
         with connect() as conn:
             heartbeats.on_cancel(conn.cancel_safe)
@@ -45,8 +53,8 @@ def analyze(connect: Callable[[], Connection], heartbeats: Heartbeats, sessions:
             )
             if sessions < 2 or len(relations) < 2:
                 conn.execute("analyze")
-                return
-        _shared(connect, heartbeats, relations, min(sessions, len(relations)))
+            else:
+                _shared(conn, extra, heartbeats, relations, min(sessions, len(relations)))
     except BaseException:
         heartbeats.raise_if_cancelled("gathering the target's statistics")  # a cancelled query says why
         raise
@@ -54,13 +62,14 @@ def analyze(connect: Callable[[], Connection], heartbeats: Heartbeats, sessions:
 
 
 def _shared(
-    connect: Callable[[], Connection], heartbeats: Heartbeats, relations: collections.deque[sql.Identifier],
-    sessions: int,
+    first: Connection, extra: Callable[[], Connection], heartbeats: Heartbeats,
+    relations: collections.deque[sql.Identifier], sessions: int,
 ) -> None:  # fmt: skip
-    """`sessions` sessions analyze `relations`, each taking the next one left; the first failure stops them all."""
+    """`first` and up to `sessions - 1` more sessions analyze `relations`, each taking the next one left; the first
+    failure of an ANALYZE stops them all."""
     lock = threading.Lock()
     stopped = threading.Event()
-    open_sessions: list[Connection] = []
+    open_sessions: list[Connection] = [first]
 
     def stop_all() -> None:
         stopped.set()
@@ -69,20 +78,30 @@ def _shared(
                 with contextlib.suppress(psycopg.Error):
                     conn.cancel_safe()
 
-    def session() -> None:
-        with connect() as conn:
+    def work(conn: Connection) -> None:
+        while not stopped.is_set():
+            with lock:
+                if not relations:
+                    return
+                relation = relations.popleft()
+            conn.execute(sql.SQL("analyze {}").format(relation))
+
+    def another() -> None:
+        try:
+            conn = extra()
+        except (psycopg.Error, DatabaseUnreachable, BadCredentials) as error:
+            activity.logger.info("one session fewer gathers the target's statistics: %s", error)
+            return
+        with conn:
             with lock:
                 open_sessions.append(conn)
-            while not stopped.is_set():
-                with lock:
-                    if not relations:
-                        return
-                    relation = relations.popleft()
-                conn.execute(sql.SQL("analyze {}").format(relation))
+            if stopped.is_set():
+                return
+            work(conn)
 
     heartbeats.on_cancel(stop_all)
     with concurrent.futures.ThreadPoolExecutor(max_workers=sessions, thread_name_prefix="analyze") as pool:
-        futures = [pool.submit(session) for _ in range(sessions)]
+        futures = [pool.submit(work, first)] + [pool.submit(another) for _ in range(sessions - 1)]
         try:
             for future in concurrent.futures.as_completed(futures):
                 future.result()

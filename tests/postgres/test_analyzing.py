@@ -57,33 +57,44 @@ def target(databases: Databases) -> Databases:
     return databases
 
 
-def _analyze(databases: Databases, sessions: int, fail_on: int | None = None) -> list[int]:
-    """Runs analyzing.analyze against the target as an activity; returns the pids of the sessions it opened."""
+def _analyze(databases: Databases, sessions: int, extra_refused: bool = False, **session: str) -> list[int]:
+    """Runs analyzing.analyze against the target as an activity; returns the pids of the sessions it opened. With
+    `extra_refused`, every extra session is refused as a server out of connections refuses it."""
     pids: list[int] = []
     lock = threading.Lock()
 
-    def session() -> psycopg.Connection[tuple[object, ...]]:
+    def opened() -> psycopg.Connection[tuple[object, ...]]:
+        conn = connect(databases.target, **session)
         with lock:
-            if fail_on is not None and len(pids) + 1 == fail_on:
-                pids.append(-1)
-                raise psycopg.OperationalError("the test's connection refused")
-            conn = connect(databases.target)
             pids.append(conn.info.backend_pid)
         return conn
 
+    def extra() -> psycopg.Connection[tuple[object, ...]]:
+        if extra_refused:
+            raise psycopg.OperationalError("FATAL:  sorry, too many clients already")
+        return opened()
+
     def run() -> None:
         with Heartbeats(1.0) as heartbeats:
-            analyzing.analyze(session, heartbeats, sessions)
+            analyzing.analyze(opened, extra, heartbeats, sessions)
 
     ActivityEnvironment().run(run)
     return pids
+
+
+def _others(databases: Databases) -> int:
+    with connect(databases.target) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else -1
 
 
 def test_several_sessions_analyze_every_relation_a_plain_analyze_covers(target: Databases) -> None:
     pids = _analyze(target, sessions=3)
 
     assert _with_statistics(target) == RELATIONS
-    assert len(set(pids)) == 4, "one session to list the relations, then three at once"
+    assert len(set(pids)) == 3, "the session that listed the relations and two more, at once"
 
 
 def test_one_session_analyzes_the_whole_database_at_once(target: Databases) -> None:
@@ -93,15 +104,20 @@ def test_one_session_analyzes_the_whole_database_at_once(target: Databases) -> N
     assert len(pids) == 1
 
 
-def test_a_session_that_fails_stops_the_others_and_fails_the_step(target: Databases) -> None:
-    with pytest.raises(psycopg.OperationalError, match="the test's connection refused"):
-        _analyze(target, sessions=3, fail_on=3)
+def test_a_target_short_of_connections_is_analyzed_by_the_sessions_it_takes(target: Databases) -> None:
+    pids = _analyze(target, sessions=4, extra_refused=True)
 
-    def others() -> int:
-        with connect(target.target) as conn:
-            row = conn.execute(
-                "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
-            ).fetchone()
-        return int(row[0]) if row else -1
+    assert _with_statistics(target) == RELATIONS
+    assert len(pids) == 1
 
-    eventually("every session the analyze opened to end", lambda: others() == 0, timeout=10)
+
+def test_an_analyze_that_fails_stops_the_others_and_fails_the_step(target: Databases) -> None:
+    with connect(target.target) as holder:
+        holder.execute("begin")
+        holder.execute("lock table shop.orders in access exclusive mode")
+
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            _analyze(target, sessions=3, lock_timeout="200ms")
+
+        holder.execute("rollback")
+    eventually("every session the analyze opened to end", lambda: _others(target) == 0, timeout=10)
