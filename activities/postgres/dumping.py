@@ -28,7 +28,7 @@ from activities.progress_status import ProgressWriter
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
-from ferry.api.errors import BadCredentials
+from ferry.api.errors import BadCredentials, InvalidSpec
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -79,6 +79,8 @@ def dump_to_s3(
             while part := dump.stdout.read(upload.next_part_size()):
                 digest.update(part)
                 size += len(part)
+                if size > settings.max_object_size:
+                    raise _too_large(db, settings, size)
                 upload.add(part)
                 if restore is not None:
                     restore.feed(part)
@@ -104,6 +106,20 @@ def dump_to_s3(
             _abort(upload)
             raise
     return digest.hexdigest(), size
+
+
+def _too_large(db: DatabaseConnection, settings: DataActivitySettings, size: int) -> InvalidSpec:
+    """The dump outgrew the largest object the store takes: stopped at once rather than refused at the end."""
+    gib = 1024 * parts.MIB
+    return InvalidSpec(
+        f"the dump of {db.describe()} outgrew the largest object the snapshot store takes "
+        f"({settings.max_object_size / gib:,.1f} GiB, the worker's --snapshot-max-object-size-gib) after "
+        f"{size / gib:,.1f} GiB: a dump can be larger than the database (values compressed in its storage are dumped "
+        f"whole){' and this worker does not compress dumps' if settings.dump_compression == 0 else ''}. Nothing was "
+        "restored and the upload was aborted. Migrate it in mode Online, or give the worker "
+        "--snapshot-compression 1 (or raise its limit if the store takes larger objects), then create the Migration "
+        "again."
+    )
 
 
 def database_size(conn: Connection) -> int:

@@ -23,10 +23,12 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeats import Heartbeats
+from activities.postgres.activities import PostgresActivities
 from activities.postgres.restoring import Restore
 from activities.secrets import SecretReader
 from activities.settings import MIB, DataActivitySettings
 from devstack.stack.stack import StackInfo
+from ferry.api.errors import InvalidSpec
 from ferry.api.saga import SnapshotResult
 from tests.cluster import eventually
 from tests.end_to_end import TARGET_SECRET, Databases
@@ -229,6 +231,28 @@ def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
     assert _children("pg_dump", "pg_restore", "psql") == []
+    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+
+
+def test_a_dump_that_outgrows_the_largest_object_the_store_takes_stops_at_once_and_commits_nothing(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient,
+    data_settings: DataActivitySettings,
+) -> None:  # fmt: skip
+    """Without compression a dump can be larger than the database: it stops when it passes the store's limit, not
+    after the whole dump, and the next move is named."""
+    create_bulky(databases.source, rows=400_000)  # about 26 MB
+    small_store = dataclasses.replace(data_settings, max_object_size=12 * MIB)
+    limited = dataclasses.replace(steps, postgres=PostgresActivities(kube_api, small_store))
+
+    with pytest.raises(InvalidSpec, match=r"outgrew the largest object the snapshot store takes \(0\.0 GiB") as raised:
+        limited.snapshot(restore=True)
+
+    assert "this worker does not compress dumps" in str(raised.value)
+    assert "--snapshot-compression 1" in str(raised.value)
+    assert _target_tables(databases) == []
+    assert _objects_and_uploads(stack, bucket) == ([], [])
+    assert _children("pg_dump", "pg_restore", "psql") == []
+    eventually("pg_dump's session to end", lambda: _sessions(databases, "source") == 0, timeout=10)
     eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
 
 
