@@ -109,7 +109,12 @@ class Browser:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait(10)
-        shutil.rmtree(self._profile, ignore_errors=True)
+        deadline = time.monotonic() + 10
+        while self._profile.exists():  # Chromium's helpers may still write into it for a moment
+            shutil.rmtree(self._profile, ignore_errors=True)
+            if time.monotonic() > deadline:
+                break  # left in the temporary folder, as before; not worth failing a test for
+            time.sleep(0.1)
 
     def __enter__(self) -> Browser:
         return self
