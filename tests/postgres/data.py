@@ -117,6 +117,26 @@ def contents(endpoint: PostgresEndpoint) -> dict[str, tuple[int, str]]:
     return result
 
 
+def other_sessions(endpoint: PostgresEndpoint) -> int:
+    """Sessions on the endpoint's database other than the one asking."""
+    with connect(endpoint) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def with_statistics(endpoint: PostgresEndpoint) -> list[str]:
+    """The shop's relations the planner has statistics of (only ANALYZE makes them; a partitioned table's are its
+    whole tree's, `inherited`)."""
+    with connect(endpoint) as conn:
+        rows = conn.execute(
+            "select distinct schemaname || '.' || tablename from pg_stats where schemaname in ('shop', 'audit') "
+            "order by 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def database_settings(endpoint: PostgresEndpoint) -> list[str]:
     """The database's own settings (ALTER DATABASE ... SET), e.g. ['default_transaction_read_only=on']."""
     with connect(endpoint) as conn:

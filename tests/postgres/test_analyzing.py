@@ -13,7 +13,7 @@ from activities.heartbeats import Heartbeats
 from activities.postgres import analyzing
 from tests.cluster import eventually
 from tests.end_to_end import Databases
-from tests.postgres.data import connect, create_shop
+from tests.postgres.data import connect, create_shop, other_sessions, with_statistics
 
 MORE = """
 create table shop.events (id bigint, at date not null, kind text) partition by range (at);
@@ -33,17 +33,6 @@ RELATIONS = [
 ]
 
 
-def _with_statistics(databases: Databases) -> list[str]:
-    """The user relations the planner has statistics of (only ANALYZE makes them; a partitioned table's are its
-    whole tree's, `inherited`)."""
-    with connect(databases.target) as conn:
-        rows = conn.execute(
-            "select distinct schemaname || '.' || tablename from pg_stats where schemaname in ('shop', 'audit') "
-            "order by 1"
-        ).fetchall()
-    return [row[0] for row in rows]
-
-
 @pytest.fixture
 def target(databases: Databases) -> Databases:
     """The target holding the shop, a partitioned table and a materialized view, never analyzed."""
@@ -53,7 +42,7 @@ def target(databases: Databases) -> Databases:
         conn.execute("select pg_stat_reset()")
         conn.execute("delete from pg_statistic s using pg_class c where c.oid = s.starelid and "
                      "c.relnamespace in ('shop'::regnamespace, 'audit'::regnamespace)")  # fmt: skip
-    assert _with_statistics(databases) == []
+    assert with_statistics(databases.target) == []
     return databases
 
 
@@ -82,32 +71,24 @@ def _analyze(databases: Databases, sessions: int, extra_refused: bool = False, *
     return pids
 
 
-def _others(databases: Databases) -> int:
-    with connect(databases.target) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else -1
-
-
 def test_several_sessions_analyze_every_relation_a_plain_analyze_covers(target: Databases) -> None:
     pids = _analyze(target, sessions=3)
 
-    assert _with_statistics(target) == RELATIONS
+    assert with_statistics(target.target) == RELATIONS
     assert len(set(pids)) == 3, "the session that listed the relations and two more, at once"
 
 
 def test_one_session_analyzes_the_whole_database_at_once(target: Databases) -> None:
     pids = _analyze(target, sessions=1)
 
-    assert _with_statistics(target) == RELATIONS
+    assert with_statistics(target.target) == RELATIONS
     assert len(pids) == 1
 
 
 def test_a_target_short_of_connections_is_analyzed_by_the_sessions_it_takes(target: Databases) -> None:
     pids = _analyze(target, sessions=4, extra_refused=True)
 
-    assert _with_statistics(target) == RELATIONS
+    assert with_statistics(target.target) == RELATIONS
     assert len(pids) == 1
 
 
@@ -120,4 +101,4 @@ def test_an_analyze_that_fails_stops_the_others_and_fails_the_step(target: Datab
             _analyze(target, sessions=3, lock_timeout="200ms")
 
         holder.execute("rollback")
-    eventually("every session the analyze opened to end", lambda: _others(target) == 0, timeout=10)
+    eventually("every session the analyze opened to end", lambda: other_sessions(target.target) == 0, timeout=10)

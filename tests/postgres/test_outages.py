@@ -36,7 +36,7 @@ from tests.cluster import eventually
 from tests.conftest import make_state_dir
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
-from tests.postgres.data import connect, create_bulky, tables
+from tests.postgres.data import connect, create_bulky, other_sessions, tables
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 from tests.postgres.step import SnapshotStep
 
@@ -216,9 +216,9 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
         handle = await _killed_mid_upload(stack, binaries, temporal_client, task_queue, input)
         s3 = stack.s3_client()
         assert _objects_and_uploads(s3, bucket) == ([], [steps.key]), "it died with an unfinished upload"
-        eventually("the dead worker's pg_dump to go", lambda: _sessions(databases) == 0, timeout=20)
+        eventually("the dead worker's pg_dump to go", lambda: other_sessions(databases.source) == 0, timeout=20)
         # Its pg_restore read the end of its input when the worker died, failed, and rolled back.
-        eventually("the dead worker's pg_restore to go", lambda: _sessions(databases, "target") == 0, timeout=20)
+        eventually("the dead worker's pg_restore to go", lambda: other_sessions(databases.target) == 0, timeout=20)
         with connect(databases.target) as conn:
             assert tables(conn) == [], "nothing of the interrupted stream is in the target"
 
@@ -260,11 +260,3 @@ async def test_a_snapshot_interrupted_mid_upload_is_undone_without_its_result_an
     assert result.deleted
     assert again.deleted, "without a key either, the undo finds the snapshot by the Migration"
     assert _objects_and_uploads(s3, bucket) == ([], [])
-
-
-def _sessions(databases: Databases, side: str = "source") -> int:
-    with connect(getattr(databases, side)) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else -1

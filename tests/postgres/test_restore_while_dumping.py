@@ -33,7 +33,16 @@ from ferry.api.saga import SnapshotResult
 from tests.cluster import eventually
 from tests.end_to_end import TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import as_new, connect, contents, create_bulky, create_shop, tables
+from tests.postgres.data import (
+    as_new,
+    connect,
+    contents,
+    create_bulky,
+    create_shop,
+    other_sessions,
+    tables,
+    with_statistics,
+)
 
 
 @pytest.fixture
@@ -68,25 +77,6 @@ def _children(*names: str, running: bool = False) -> list[str]:
     return found
 
 
-def _sessions(databases: Databases, side: str) -> int:
-    """Sessions on one side's database other than the one asking."""
-    with connect(getattr(databases, side)) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else -1
-
-
-def _analyzed(databases: Databases) -> list[str]:
-    """The target's tables with planner statistics (only ANALYZE makes them)."""
-    with connect(databases.target) as conn:
-        rows = conn.execute(
-            "select distinct schemaname || '.' || tablename from pg_stats where schemaname in ('shop', 'audit') "
-            "order by 1"
-        ).fetchall()
-    return [row[0] for row in rows]
-
-
 def _target_tables(databases: Databases) -> list[str]:
     with connect(databases.target) as conn:
         return tables(conn)
@@ -100,7 +90,9 @@ def test_the_snapshot_restores_the_target_while_uploading_and_migrate_finds_it_d
 
     assert snapshot.restored
     assert contents(databases.target) == contents(databases.source)
-    assert _analyzed(databases) == ["audit.log", "shop.customers", "shop.orders"], "the planner has statistics"
+    assert with_statistics(databases.target) == ["audit.log", "shop.customers", "shop.orders"], (
+        "the planner has statistics"
+    )
     assert (migrated.during_snapshot, migrated.tables, migrated.bytes_restored) == (True, 3, snapshot.size_bytes)
     assert len(verified.tables) == 3
     assert _objects_and_uploads(stack, bucket) == ([snapshot.key], [])
@@ -231,7 +223,7 @@ def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
     assert _children("pg_dump", "pg_restore", "psql") == []
-    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+    eventually("pg_restore's session to end", lambda: other_sessions(databases.target) == 0, timeout=10)
 
 
 def test_a_dump_that_outgrows_the_largest_object_the_store_takes_stops_at_once_and_commits_nothing(
@@ -252,8 +244,8 @@ def test_a_dump_that_outgrows_the_largest_object_the_store_takes_stops_at_once_a
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
     assert _children("pg_dump", "pg_restore", "psql") == []
-    eventually("pg_dump's session to end", lambda: _sessions(databases, "source") == 0, timeout=10)
-    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+    eventually("pg_dump's session to end", lambda: other_sessions(databases.source) == 0, timeout=10)
+    eventually("pg_restore's session to end", lambda: other_sessions(databases.target) == 0, timeout=10)
 
 
 def test_a_snapshot_cancelled_while_restoring_stops_pg_dump_and_pg_restore_and_leaves_no_partial_target(
@@ -281,8 +273,8 @@ def test_a_snapshot_cancelled_while_restoring_stops_pg_dump_and_pg_restore_and_l
     assert _target_tables(databases) == []
     assert _objects_and_uploads(stack, bucket) == ([], [])
     assert _children("pg_dump", "pg_restore", "psql") == []
-    eventually("pg_dump's session to end", lambda: _sessions(databases, "source") == 0, timeout=10)
-    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+    eventually("pg_dump's session to end", lambda: other_sessions(databases.source) == 0, timeout=10)
+    eventually("pg_restore's session to end", lambda: other_sessions(databases.target) == 0, timeout=10)
 
 
 def test_the_undo_of_a_restoring_snapshot_empties_the_target_and_deletes_the_object(
@@ -366,7 +358,7 @@ def test_pg_restore_given_all_but_the_held_back_piece_never_commits_and_commits_
     ActivityEnvironment().run(restore, False)
 
     assert _target_tables(databases) == []
-    eventually("pg_restore's session to end", lambda: _sessions(databases, "target") == 0, timeout=10)
+    eventually("pg_restore's session to end", lambda: other_sessions(databases.target) == 0, timeout=10)
 
     ActivityEnvironment().run(restore, True)
 

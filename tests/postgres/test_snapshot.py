@@ -18,7 +18,7 @@ from devstack.stack.stack import StackInfo
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, create_bulky, create_shop
+from tests.postgres.data import connect, create_bulky, create_shop, other_sessions
 
 
 def _objects(stack: StackInfo, bucket: str) -> list[str]:
@@ -28,15 +28,6 @@ def _objects(stack: StackInfo, bucket: str) -> list[str]:
 
 def _unfinished_uploads(stack: StackInfo, bucket: str) -> list[str]:
     return [upload["Key"] for upload in stack.s3_client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
-
-
-def _source_sessions(databases: Databases) -> int:
-    """Sessions on the source database other than the one asking."""
-    with connect(databases.source) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else -1
 
 
 def test_snapshot_puts_a_restorable_dump_in_s3_with_the_checksum_and_size_it_reports(
@@ -110,7 +101,7 @@ def test_a_snapshot_cancelled_in_the_middle_of_its_upload_stops_pg_dump_and_leav
     assert seen[-1]["dumped_bytes"] < 20 * MIB, "it stopped before the dump was through"
     assert _objects(stack, bucket) == []
     assert _unfinished_uploads(stack, bucket) == []
-    eventually("pg_dump's session to end", lambda: _source_sessions(databases) == 0, timeout=10)
+    eventually("pg_dump's session to end", lambda: other_sessions(databases.source) == 0, timeout=10)
 
 
 def test_a_snapshot_blocked_on_the_source_keeps_heartbeating_and_stops_when_cancelled(
@@ -141,4 +132,4 @@ def test_a_snapshot_blocked_on_the_source_keeps_heartbeating_and_stops_when_canc
     assert all(details == {} for details in seen), "pg_dump had written nothing"
     assert _objects(stack, bucket) == []
     assert _unfinished_uploads(stack, bucket) == []
-    eventually("pg_dump's session to end", lambda: _source_sessions(databases) == 0, timeout=10)
+    eventually("pg_dump's session to end", lambda: other_sessions(databases.source) == 0, timeout=10)
