@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from typing import Protocol
 
 WINDOW = 30.0
 """Seconds of samples the throughput is measured over: recent enough to follow a change of pace, long enough to be
@@ -23,6 +24,19 @@ STEADY = 1.0
 """Below this many seconds since the attempt started, there is no throughput to speak of yet."""
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 COUNT_UNITS = ("", "k", "M", "G", "T")
+
+
+class Counts(Protocol):
+    """What a data step counts its progress into (a ProgressWriter, or a share of a total)."""
+
+    def update(
+        self,
+        *,
+        bytes_done: int | None = None,
+        bytes_total: int | None = None,
+        rows_done: int | None = None,
+        rows_total: int | None = None,
+    ) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)

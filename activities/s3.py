@@ -43,6 +43,7 @@ from activities.secrets import S3Credentials
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, BucketMissing
 from ferry.api.migration import EncryptionType, ServerSideEncryption, SnapshotSpec
+from ferry.api.saga import stream_prefix
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -231,6 +232,27 @@ def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str) -> int:
                     raise
             aborted += 1
     return aborted
+
+
+def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = False) -> int:
+    """Aborts the unfinished uploads of the parallel streams of the snapshot at `key` and, unless `keep_objects`,
+    deletes their objects (see ferry.api.saga.stream_key); returns how many of both. Idempotent."""
+    prefix, removed = stream_prefix(key), 0
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
+        for upload in page.get("Uploads", []):
+            try:
+                s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+            except ClientError as error:
+                if not is_missing(error):
+                    raise
+            removed += 1
+    if keep_objects:
+        return removed
+    for listing in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for found in listing.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=found["Key"])
+            removed += 1
+    return removed
 
 
 class MultipartUpload:

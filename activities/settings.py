@@ -8,6 +8,7 @@ its docstring as its --help.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -36,6 +37,11 @@ class KubeActivitySettings:
 
     reporting_instance: str = dataclasses.field(default_factory=socket.gethostname)
     """reportingInstance of the Events ferry records: which worker wrote them (default: the host name)."""
+
+
+def default_streams(cpus: int | None) -> int:
+    """The snapshot streams a worker with `cpus` CPUs runs by default: half of them, from 1 to 8."""
+    return max(1, min(8, (cpus or 1) // 2))
 
 
 def _s3_part_size(size: int) -> int:
@@ -92,6 +98,20 @@ class DataActivitySettings:
     """Smallest size of a part of the snapshot's multipart upload, from 5 MiB (S3's minimum). Parts are
     larger for a large source (its size read once it is frozen, spread over half of S3's 10,000 parts)
     and grow as a dump outgrows that, so no snapshot runs out of parts (see activities/parts.py)."""
+
+    snapshot_streams: Annotated[int, Knob(flag="snapshot-streams"), Field(ge=1, le=64)] = dataclasses.field(
+        default_factory=lambda: default_streams(os.cpu_count())
+    )
+    """Streams of a snapshot in mode Snapshot when its Migration's spec.driver.parallelism does not say (default:
+    half the worker's CPUs, from 1 to 8). Each stream dumps, uploads and restores some of the largest tables at
+    once, and costs the worker about half a core: its pg_dump, pg_restore and psql run here, and the worker hashes
+    and relays its bytes. The indexes are then built by as many sessions."""
+
+    parallel_min_size: Annotated[
+        int, Knob(flag="snapshot-parallel-min-mib", unit=MIB, unit_name="MiB"), Field(ge=0)
+    ] = 64 * MIB
+    """A source smaller than this is snapshotted in one stream whatever the parallelism: starting several costs
+    more than it saves."""
 
     analyze_sessions: Annotated[int, Knob(flag="analyze-sessions"), Field(ge=1, le=64)] = 4
     """Sessions that gather the target's planner statistics at once after a restore (ANALYZE, while writes are

@@ -1,6 +1,7 @@
 """What happens to a snapshot object after the saga used it: undone with the snapshot step, or deleted by retention.
 
-These do not depend on the data driver: a snapshot is one object in S3 whatever made it.
+These do not depend on the data driver: a snapshot is one object in S3 whatever made it, with the objects of its
+parallel streams beside it when it was taken in streams (ferry.api.saga.stream_key), which go with it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class SnapshotStoreActivities:
         self._delete(input.ref, input.snapshot, input.artifact.bucket, input.artifact.key, keep_object=False)
 
     def _delete(self, ref: MigrationRef, spec: SnapshotSpec, bucket: str, key: str, *, keep_object: bool) -> bool:
-        """Aborts the unfinished uploads of s3://bucket/key and deletes the object unless `keep_object`.
+        """Aborts the unfinished uploads of s3://bucket/key and of its streams, and deletes those objects unless
+        `keep_object`.
 
         Returns whether nothing is left there.
         """
@@ -67,6 +69,9 @@ class SnapshotStoreActivities:
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
+                removed = snapshot_store.remove_streams(s3, bucket, key, keep_objects=keep_object)
+                if removed:
+                    activity.logger.info("removed %d unfinished uploads or objects of %s's streams", removed, location)
                 if keep_object:
                     activity.logger.info("keeping %s after the rollback (retention afterRollback: Keep)", location)
                     return False

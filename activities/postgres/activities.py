@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 from kubernetes import client as k8s
@@ -40,6 +40,7 @@ from activities.postgres import (
     restore_script,
     restoring,
     schema,
+    streams,
     unwritten,
     verifying,
 )
@@ -67,6 +68,7 @@ from ferry.api.saga import (
     PrecheckResult,
     SnapshotInput,
     SnapshotResult,
+    SnapshotStream,
     TableAhead,
     UndoFreezeInput,
     UndoMigrateInput,
@@ -76,7 +78,11 @@ from ferry.api.saga import (
     VerifyInput,
     VerifyResult,
     driver_activity,
+    stream_key,
 )
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 DRIVER = DriverType.POSTGRESQL.value
 WRITABLE = {"default_transaction_read_only": "off"}
@@ -292,49 +298,126 @@ class PostgresActivities:
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
+        wanted = input.driver.parallelism or self._settings.snapshot_streams
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._progress(input.ref, StepName.SNAPSHOT) as progress,
         ):
             with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
                 estimate = dumping.database_size(conn)
+                groups = []
+                if wanted > 1 and estimate >= self._settings.parallel_min_size:
+                    groups = streams.plan(conn, wanted)
+            if len(groups) < 2:
+                groups = []  # one table, or one stream: nothing to share
             freeze = None
             if target is not None:
                 with self._connect(target) as conn:
                     with privileged(target, "drop and create schemas"):
-                        restoring.prepare_target(conn, target, owner(input.ref))
+                        restoring.prepare_target(conn, target, owner(input.ref), complete=not groups)
                     freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
             s3 = snapshot_store.client(spec, credentials, self._settings)
-            with (
-                snapshot_store.permanent_failures(s3, bucket, credentials),
-                restoring.Restore(target, self._settings, heartbeats, location, freeze)
-                if target
-                else contextlib.nullcontext() as restore,
-            ):
+            with snapshot_store.permanent_failures(s3, bucket, credentials):
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
+                aborted += snapshot_store.remove_streams(s3, bucket, key)
                 if aborted:
-                    activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
-                sha256, size = dumping.dump_to_s3(
-                    db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
-                )
-                stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
-                if stored != size:
-                    raise RuntimeError(f"{location} holds {stored} bytes after uploading {size}")
-                if restore is not None:
-                    restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
+                    activity.logger.info("removed %d unfinished uploads or streams of %s", aborted, location)
+                if groups:
+                    result = self._snapshot_in_streams(
+                        input, db, target, s3, heartbeats, progress, estimate, groups, freeze
+                    )
+                else:
+                    with (
+                        restoring.Restore(target, self._settings, heartbeats, location, freeze)
+                        if target
+                        else contextlib.nullcontext() as restore
+                    ):
+                        sha256, size = dumping.dump_to_s3(
+                            db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
+                        )
+                        _check_stored(s3, bucket, key, size)
+                        if restore is not None:
+                            restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly
+                    result = SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
             if target is not None:
                 # Sessions of their own: one kept open through a long dump could be closed as idle by the server
                 # (idle_session_timeout) or a proxy, and fail a step whose restore had committed.
                 self._analyze(target, heartbeats)
         activity.logger.info(
-            "snapshot of %s: %s, %d bytes, sha256 %s%s",
+            "snapshot of %s: %s, %d bytes in %d objects, sha256 %s%s",
             db.describe(),
             location,
-            size,
-            sha256,
+            result.total_bytes,
+            1 + len(result.streams),
+            result.sha256,
             f"; restored into {target.describe()}" if target else "",
         )
-        return SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size, restored=target is not None)
+        return result.model_copy(update={"restored": target is not None})
+
+    def _snapshot_in_streams(
+        self,
+        input: SnapshotInput,
+        db: DatabaseConnection,
+        target: DatabaseConnection | None,
+        s3: S3Client,
+        heartbeats: Heartbeats,
+        progress: ProgressWriter,
+        estimate: int,
+        groups: list[list[streams.Table]],
+        freeze: frozenset[bytes] | None,
+    ) -> SnapshotResult:
+        """The snapshot in parallel streams (see streams), restored into `target` (prepared, marked incomplete) if
+        given, which is marked complete at the end."""
+        bucket, key = input.snapshot.bucket, input.key
+        total = streams.Total(progress)
+        shared = streams.stream_settings(self._settings, len(groups))
+        streamed = sum(table.size for group in groups for table in group)
+        with self._connect(db) as holder, streams.exported_snapshot(holder) as name:
+            sha256, size = dumping.dump_to_s3(
+                db,
+                self._settings,
+                s3,
+                bucket,
+                key,
+                heartbeats,
+                max(0, estimate - streamed),
+                total.share(0),
+                options=streams.main_options(name, groups),
+            )
+            _check_stored(s3, bucket, key, size)
+            main = SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
+
+            def job(index: int, group: list[streams.Table]) -> Callable[[Heartbeats], SnapshotStream]:
+                at = stream_key(key, index)
+
+                def run(beats: Heartbeats) -> SnapshotStream:
+                    location = f"s3://{bucket}/{at}"
+                    with (
+                        restoring.Restore(target, self._settings, beats, location, freeze, truncate=True)
+                        if target
+                        else contextlib.nullcontext() as restore
+                    ):
+                        part = sum(table.size for table in group)
+                        options = streams.stream_options(name, group)
+                        sha, bytes_ = dumping.dump_to_s3(
+                            db, shared, s3, bucket, at, beats, part, total.share(index), restore, options
+                        )
+                        _check_stored(s3, bucket, at, bytes_)
+                        if restore is not None:
+                            restore.commit()
+                    return SnapshotStream(key=at, sha256=sha, size_bytes=bytes_, tables=len(group))
+
+                return run
+
+            jobs = [job(index, group) for index, group in enumerate(groups, start=1)]
+            if target is None:
+                done = streams.Group(heartbeats).run(jobs)
+            else:
+                done = streams.restore_around(target, self._settings, s3, main, heartbeats, jobs, len(jobs))
+        if target is not None:
+            with self._connect(target) as conn, privileged(target, "change the database's settings"):
+                restoring.mark_complete(conn, owner(input.ref))
+        return main.model_copy(update={"streams": done})
 
     @activity.defn(name=_name(DriverOperation.UNDO_SNAPSHOT), no_thread_cancel_exception=True)
     def undo_snapshot(self, input: UndoSnapshotInput) -> UndoSnapshotResult:
@@ -372,22 +455,29 @@ class PostgresActivities:
                     artifact.location,
                     tables,
                 )
-                return MigrateResult(tables=tables, bytes_restored=artifact.size_bytes, during_snapshot=True)
+                return MigrateResult(tables=tables, bytes_restored=artifact.total_bytes, during_snapshot=True)
             credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
             with (
                 Heartbeats(self._settings.heartbeat_interval) as heartbeats,
                 self._progress(input.ref, StepName.MIGRATE) as progress,
             ):
                 with privileged(db, "drop and create schemas"):
-                    restoring.prepare_target(conn, db, owner(input.ref), found)
+                    restoring.prepare_target(conn, db, owner(input.ref), found, complete=not artifact.streams)
                 freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
                 s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
                 with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
-                    body = restoring.open_snapshot(s3, artifact)
-                    try:
-                        read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress, freeze)
-                    finally:
-                        body.close()
+                    if artifact.streams:
+                        read = streams.restore_from_store(
+                            db, self._settings, s3, artifact, heartbeats, progress, freeze
+                        )
+                        with self._connect(db) as marking, privileged(db, "change the database's settings"):
+                            restoring.mark_complete(marking, owner(input.ref))
+                    else:
+                        body = restoring.open_snapshot(s3, artifact)
+                        try:
+                            read = restoring.restore(db, self._settings, body, artifact, heartbeats, progress, freeze)
+                        finally:
+                            body.close()
                 self._analyze(db, heartbeats)  # new sessions, as in snapshot: the first sat idle meanwhile
                 with self._connect(db) as after:
                     tables = restoring.count_tables(after)
@@ -584,6 +674,13 @@ class PostgresActivities:
 
 
 R = TypeVar("R")
+
+
+def _check_stored(s3: S3Client, bucket: str, key: str, size: int) -> None:
+    """Fails unless s3://bucket/key holds the `size` bytes just uploaded."""
+    stored = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    if stored != size:
+        raise RuntimeError(f"s3://{bucket}/{key} holds {stored} bytes after uploading {size}")
 
 
 def read_both(

@@ -14,6 +14,7 @@ half-written parts.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from temporalio import activity
@@ -24,7 +25,7 @@ from activities.postgres import tls
 from activities.postgres.connection import Connection
 from activities.postgres.restoring import Restore
 from activities.postgres.tools import Tool, conninfo, find_bindir
-from activities.progress_status import ProgressWriter
+from activities.progress import Counts
 from activities.s3 import MultipartUpload
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -42,13 +43,15 @@ def dump_to_s3(
     key: str,
     heartbeats: Heartbeats,
     estimate: int,
-    progress: ProgressWriter | None = None,
+    progress: Counts | None = None,
     restore: Restore | None = None,
+    options: Sequence[str] = (),
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size.
 
     `progress` is given the bytes dumped so far after each part. `restore` is fed each
     part as it is uploaded; the caller commits it once the object is known complete.
+    `options` are pg_dump's besides the format and the compression (see streams).
     """
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [
@@ -57,6 +60,7 @@ def dump_to_s3(
         "--format=custom",
         f"--compress={settings.dump_compression}",
         "--no-password",
+        *options,
     ]
     digest, size = hashlib.sha256(), 0
     with Tool(argv, db, settings, reads=False, writes=True) as dump:

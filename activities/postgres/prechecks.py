@@ -220,7 +220,7 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
         _may_change(conn, db, "restore into", problems)
         _counted(conn, db, "the check that nothing is written to the target before traffic goes back", problems)
         contents = [row[0] for row in conn.execute(restoring.CONTENTS)]
-        marked_by = database_settings.read(conn).get(RESTORED_BY)
+        marked_by = restoring.restorer(database_settings.read(conn).get(RESTORED_BY))
         if contents and marked_by != owner:
             problems.append(
                 f"the target {db.describe()} is not empty (it has {', '.join(contents[:5])}) and ferry did not "

@@ -127,8 +127,11 @@ class Copies:
     transformation, no I/O: the unit tests give it any pieces.
     """
 
-    def __init__(self, tables: frozenset[bytes]) -> None:
+    def __init__(self, tables: frozenset[bytes], truncate: bool = False) -> None:
         self._tables = tables
+        self._truncate = truncate
+        """Empty each table in the script's transaction before its COPY with FREEZE: FREEZE needs a table created or
+        emptied in its transaction, and a script of rows alone (a parallel stream's, see streams) creates none."""
         self._lexer = Lexer()
         self._line = bytearray()
         """The current line outside the rows, up to LINE_LIMIT, until its newline comes."""
@@ -238,7 +241,8 @@ class Copies:
         if line is None or found is None or found.group(1) not in self._tables:
             return None
         self.frozen += 1
-        return line[: -len(b";\n")] + b" WITH (FREEZE);\n"
+        frozen = line[: -len(b";\n")] + b" WITH (FREEZE);\n"
+        return b"TRUNCATE ONLY " + found.group(1) + b";\n" + frozen if self._truncate else frozen
 
 
 class Lexer:

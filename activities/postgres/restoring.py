@@ -59,7 +59,7 @@ from activities.postgres.connection import Connection
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
 from activities.postgres.tools import Tool, conninfo, find_bindir
-from activities.progress_status import ProgressWriter
+from activities.progress import Counts
 from activities.s3 import error_code
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
@@ -122,9 +122,24 @@ class Found:
     restored_by: str | None
     """The Migration its marker ferry.restored_by names, if any."""
 
+    @property
+    def restorer(self) -> str | None:
+        """The Migration that restored into it, whether its restore completed or not."""
+        return restorer(self.restored_by)
+
     def holds_restore(self, owner: str) -> bool:
-        """Whether it holds a committed restore of `owner`'s: marked as its own, and not empty."""
+        """Whether it holds a complete restore of `owner`'s: marked as its own (not as incomplete), and not empty."""
         return self.restored_by == owner and bool(self.contents)
+
+
+INCOMPLETE = " (incomplete)"
+"""What ferry.restored_by ends with while a restore in parallel streams, which commits piece by piece, is under way
+(see streams): the target holds that Migration's data, but not all of it."""
+
+
+def restorer(marker: str | None) -> str | None:
+    """The Migration a ferry.restored_by value names, complete or not."""
+    return None if marker is None else marker.removesuffix(INCOMPLETE)
 
 
 def find(conn: Connection) -> Found:
@@ -133,14 +148,18 @@ def find(conn: Connection) -> Found:
     return Found(contents=contents, restored_by=database_settings.read(conn).get(RESTORED_BY))
 
 
-def prepare_target(conn: Connection, db: DatabaseConnection, owner: str, found: Found | None = None) -> None:
+def prepare_target(
+    conn: Connection, db: DatabaseConnection, owner: str, found: Found | None = None, *, complete: bool = True
+) -> None:
     """Leaves the target empty and marked as `owner`'s, or refuses a target that holds someone else's data.
 
     `found` is what the caller read of the target on `conn` (see `find`); without it, this reads it.
+    Without `complete`, the marker says the restore is incomplete until `mark_complete`: for a
+    restore that commits in several transactions (see streams).
     """
     if found is None:
         found = find(conn)
-    if found.contents and found.restored_by != owner:
+    if found.contents and found.restorer != owner:
         raise InvalidSpec(
             f"the target {db.describe()} is not empty (it has {', '.join(found.contents[:5])}) and ferry did not "
             f"restore into it for Migration {owner}. ferry only restores into an empty database: point Secret "
@@ -150,8 +169,14 @@ def prepare_target(conn: Connection, db: DatabaseConnection, owner: str, found: 
         if found.contents:
             _clean(conn)
         unwritten.forget(conn)  # a new restore is not verified yet
-        if found.restored_by != owner:
-            database_settings.change(conn, RESTORED_BY, owner)
+        marker = owner if complete else owner + INCOMPLETE
+        if found.restored_by != marker:
+            database_settings.change(conn, RESTORED_BY, marker)
+
+
+def mark_complete(conn: Connection, owner: str) -> None:
+    """Marks the target as holding `owner`'s whole restore, once its last part committed."""
+    database_settings.change(conn, RESTORED_BY, owner)
 
 
 def remove(conn: Connection, db: DatabaseConnection, owner: str) -> bool:
@@ -160,7 +185,7 @@ def remove(conn: Connection, db: DatabaseConnection, owner: str) -> bool:
     One transaction: the target is either as migrate left it or empty and unmarked.
     """
     with conn.transaction():
-        marked_by = database_settings.read(conn).get(RESTORED_BY)
+        marked_by = restorer(database_settings.read(conn).get(RESTORED_BY))
         if marked_by != owner:
             whose = f"Migration {marked_by}" if marked_by else "no Migration"
             activity.logger.info("%s holds a restore of %s, not of %s: left as it is", db.describe(), whose, owner)
@@ -222,9 +247,10 @@ class Restore:
         heartbeats: Heartbeats,
         location: str,
         freeze: frozenset[bytes] | None = None,
+        truncate: bool = False,
     ) -> None:
         self._db, self._settings, self._heartbeats, self._location = db, settings, heartbeats, location
-        self._copies = None if freeze is None else Copies(freeze)
+        self._copies = None if freeze is None else Copies(freeze, truncate)
         self._psql: Tool | None = None
         """psql, running pg_restore's script, when restoring with `freeze`."""
         self._relay: threading.Thread | None = None
@@ -399,8 +425,9 @@ def restore(
     body: Any,
     artifact: SnapshotResult,
     heartbeats: Heartbeats,
-    progress: ProgressWriter | None = None,
+    progress: Counts | None = None,
     freeze: frozenset[bytes] | None = None,
+    truncate: bool = False,
 ) -> int:
     """Feeds the object's `body` (a botocore StreamingBody) into pg_restore; returns the bytes read.
 
@@ -411,7 +438,7 @@ def restore(
         SnapshotCorrupt: the object's SHA-256 is not the recorded one; nothing was committed.
     """
     digest, read = hashlib.sha256(), 0
-    with Restore(db, settings, heartbeats, artifact.location, freeze) as restoring:
+    with Restore(db, settings, heartbeats, artifact.location, freeze, truncate) as restoring:
         for chunk in body.iter_chunks(CHUNK):
             digest.update(chunk)
             read += len(chunk)

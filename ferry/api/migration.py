@@ -298,6 +298,15 @@ class DriverSpec(ApiModel):
         description="Online: replicate ends once the target is at most this far behind the source, in bytes of WAL "
         "(a quantity, e.g. 16Mi); catch-up applies the rest while writes are stopped.",
     )
+    parallelism: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Snapshot: streams that dump and restore the largest tables' rows at once, each into an object "
+        "of its own, with the indexes built by as many sessions (1: one stream, one object). Default: the worker's "
+        "--snapshot-streams, which follows its CPU count. A small source (under the worker's "
+        "--snapshot-parallel-min-mib) or one with a single table uses one stream.",
+    )
 
 
 class RetentionSpec(ApiModel):

@@ -320,6 +320,15 @@ class SnapshotInput(ApiModel):
     )
 
 
+class SnapshotStream(ApiModel):
+    """One object of a snapshot taken in parallel streams: the rows of some of the source's tables."""
+
+    key: str = Field(description="Its key, beside the snapshot's (see `stream_key`).")
+    sha256: str
+    size_bytes: int
+    tables: int = Field(description="How many tables' rows it holds.")
+
+
 class SnapshotResult(ApiModel):
     bucket: str
     key: str
@@ -328,10 +337,26 @@ class SnapshotResult(ApiModel):
     restored: bool = Field(
         default=False, description="The target holds this snapshot, restored while it was uploaded (committed)."
     )
+    streams: list[SnapshotStream] = Field(
+        default_factory=list,
+        description="When the snapshot was taken in parallel streams: the objects holding the rows of the largest "
+        "tables, whose rows the object at `key` (schema, sequences, large objects, the other tables) then lacks. "
+        "Empty for a snapshot in one object.",
+    )
 
     @property
     def location(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def total_bytes(self) -> int:
+        """The size of all its objects."""
+        return self.size_bytes + sum(stream.size_bytes for stream in self.streams)
+
+    def stream(self, index: int) -> SnapshotResult:
+        """Its stream `index` as an object of its own, to be read back and checked like one."""
+        found = self.streams[index]
+        return SnapshotResult(bucket=self.bucket, key=found.key, sha256=found.sha256, size_bytes=found.size_bytes)
 
 
 class UndoSnapshotInput(ApiModel):
@@ -535,6 +560,16 @@ class DeleteSnapshotInput(ApiModel):
 def snapshot_key(ref: MigrationRef, spec: SnapshotSpec) -> str:
     """The object key of a Migration's snapshot: the same for every attempt."""
     return f"{spec.prefix}{ref.namespace}/{ref.name}/{ref.uid}/snapshot.dump"
+
+
+def stream_prefix(key: str) -> str:
+    """What the keys of the parallel streams of the snapshot at `key` begin with, and no other key of any snapshot."""
+    return f"{key.removesuffix('.dump')}.tables-"
+
+
+def stream_key(key: str, index: int) -> str:
+    """The key of stream `index` (from 1) of the snapshot at `key`: beside it, the same for every attempt."""
+    return f"{stream_prefix(key)}{index}.dump"
 
 
 def keep_after_success(policy: AfterSuccess) -> bool:

@@ -107,7 +107,7 @@ def contents(endpoint: PostgresEndpoint) -> dict[str, tuple[int, str]]:
     result: dict[str, tuple[int, str]] = {}
     with connect(endpoint) as conn:
         for table in tables(conn):
-            schema, name = table.split(".")
+            schema, name = table.split(".", 1)
             query = sql.SQL(
                 "select count(*), coalesce(md5(string_agg(t::text, '|' order by t::text)), '') from {} as t"
             ).format(sql.Identifier(schema, name))

@@ -76,6 +76,25 @@ def test_each_named_tables_copy_gets_freeze_and_nothing_else_changes() -> None:
     assert copies.complete
 
 
+def test_for_a_script_of_rows_alone_each_frozen_copy_empties_its_table_first_in_the_same_transaction() -> None:
+    """A parallel stream's script creates no table, and FREEZE needs one created or emptied in its transaction."""
+    copies = Copies(TABLES, truncate=True)
+
+    out = _through(copies, [SCRIPT[: len(SCRIPT) // 2], SCRIPT[len(SCRIPT) // 2 :]])
+
+    assert out == (
+        EXPECTED.replace(
+            b"\n\nCOPY public.orders (id, note) FROM stdin WITH",
+            b"\n\nTRUNCATE ONLY public.orders;\nCOPY public.orders (id, note) FROM stdin WITH",
+        )
+        .replace(b"COPY public.texts", b"TRUNCATE ONLY public.texts;\nCOPY public.texts")
+        .replace(b'COPY "Sales"', b'TRUNCATE ONLY "Sales"."Order Lines";\nCOPY "Sales"')
+    )
+    assert out.count(b"TRUNCATE") == 4
+    assert b"TRUNCATE ONLY public.measurements" not in out, "a table that loads without FREEZE is not emptied"
+    assert copies.complete
+
+
 def test_rows_that_read_like_a_copy_statement_or_hold_an_escaped_end_are_passed_on_as_they_are() -> None:
     out = _through(Copies(TABLES), [SCRIPT])
 

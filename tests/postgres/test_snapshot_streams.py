@@ -1,0 +1,258 @@
+"""Mode Snapshot in parallel streams (activities/postgres/streams.py): the largest tables' rows in objects of their own.
+
+With spec.driver.parallelism above one, the snapshot step dumps the largest tables' rows
+in streams at once, under one exported snapshot of the source, each stored in an object
+beside the snapshot's and restored into the target as it is uploaded; the main archive
+holds the rest, and its indexes and constraints are built once every stream committed.
+The target commits piece by piece, so its marker says "incomplete" until the last piece:
+an incomplete target is never taken for a restored one, a retry empties it first, and
+the undo empties it. Whatever stops the step stops every stream's tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.postgres import restoring
+from activities.postgres.activities import PostgresActivities, owner
+from activities.postgres.restoring import INCOMPLETE
+from activities.settings import MIB, DataActivitySettings
+from activities.snapshots import SnapshotStoreActivities
+from devstack.stack.stack import StackInfo
+from ferry.api.errors import SnapshotCorrupt
+from ferry.api.saga import DeleteSnapshotInput, SnapshotResult, stream_key
+from tests.cluster import eventually
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, contents, create_bulky, create_shop, other_sessions, tables, with_statistics
+from tests.postgres.test_restore_while_dumping import _children, _loaded_frozen, _objects_and_uploads
+
+TABLES = [
+    'Odd "Schema".Mixed.Case', "audit.log", "large objects", "public.blobs", "shop.by_region_0", "shop.by_region_1",
+    "shop.by_region_2", "shop.customers", "shop.order_totals", "shop.orders",
+]  # fmt: skip
+
+
+@pytest.fixture
+def in_streams(steps: Steps, kube_api: k8s.ApiClient, data_settings: DataActivitySettings) -> Steps:
+    """The steps of a Migration asking for three streams, on a worker that uses streams for any size."""
+    settings = dataclasses.replace(data_settings, parallel_min_size=0)
+    driver = steps.driver.model_copy(update={"parallelism": 3})
+    return dataclasses.replace(steps, postgres=PostgresActivities(kube_api, settings), driver=driver)
+
+
+def _create_source(databases: Databases, *, bulky_rows: int = 60_000) -> None:
+    """A shop, a table of incompressible rows, a partitioned table, an oddly named one, a large object and a
+    materialized view: what the main archive and the streams must carry between them."""
+    create_shop(databases.source, customers=2_000, orders=20_000)
+    create_bulky(databases.source, rows=bulky_rows)
+    with connect(databases.source) as conn:
+        conn.execute('create schema "Odd ""Schema"""')
+        conn.execute('create table "Odd ""Schema"""."Mixed.Case" (id int primary key, note text)')
+        conn.execute('insert into "Odd ""Schema"""."Mixed.Case" select g, md5(g::text) from generate_series(1, 3000) g')
+        conn.execute("create table shop.by_region (region int not null, id int not null) partition by list (region)")
+        for region in range(3):
+            conn.execute(f"create table shop.by_region_{region} partition of shop.by_region for values in ({region})")
+        conn.execute("insert into shop.by_region select g % 3, g from generate_series(1, 9000) g")
+        conn.execute(
+            "create materialized view shop.order_totals as select customer_id, sum(total) from shop.orders group by 1"
+        )
+        conn.execute("select lo_from_bytea(4242, 'a large object')")
+        conn.execute("select setval('audit.ticket_seq', 123456)")
+
+
+def _sequence_and_large_object(databases: Databases, which: str) -> tuple[Any, ...]:
+    endpoint = databases.source if which == "source" else databases.target
+    with connect(endpoint) as conn:
+        row = conn.execute(
+            "select last_value, (select count(*) from shop.order_totals), (select lo_get(4242)) from audit.ticket_seq"
+        ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _marker(databases: Databases) -> str | None:
+    with connect(databases.target) as conn:
+        row = conn.execute(
+            "select (select option_value from pg_options_to_table(setconfig) where option_name = 'ferry.restored_by') "
+            "from pg_db_role_setting where setrole = 0 and setdatabase = "
+            "(select oid from pg_database where datname = current_database())"
+        ).fetchone()
+    return row[0] if row else None
+
+
+def test_a_snapshot_in_streams_restores_everything_and_stores_one_object_per_stream(
+    in_streams: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    _create_source(databases)
+    in_streams.freeze()
+
+    snapshot = in_streams.snapshot(restore=True)
+    migrated = in_streams.migrate(snapshot)
+    verified = in_streams.verify()
+
+    assert len(snapshot.streams) == 3
+    assert sum(stream.tables for stream in snapshot.streams) == 8, "every table with rows of its own, partitions too"
+    assert [stream.key for stream in snapshot.streams] == [stream_key(in_streams.key, index) for index in (1, 2, 3)]
+    objects, uploads = _objects_and_uploads(stack, bucket)
+    assert sorted(objects) == sorted([snapshot.key, *(stream.key for stream in snapshot.streams)])
+    assert uploads == []
+    assert contents(databases.target) == contents(databases.source)
+    assert _sequence_and_large_object(databases, "target") == _sequence_and_large_object(databases, "source")
+    assert [check.table for check in verified.tables] == TABLES
+    assert (migrated.during_snapshot, migrated.bytes_restored) == (True, snapshot.total_bytes)
+    assert _marker(databases) == f"{in_streams.ref.namespace}/{in_streams.ref.name}/{in_streams.ref.uid}"
+    assert _loaded_frozen(databases)["public.blobs"], "a stream's rows load frozen"
+    assert {"shop.customers", "shop.orders", "shop.by_region_0"} <= set(with_statistics(databases.target))
+
+
+def test_migrate_restores_a_snapshot_in_streams_from_s3(in_streams: Steps, databases: Databases) -> None:
+    _create_source(databases)
+    in_streams.freeze()
+    snapshot = in_streams.snapshot(restore=True)
+    in_streams.undo_migrate()
+
+    migrated = in_streams.migrate(snapshot)
+    in_streams.verify()
+
+    assert (migrated.during_snapshot, migrated.bytes_restored) == (False, snapshot.total_bytes)
+    assert contents(databases.target) == contents(databases.source)
+    assert _sequence_and_large_object(databases, "target") == _sequence_and_large_object(databases, "source")
+    assert _loaded_frozen(databases)["public.blobs"]
+
+
+def test_a_changed_stream_object_fails_migrate_and_leaves_the_target_marked_incomplete(
+    in_streams: Steps, databases: Databases, stack: StackInfo
+) -> None:
+    _create_source(databases)
+    in_streams.freeze()
+    snapshot = in_streams.snapshot(restore=True)
+    in_streams.undo_migrate()
+    changed = snapshot.streams[1]
+    s3 = stack.s3_client()
+    body = bytearray(s3.get_object(Bucket=snapshot.bucket, Key=changed.key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket=snapshot.bucket, Key=changed.key, Body=bytes(body))
+
+    with pytest.raises(SnapshotCorrupt, match=changed.key):
+        in_streams.migrate(snapshot)
+
+    assert (_marker(databases) or "").endswith(INCOMPLETE), "nobody takes the target for a restored one"
+    with pytest.raises(SnapshotCorrupt):  # a retry does not take it for restored either
+        in_streams.migrate(snapshot)
+    assert in_streams.undo_migrate().removed
+    with connect(databases.target) as conn:
+        assert tables(conn) == []
+    assert _marker(databases) is None
+    assert _children("pg_dump", "pg_restore", "psql") == []
+
+
+def test_a_stream_that_fails_stops_the_others_and_a_retry_restores_from_a_clean_target(
+    in_streams: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    """One stream's pg_dump loses its session on the source midway: the other streams stop, the target keeps its
+    incomplete marker, and the next attempt starts over and restores everything."""
+    _create_source(databases, bulky_rows=400_000)  # about 26 MB in the largest table
+    env = ActivityEnvironment()
+    ended: list[int] = []
+    once = threading.Lock()
+
+    def end_one_dump(*details: Any) -> None:
+        dumped = [value for name, value in details[0].items() if name.endswith("_dumped_bytes")]
+        if not dumped or max(dumped) < 10 * MIB:
+            return
+        with once:
+            if ended:
+                return
+            with connect(databases.source) as conn:
+                row = conn.execute(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where datname = current_database() "
+                    "and pid <> pg_backend_pid() and query ilike 'copy public.blobs%'"
+                ).fetchone()
+            ended.append(row[0] if row else 0)
+
+    env.on_heartbeat = end_one_dump
+    in_streams.freeze()
+
+    with pytest.raises(RuntimeError, match="could not dump"):
+        dataclasses.replace(in_streams, env=env).snapshot(restore=True)
+
+    assert ended == [1]
+    assert _children("pg_dump", "pg_restore", "psql") == []
+    assert (_marker(databases) or "").endswith(INCOMPLETE)
+    with connect(databases.target) as conn:
+        assert tables(conn), "the schema and whatever streams committed stay until the retry or the undo"
+        assert not restoring.find(conn).holds_restore(owner(in_streams.ref)), "never taken for a complete restore"
+    eventually("every session on the source to end", lambda: other_sessions(databases.source) == 0, timeout=10)
+    eventually("every session on the target to end", lambda: other_sessions(databases.target) == 0, timeout=10)
+
+    snapshot = in_streams.snapshot(restore=True)
+
+    assert contents(databases.target) == contents(databases.source)
+    objects, uploads = _objects_and_uploads(stack, bucket)
+    assert sorted(objects) == sorted([snapshot.key, *(stream.key for stream in snapshot.streams)])
+    assert uploads == []
+
+
+def test_a_snapshot_in_streams_cancelled_midway_stops_every_tool_and_its_undo_leaves_nothing(
+    in_streams: Steps, databases: Databases, stack: StackInfo, bucket: str
+) -> None:
+    _create_source(databases, bulky_rows=400_000)
+    env = ActivityEnvironment()
+
+    def cancel_midway(*details: Any) -> None:
+        dumped = [value for name, value in details[0].items() if name.endswith("_dumped_bytes")]
+        if dumped and max(dumped) >= 10 * MIB:
+            env.cancel()
+
+    env.on_heartbeat = cancel_midway
+    in_streams.freeze()
+
+    with pytest.raises(CancelledError):
+        dataclasses.replace(in_streams, env=env).snapshot(restore=True)
+
+    assert _children("pg_dump", "pg_restore", "psql") == []
+    eventually("every session on the source to end", lambda: other_sessions(databases.source) == 0, timeout=10)
+    in_streams.undo_snapshot()
+    with connect(databases.target) as conn:
+        assert tables(conn) == []
+    assert _marker(databases) is None
+    assert _objects_and_uploads(stack, bucket) == ([], [])
+
+
+def test_a_source_under_the_parallel_minimum_or_with_one_table_is_snapshotted_in_one_object(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, data_settings: DataActivitySettings
+) -> None:
+    create_shop(databases.source, customers=200, orders=1_000)
+    driver = steps.driver.model_copy(update={"parallelism": 4})
+    small = dataclasses.replace(steps, driver=driver)  # the fixture's worker: 64 MiB at least
+    small.freeze()
+
+    snapshot = small.snapshot(restore=True)
+
+    assert snapshot.streams == []
+    assert contents(databases.target) == contents(databases.source)
+    assert _marker(databases) == f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}"
+
+
+def test_the_retention_delete_removes_the_streams_objects_with_the_snapshot(
+    in_streams: Steps, databases: Databases, stack: StackInfo, bucket: str, snapshots: SnapshotStoreActivities
+) -> None:
+    _create_source(databases)
+    in_streams.freeze()
+    snapshot: SnapshotResult = in_streams.snapshot(restore=True)
+    assert len(_objects_and_uploads(stack, bucket)[0]) == 4
+
+    in_streams.env.run(
+        snapshots.delete_snapshot,
+        DeleteSnapshotInput(ref=in_streams.ref, snapshot=in_streams.snapshot_spec, artifact=snapshot),
+    )
+
+    assert _objects_and_uploads(stack, bucket) == ([], [])
