@@ -160,13 +160,15 @@ class Group:
     def run(self, jobs: Sequence[Callable[[Heartbeats], T]]) -> list[T]:
         """Runs every job with heartbeats of its own (see `_Member`); returns their results in order."""
         results: list[T | None] = [None] * len(jobs)
-        errors: list[BaseException | None] = [None] * len(jobs)
+        errors: list[BaseException] = []
+        """In the order they came: the first is why the group stopped, the others mostly what stopping caused."""
 
         def work(index: int) -> None:
             try:
                 results[index] = jobs[index](_Member(self._heartbeats, self, f"stream{index + 1}"))
             except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
-                errors[index] = error
+                with self._lock:
+                    errors.append(error)
                 self.stop()
 
         threads = [
@@ -177,10 +179,9 @@ class Group:
             thread.start()
         for thread in threads:
             thread.join()
-        failed = [error for error in errors if error is not None]
-        if failed:
+        if errors:
             self._heartbeats.raise_if_cancelled("restoring in streams")
-            raise next((error for error in failed if not isinstance(error, _Stopped)), failed[0])
+            raise next((error for error in errors if not isinstance(error, _Stopped)), errors[0])
         return cast(list[T], results)  # every job returned: none failed
 
     def on_stop(self, stop: Callable[[], None]) -> None:

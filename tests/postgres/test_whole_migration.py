@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,6 +24,8 @@ from devstack.stack.stack import StackInfo
 from ferry.api.saga import PrecheckResult, SnapshotResult
 from tests.conftest import Kubectl
 from tests.end_to_end import (
+    SOURCE_SECRET,
+    TARGET_SECRET,
     Databases,
     Ready,
     apply_migration,
@@ -156,18 +159,22 @@ class CorruptTheSnapshot(Interceptor):
     object on demand. Everything else (worker, saga, databases, S3) is real.
     """
 
-    def __init__(self, stack: StackInfo, target: PostgresEndpoint) -> None:
+    def __init__(self, stack: StackInfo, target: PostgresEndpoint, stream: int | None = None) -> None:
+        """`stream`: change that stream's object (from 0) of a snapshot in streams, not the main one."""
         self._stack = stack
         self._target = target
+        self._stream = stream
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _Corrupting(next, self._corrupt)
 
-    def _corrupt(self, artifact: SnapshotResult) -> None:
+    def _corrupt(self, result: Any) -> None:
+        artifact = SnapshotResult.model_validate(result) if isinstance(result, dict) else result
         s3 = self._stack.s3_client()
-        stored = bytearray(s3.get_object(Bucket=artifact.bucket, Key=artifact.key)["Body"].read())
+        key = artifact.key if self._stream is None else artifact.streams[self._stream].key
+        stored = bytearray(s3.get_object(Bucket=artifact.bucket, Key=key)["Body"].read())
         stored[len(stored) // 2] ^= 0x01
-        s3.put_object(Bucket=artifact.bucket, Key=artifact.key, Body=bytes(stored))
+        s3.put_object(Bucket=artifact.bucket, Key=key, Body=bytes(stored))
         with connect(self._target) as conn:  # a person emptying the target, marker and all
             conn.execute("drop schema if exists shop, audit cascade")
             conn.execute(f"alter database {self._target.database} reset ferry.restored_by")
@@ -187,10 +194,16 @@ class _Corrupting(ActivityInboundInterceptor):
 
 @contextlib.asynccontextmanager
 async def _worker(
-    client: Client, kube_api: k8s.ApiClient, stack: StackInfo, task_queue: str, interceptor: Interceptor
+    client: Client,
+    kube_api: k8s.ApiClient,
+    stack: StackInfo,
+    task_queue: str,
+    interceptor: Interceptor,
+    **data: Any,
 ) -> AsyncIterator[None]:
-    """ferry's worker as runner.build_worker makes it, plus a test interceptor."""
+    """ferry's worker as runner.build_worker makes it, plus a test interceptor; `data` changes its data settings."""
     settings = worker_settings(stack, task_queue)
+    settings = dataclasses.replace(settings, data_activities=dataclasses.replace(settings.data_activities, **data))
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as executor:
         worker = Worker(
             client,
@@ -245,3 +258,78 @@ async def test_a_snapshot_changed_before_migrate_reads_it_back_rolls_the_migrati
     with connect(databases.target) as conn:
         assert tables(conn) == [], "nothing of the changed snapshot was restored"
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the rollback deleted the snapshot"
+
+
+def _in_streams(stack: StackInfo, bucket: str) -> dict[str, Any]:
+    """A Migration asking for two streams."""
+    return migration_manifest(
+        stack,
+        bucket,
+        driver={"type": "postgresql", "sourceSecret": SOURCE_SECRET, "targetSecret": TARGET_SECRET, "parallelism": 2},
+    )
+
+
+async def test_a_whole_migration_in_parallel_streams_carries_the_data_from_postgresql_15_up_to_18(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    temporal_client: Client,
+    kube_api: k8s.ApiClient,
+    task_queue: str,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    """spec.driver.parallelism reaches the snapshot step through the CRD and the saga, across major versions."""
+    create_shop(databases.source, customers=300, orders=6_000)
+    manifest = _in_streams(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
+
+    async with _worker(temporal_client, kube_api, stack, task_queue, Interceptor(), parallel_min_size=0):
+        handle = await start_migration(temporal_client, ref, manifest, task_queue)
+        result = await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
+
+    assert result["phase"] == "Succeeded"
+    assert (_server_version_num(databases.source) // 10000, _server_version_num(databases.target) // 10000) == (15, 18)
+    assert contents(databases.target) == contents(databases.source)
+    keys = [item["Key"] for item in stack.s3_client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert sorted(key.rsplit("/", 1)[1] for key in keys) == [
+        "snapshot.dump", "snapshot.tables-1.dump", "snapshot.tables-2.dump"
+    ]  # fmt: skip
+
+
+async def test_a_changed_stream_object_rolls_the_migration_back_and_the_rollback_deletes_every_object(
+    stack: StackInfo,
+    databases: Databases,
+    bucket: str,
+    migration_secrets: None,
+    source_workload: str,
+    migration_crd: str,
+    temporal_client: Client,
+    kube_api: k8s.ApiClient,
+    task_queue: str,
+    kubectl: Kubectl,
+    namespace: str,
+) -> None:
+    create_shop(databases.source, customers=300, orders=6_000)
+    source_before = contents(databases.source)
+    manifest = _in_streams(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
+    corrupt = CorruptTheSnapshot(stack, databases.target, stream=1)
+
+    async with _worker(temporal_client, kube_api, stack, task_queue, corrupt, parallel_min_size=0):
+        handle = await start_migration(temporal_client, ref, manifest, task_queue)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), SAGA_TIMEOUT)
+
+    status = _migration(kubectl, namespace, ref.name)["status"]
+    assert status["phase"] == "RolledBack"
+    steps = {step["name"]: step for step in status["steps"]}
+    assert steps["migrate"]["lastError"].startswith("SnapshotCorrupt: the snapshot s3://")
+    assert "snapshot.tables-2.dump" in steps["migrate"]["lastError"]
+    assert contents(databases.source) == source_before
+    with connect(databases.target) as conn:
+        assert tables(conn) == [], "the undo emptied what the streams had committed"
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the rollback deleted every object"
