@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import shutil
 import sys
@@ -25,18 +26,19 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Interceptor, Worker
 
-from activities.postgres.activities import PostgresActivities
+from activities.postgres import restoring
+from activities.postgres.activities import PostgresActivities, owner
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.install import Binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.migration import DriverSpec, SnapshotSpec
-from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput
+from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput, stream_key
 from tests.cluster import eventually
 from tests.conftest import make_state_dir
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
-from tests.postgres.data import connect, create_bulky, other_sessions, tables
+from tests.postgres.data import connect, contents, create_bulky, create_shop, other_sessions, tables
 from tests.postgres.heartbeat_hooks import OnHeartbeat
 from tests.postgres.step import SnapshotStep
 
@@ -170,7 +172,7 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
 
 
 async def _killed_mid_upload(
-    stack: StackInfo, binaries: Binaries, client: Client, task_queue: str, input: SnapshotInput
+    stack: StackInfo, binaries: Binaries, client: Client, task_queue: str, input: SnapshotInput, *options: str
 ) -> WorkflowHandle[Any, SnapshotResult]:
     """Starts the snapshot step on a worker that kills itself once S3 holds part of the upload; returns the step."""
     # The doomed worker runs only the activity: a workflow task left on its sticky queue
@@ -182,6 +184,7 @@ async def _killed_mid_upload(
         f"--state-dir={stack.state_dir}",
         f"--task-queue={task_queue}",
         f"--bindir={binaries.postgres_bindir}",
+        *options,
         cwd=REPOSITORY,
     )
     try:
@@ -233,6 +236,50 @@ async def test_a_worker_killed_in_the_middle_of_a_snapshot_is_replaced_and_one_w
     assert result.restored == restore
     assert steps.migrate(result).during_snapshot == restore
     assert [check.equal for check in steps.verify().tables] == [True]
+
+
+async def test_a_worker_killed_in_the_middle_of_a_snapshot_in_streams_is_replaced_and_the_target_restored_whole(
+    stack: StackInfo,
+    databases: Databases,
+    binaries: Binaries,
+    steps: Steps,
+    data_settings: DataActivitySettings,
+    kube_api: k8s.ApiClient,
+    temporal_client: Client,
+    task_queue: str,
+    bucket: str,
+) -> None:
+    """The worker dies while the streams upload and restore: the target holds the schema and is marked incomplete;
+    the next attempt empties it, replaces every object, and restores it whole."""
+    create_bulky(databases.source, rows=UPLOAD_PARTS[4])
+    create_shop(databases.source, customers=2_000, orders=20_000)
+    driver = steps.driver.model_copy(update={"parallelism": 2})
+    input = SnapshotInput(ref=steps.ref, driver=driver, snapshot=steps.snapshot_spec, key=steps.key, restore=True)
+    async with _worker(temporal_client, task_queue, workflow=True, postgres=None):
+        handle = await _killed_mid_upload(stack, binaries, temporal_client, task_queue, input, "--streams")
+        s3 = stack.s3_client()
+        objects, uploads = _objects_and_uploads(s3, bucket)
+        assert steps.key in objects, "the main archive was stored before the streams began"
+        assert stream_key(steps.key, 1) in uploads, "it died with the largest table's stream unfinished"
+        eventually("the dead worker's pg_dumps to go", lambda: other_sessions(databases.source) == 0, timeout=20)
+        eventually("the dead worker's restores to go", lambda: other_sessions(databases.target) == 0, timeout=20)
+        with connect(databases.target) as conn:
+            assert not restoring.find(conn).holds_restore(owner(steps.ref)), "a partial target is never taken for whole"
+
+        replacement = PostgresActivities(kube_api, dataclasses.replace(data_settings, parallel_min_size=0))
+        async with _worker(temporal_client, task_queue, workflow=False, postgres=replacement):
+            result = await asyncio.wait_for(handle.result(), 120)
+
+    assert await _started_attempts(handle) == [(2, "in-test-worker")]
+    assert len(result.streams) == 2
+    assert _objects_and_uploads(s3, bucket) == (sorted([steps.key, *(stream.key for stream in result.streams)]), [])
+    for stream in result.streams:
+        stored = s3.get_object(Bucket=bucket, Key=stream.key)["Body"].read()
+        assert (len(stored), hashlib.sha256(stored).hexdigest()) == (stream.size_bytes, stream.sha256)
+    assert contents(databases.target) == contents(databases.source)
+    in_streams = dataclasses.replace(steps, driver=driver)
+    assert in_streams.migrate(result).during_snapshot
+    assert all(check.equal for check in in_streams.verify().tables)
 
 
 async def test_a_snapshot_interrupted_mid_upload_is_undone_without_its_result_and_leaves_nothing_in_s3(

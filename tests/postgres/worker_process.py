@@ -8,7 +8,8 @@ first heartbeat reporting the replication's lag (the subscription and its slot e
 the initial copy runs), with catch_up at the first reporting what is still to apply
 (test_online_outages).
 
-    python -m tests.postgres.worker_process --state-dir DIR --task-queue QUEUE --bindir DIR [--activity NAME]
+    python -m tests.postgres.worker_process --state-dir DIR --task-queue QUEUE --bindir DIR
+        [--activity NAME] [--streams]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
 import os
 import signal
 from collections.abc import Callable
@@ -39,20 +41,26 @@ DEATHS = {"snapshot": "uploaded_bytes", "replicate": "lag_bytes", "catch_up": "l
 
 
 def _die_once(key: str) -> Callable[[dict[str, Any]], None]:
+    """A hook that kills the worker at the first heartbeat reporting `key` (uploaded bytes: more than none), also
+    under a stream's name (stream1_uploaded_bytes, see activities/postgres/streams.py)."""
+
     def hook(details: dict[str, Any]) -> None:
-        if key in details and (key != "uploaded_bytes" or details[key] > 0):
-            os.kill(os.getpid(), signal.SIGKILL)
+        for name, value in details.items():
+            if name.endswith(key) and (key != "uploaded_bytes" or value > 0):
+                os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
 
 
-async def _run(info: StackInfo, task_queue: str, bindir: Path, doomed: str = "snapshot") -> None:
+async def _run(info: StackInfo, task_queue: str, bindir: Path, doomed: str = "snapshot", streams: bool = False) -> None:
     assert info.temporal_address is not None
     client = await connect_temporal(
         TemporalSettings(address=info.temporal_address, namespace=info.temporal_namespace or "default")
     )
     api = k8s_config.new_client_from_config(config_file=str(info.kubeconfig))
     settings = DataActivitySettings(postgres_bindir=bindir, part_size=5 * MIB, upload_concurrency=2)
+    if streams:  # a snapshot in streams whatever the source's size
+        settings = dataclasses.replace(settings, parallel_min_size=0)
     postgres = PostgresActivities(api, settings)
     replication = ReplicationActivities(api, settings)
     activity = {"snapshot": postgres.snapshot, "replicate": replication.replicate, "catch_up": replication.catch_up}
@@ -75,8 +83,9 @@ def main() -> None:
     parser.add_argument("--task-queue", required=True)
     parser.add_argument("--bindir", type=Path, required=True)
     parser.add_argument("--activity", choices=sorted(DEATHS), default="snapshot")
+    parser.add_argument("--streams", action="store_true", help="take snapshots in streams whatever their size")
     args = parser.parse_args()
-    asyncio.run(_run(StackInfo.load(args.state_dir), args.task_queue, args.bindir, args.activity))
+    asyncio.run(_run(StackInfo.load(args.state_dir), args.task_queue, args.bindir, args.activity, args.streams))
 
 
 if __name__ == "__main__":
