@@ -8,7 +8,8 @@ in one table:
   default compression, pg_restore in one transaction, as ferry restores);
 - a direct parallel copy: `pg_dump -Fd -j N` into a folder on disk, then
   `pg_restore -j N` (N from --jobs; no single transaction is possible with -j);
-- ferry's time from freeze to verified, each step too: freeze, snapshot to S3 (which
+- ferry's time from freeze to verified, once for each count of --streams (its snapshot's
+  parallel streams, spec.driver.parallelism), each step too: freeze, snapshot to S3 (which
   restores the target from the same stream, as mode Snapshot's plan asks), migrate
   (which then finds the target restored) and verify, run as the worker runs them (ActivityEnvironment, in this process)
   into another fresh database; this is the write-downtime window (undo_freeze, which
@@ -42,7 +43,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,7 +53,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.postgres import checksums
 from activities.postgres.activities import PostgresActivities
 from activities.secrets import DatabaseConnection, S3Credentials
-from activities.settings import DataActivitySettings
+from activities.settings import DataActivitySettings, default_streams
 from devstack.stack.install import ensure_binaries
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import Stack, StackInfo
@@ -225,9 +226,15 @@ def timed(call: Callable[[], T]) -> tuple[T, float]:
 
 
 def ferry(
-    info: StackInfo, bindir: Path, source: PostgresEndpoint, target: PostgresEndpoint, compression: int | None = None
+    info: StackInfo,
+    bindir: Path,
+    source: PostgresEndpoint,
+    target: PostgresEndpoint,
+    compression: int | None = None,
+    streams: int = 1,
 ) -> dict[str, Any]:
-    """Freeze, snapshot, migrate and verify as the saga runs them; returns each step's seconds and sizes."""
+    """Freeze, snapshot (in `streams` streams), migrate and verify as the saga runs them; returns each step's seconds
+    and sizes."""
     assert info.s3_access_key is not None
     assert info.s3_secret_key is not None
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -239,7 +246,7 @@ def ferry(
     chosen = {} if compression is None else {"dump_compression": compression}
     postgres = PostgresActivities(None, DataActivitySettings(postgres_bindir=bindir, **chosen), secrets=secrets)
     ref = MigrationRef(namespace="bench", name="bench", uid=str(uuid.uuid4()))
-    driver = DriverSpec(source_secret="source", target_secret="target")
+    driver = DriverSpec(source_secret="source", target_secret="target", parallelism=streams)
     spec = SnapshotSpec(bucket=bucket, endpoint=info.s3_endpoint, allow_insecure_endpoint=True, credentials_secret="s3")
 
     def run(activity: Callable[[Any], T], input: Any) -> T:
@@ -255,7 +262,8 @@ def ferry(
     undo = UndoFreezeInput(ref=ref, driver=driver, previous_setting=frozen.previous_setting)
     _, undo_s = timed(lambda: run(postgres.undo_freeze, undo))
     peak = peak_rss_mib()
-    s3.delete_object(Bucket=bucket, Key=artifact.key)
+    for key in [artifact.key, *(stream.key for stream in artifact.streams)]:
+        s3.delete_object(Bucket=bucket, Key=key)
     s3.delete_bucket(Bucket=bucket)
     assert all(check.equal for check in verified.tables)
     return {
@@ -264,7 +272,8 @@ def ferry(
         "migrate": migrate_s,
         "verify": verify_s,
         "undo_freeze": undo_s,
-        "snapshot_mb": artifact.size_bytes / 2**20,
+        "snapshot_mb": artifact.total_bytes / 2**20,
+        "objects": 1 + len(artifact.streams),
         "peak_rss_mib": peak,
     }
 
@@ -292,7 +301,13 @@ def megabytes(size: str) -> int:
 
 
 def measure(
-    info: StackInfo, bindir: Path, size_mb: int, tables: int, jobs: int, compression: int | None = None
+    info: StackInfo,
+    bindir: Path,
+    size_mb: int,
+    tables: int,
+    jobs: int,
+    compression: int | None = None,
+    streams: Sequence[int] = (1,),
 ) -> dict[str, float]:
     """One size: builds the source, copies it the three ways, drops what it made; returns the figures."""
     source_admin, target_admin = info.postgres["source"], info.postgres["target"]
@@ -309,11 +324,13 @@ def measure(
     print("row hashes ...", flush=True)
     read = read_rows(source, (checksums.MD5, checksums.HASHTEXT, checksums.COLUMNS, TEXT_ONLY))
     figures.update({f"hash {name}": seconds for name, seconds in read.items()})
-    print("ferry: freeze, snapshot, migrate, verify ...", flush=True)
-    target = _fresh_database(target_admin, "ferry_bench_ferry")
-    figures.update(ferry(info, bindir, source, target, compression))
-    figures["target again"] = read_rows(target, (checksums.COLUMNS,))[checksums.COLUMNS.name]
-    figures["ferry"] = figures["freeze"] + figures["snapshot"] + figures["migrate"] + figures["verify"]
+    for count in streams:
+        print(f"ferry in {count} streams: freeze, snapshot, migrate, verify ...", flush=True)
+        target = _fresh_database(target_admin, "ferry_bench_ferry")
+        steps = ferry(info, bindir, source, target, compression, count)
+        steps["target again"] = read_rows(target, (checksums.COLUMNS,))[checksums.COLUMNS.name]
+        steps["ferry"] = steps["freeze"] + steps["snapshot"] + steps["migrate"] + steps["verify"]
+        figures.update({f"{name}@{count}": value for name, value in steps.items()})
     for name in ("ferry_bench_pipe", "ferry_bench_ferry"):
         with psycopg.connect(target_admin.dsn, autocommit=True) as conn:
             conn.execute(f'drop database if exists "{name}" with (force)')
@@ -322,32 +339,39 @@ def measure(
     return figures
 
 
-def table(results: dict[int, dict[str, float]], jobs: int) -> str:
+def table(results: dict[int, dict[str, float]], jobs: int, streams: Sequence[int]) -> str:
     rows = [
         ("source database (MB)", "size_mb", "{:,.0f}"),
         ("rows", "rows", "{:,.0f}"),
-        ("snapshot object (MB)", "snapshot_mb", "{:,.0f}"),
         ("pg_dump -Fc | pg_restore (s)", "pipe", "{:.1f}"),
         (f"pg_dump -Fd -j{jobs} + pg_restore -j{jobs} (s)", "parallel", "{:.1f}"),
-        ("ferry freeze -> verified (s)", "ferry", "{:.1f}"),
-        ("  freeze (s)", "freeze", "{:.2f}"),
-        ("  snapshot, restoring as it uploads (s)", "snapshot", "{:.1f}"),
-        ("  migrate (finds it restored) (s)", "migrate", "{:.1f}"),
-        ("  verify (s)", "verify", "{:.1f}"),
-        ("  then undo_freeze (s)", "undo_freeze", "{:.2f}"),
-        ("ferry / faster direct way", "ratio", "{:.2f}"),
         ("(uncompressed pipe: pg_dump -Fc -Z0 | pg_restore (s))", "pipe_z0", "{:.1f}"),
-        ("(ferry / uncompressed pipe)", "ratio_z0", "{:.2f}"),
+    ]
+    for count in streams:
+        rows += [
+            (f"ferry in {count} stream(s), freeze -> verified (s)", f"ferry@{count}", "{:.1f}"),
+            ("  freeze (s)", f"freeze@{count}", "{:.2f}"),
+            ("  snapshot, restoring as it uploads (s)", f"snapshot@{count}", "{:.1f}"),
+            ("  migrate (finds it restored) (s)", f"migrate@{count}", "{:.1f}"),
+            ("  verify (s)", f"verify@{count}", "{:.1f}"),
+            ("  then undo_freeze (s)", f"undo_freeze@{count}", "{:.2f}"),
+            ("  snapshot objects", f"objects@{count}", "{:.0f}"),
+            ("  snapshot objects' size (MB)", f"snapshot_mb@{count}", "{:,.0f}"),
+            ("  ferry / faster direct way", f"ratio@{count}", "{:.2f}"),
+            ("  (ferry / uncompressed pipe)", f"ratio_z0@{count}", "{:.2f}"),
+            ("  target read again after verify (s)", f"target again@{count}", "{:.1f}"),
+            ("  peak RSS during ferry's steps (MiB)", f"peak_rss_mib@{count}", "{:,.0f}"),
+        ]
+    rows += [
         ("source's rows read by md5 (s)", "hash md5", "{:.1f}"),
         ("  by hashtextextended (s)", "hash hashtextextended", "{:.1f}"),
         ("  by hash_record_extended (s)", "hash hash_record_extended", "{:.1f}"),
         ("  their text forms only (s)", "hash text forms only", "{:.1f}"),
-        ("ferry's target read again after verify (s)", "target again", "{:.1f}"),
-        ("peak RSS during ferry's steps (MiB)", "peak_rss_mib", "{:,.0f}"),
     ]
     for figures in results.values():
-        figures["ratio"] = figures["ferry"] / min(figures["pipe"], figures["parallel"])
-        figures["ratio_z0"] = figures["ferry"] / figures["pipe_z0"]
+        for count in streams:
+            figures[f"ratio@{count}"] = figures[f"ferry@{count}"] / min(figures["pipe"], figures["parallel"])
+            figures[f"ratio_z0@{count}"] = figures[f"ferry@{count}"] / figures["pipe_z0"]
     width = max(len(name) for name, _, _ in rows)
     header = " " * width + "".join(f"{f'{size} MB':>12}" for size in results)
     lines = [header]
@@ -364,16 +388,23 @@ def main() -> None:
     parser.add_argument(
         "--compression", type=int, choices=range(10), help="ferry's snapshot compression (default: the worker's)"
     )
+    parser.add_argument(
+        "--streams",
+        default=f"1,{default_streams(os.cpu_count())}",
+        help="ferry's runs, by its snapshot's streams (spec.driver.parallelism), e.g. 1,2,4 (default: one, and "
+        "this machine's default: %(default)s)",
+    )
     parser.add_argument("--state-dir", type=Path, help="use the running stack of this state folder")
     args = parser.parse_args()
     sizes = [megabytes(size) for size in args.sizes.split(",")]
+    streams = list(dict.fromkeys(int(count) for count in args.streams.split(",")))
     bindir = ensure_binaries().postgres_bindir
     results: dict[int, dict[str, float]] = {}
     with stack(args.state_dir) as info:
         for size in sizes:
-            results[size] = measure(info, bindir, size, args.tables, args.jobs, args.compression)
+            results[size] = measure(info, bindir, size, args.tables, args.jobs, args.compression, streams)
     print()
-    print(table(results, args.jobs))
+    print(table(results, args.jobs, streams))
 
 
 if __name__ == "__main__":

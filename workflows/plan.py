@@ -76,7 +76,7 @@ def record_snapshot(result: SnapshotResult, status: SagaStatus) -> None:
         bucket=result.bucket,
         key=result.key,
         sha256=result.sha256,
-        size_bytes=result.size_bytes,
+        size_bytes=result.total_bytes,  # with the objects of its streams, if any (a property: replays unchanged)
     )
 
 

@@ -290,6 +290,11 @@ class PostgresActivities:
         of this Migration restored. A failed or cancelled attempt aborts its own upload
         and kills its pg_restore before it commits. While it runs, status.progress shows
         the bytes dumped (no total: the dump's size is not known beforehand).
+
+        With spec.driver.parallelism (or the worker's --snapshot-streams) above one, a source
+        large enough with two tables or more goes in parallel streams, each an object of
+        its own beside the key, and the target is marked incomplete until the last piece
+        committed (see streams).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = None
@@ -441,7 +446,8 @@ class PostgresActivities:
         still holds that restore, there is nothing to do. Otherwise it reads the object
         back from S3. Idempotent: the restore is one transaction, and a retry first drops
         whatever an earlier attempt of this Migration committed (see restoring). While it
-        runs, status.progress shows the bytes restored of the snapshot's size.
+        runs, status.progress shows the bytes restored of the snapshot's size. A snapshot in
+        parallel streams is restored the same way, its streams at once (see streams).
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact

@@ -38,7 +38,7 @@ from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
-from ferry.api.migration import DriverMode, Throughput
+from ferry.api.migration import DriverMode, DriverSpec, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
@@ -53,7 +53,12 @@ SESSION = {"default_transaction_read_only": "on"}
 SERVER = """
 select split_part(current_setting('server_version'), ' ', 1), current_setting('server_version_num')::int / 10000,
     pg_database_size(current_database()),
-    (select rolsuper or rolbypassrls from pg_roles where rolname = current_user)
+    (select rolsuper or rolbypassrls from pg_roles where rolname = current_user),
+    (select case when r.rolsuper then current_setting('max_connections')::int else least(
+        current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int,
+        case when r.rolconnlimit >= 0 then r.rolconnlimit else 2147483647 end,
+        case when d.datconnlimit >= 0 then d.datconnlimit else 2147483647 end
+    ) end from pg_roles r, pg_database d where r.rolname = current_user and d.datname = current_database())
 """
 ROW_SECURITY = """
 select n.nspname || '.' || c.relname, c.relforcerowsecurity,
@@ -96,6 +101,9 @@ class Server:
     """Whether the Secret's user reads every row whatever row-level security says."""
     forced_rls: tuple[str, ...] = ()
     """Tables whose row-level security applies to their owners too (FORCE ROW LEVEL SECURITY)."""
+    sessions: int = 1 << 31
+    """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
+    for superusers, and the role's and the database's connection limits)."""
 
 
 def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckInput, owner: str) -> PrecheckResult:
@@ -146,6 +154,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
             "out smaller, but ferry does not freeze a source whose snapshot may not fit. Migrate it in mode Online "
             "(spec.driver.mode), or raise the worker's limit if the store takes larger objects."
         )
+    if source and target and source_db and target_db and driver.mode is DriverMode.SNAPSHOT:
+        _sessions_for_streams(settings, driver, source.size, [(source, source_db), (target, target_db)], problems)
     sample = b""
     read_rate = write_rate = upload_rate = 0.0
     if input.measure and source_db and target_db and source and target:
@@ -177,6 +187,29 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         if input.measure
         else None,
     )
+
+
+def _sessions_for_streams(
+    settings: DataActivitySettings,
+    driver: DriverSpec,
+    size: int,
+    sides: list[tuple[Server, DatabaseConnection]],
+    problems: Problems,
+) -> None:
+    """A snapshot in N streams (see streams) holds N + 1 sessions on each side at once: the exported snapshot and N
+    pg_dumps on the source; N restores, then pg_restore --jobs N and its leader, on the target."""
+    streams = driver.parallelism or settings.snapshot_streams
+    if streams < 2 or size < settings.parallel_min_size:
+        return
+    for server, db in sides:
+        if server.sessions < streams + 1:
+            chosen = "spec.driver.parallelism" if driver.parallelism else "the worker's --snapshot-streams"
+            problems.append(
+                f"a snapshot in {streams} streams ({chosen}) needs {streams + 1} sessions at once on "
+                f"{db.describe()}, and the user in Secret {db.secret} may have {server.sessions} there "
+                "(max_connections less the superusers' reserve, and the role's and the database's connection "
+                f"limits). Set spec.driver.parallelism to {max(1, server.sessions - 1)} or less, or raise the limit."
+            )
 
 
 def _gib(size: int) -> str:
@@ -249,10 +282,15 @@ def _counted(conn: Connection, db: DatabaseConnection, check: str, problems: Pro
 def _server(conn: Connection, extensions: str) -> Server:
     row = conn.execute(SERVER).fetchone()
     assert row is not None
-    version, major, size, bypasses_rls = row
+    version, major, size, bypasses_rls, sessions = row
     names = frozenset(name for (name,) in conn.execute(extensions))
     return Server(
-        version=str(version), major=int(major), size=int(size), extensions=names, bypasses_rls=bool(bypasses_rls)
+        version=str(version),
+        major=int(major),
+        size=int(size),
+        extensions=names,
+        bypasses_rls=bool(bypasses_rls),
+        sessions=int(sessions),
     )
 
 

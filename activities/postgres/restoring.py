@@ -432,7 +432,8 @@ def restore(
     """Feeds the object's `body` (a botocore StreamingBody) into pg_restore; returns the bytes read.
 
     `progress` is given the bytes read so far, of the snapshot's size, after each chunk;
-    `freeze`, the tables whose rows load frozen through psql (see `Restore`).
+    `freeze`, the tables whose rows load frozen through psql (see `Restore`); `truncate`,
+    for a stream of rows alone, has each of those tables emptied before its COPY.
 
     Raises:
         SnapshotCorrupt: the object's SHA-256 is not the recorded one; nothing was committed.

@@ -48,6 +48,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -84,6 +85,9 @@ select set_config(name, '0', false) from pg_settings
 where name in ('idle_in_transaction_session_timeout', 'transaction_timeout')
 """
 """The exporting session waits in its transaction while the dumps run: no timeout of the server's may end it."""
+
+ROOM = 64 * MIB
+"""Room left free on the worker's temporary folder beside the main archive."""
 
 T = TypeVar("T")
 
@@ -286,6 +290,18 @@ def fetch(s3: S3Client, artifact: SnapshotResult, path: Path, heartbeats: Heartb
     return path
 
 
+def _room_for(folder: Path, main: SnapshotResult) -> None:
+    """Fails before the read when the worker's temporary folder cannot hold the main archive."""
+    free = shutil.disk_usage(folder).free
+    if free < main.size_bytes + ROOM:
+        raise RuntimeError(
+            f"the worker's temporary folder {folder.parent} has {free / MIB:,.0f} MiB free, and the main archive of a "
+            f"snapshot in streams ({main.location}, {main.size_bytes / MIB:,.0f} MiB) must be read there to be "
+            "restored around the streams. Give the worker more room there (TMPDIR), or set spec.driver.parallelism "
+            "to 1, which needs none."
+        )
+
+
 def restore_sections(
     db: DatabaseConnection,
     settings: DataActivitySettings,
@@ -330,6 +346,7 @@ def restore_around(
     """Restores the main archive `main` into `db` around the streams' `jobs`: its schema before them, and the rest
     (with `sessions` sessions) once every job is done; returns the jobs' results."""
     with tempfile.TemporaryDirectory(prefix="ferry-snapshot-") as folder:
+        _room_for(Path(folder), main)
         archive = fetch(s3, main, Path(folder) / "main.dump", heartbeats)
         restore_sections(db, settings, archive, heartbeats, main.location, "--section=pre-data", "--single-transaction")
         results = Group(heartbeats).run(jobs)

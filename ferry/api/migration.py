@@ -500,7 +500,9 @@ class SnapshotStatus(ApiModel):
     bucket: str | None = Field(default=None, description="Bucket of the snapshot object.")
     key: str | None = Field(default=None, description="Key of the snapshot object.")
     sha256: str
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(
+        ge=0, description="Its size; for a snapshot in parallel streams, with the objects beside it (`.tables-N.dump`)."
+    )
     deleted: bool = Field(default=False, description="Whether retention has deleted the object.")
 
 

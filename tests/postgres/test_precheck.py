@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from psycopg import sql
 
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
@@ -405,3 +406,24 @@ def test_precheck_names_tables_whose_rows_row_level_security_would_hide_from_the
     )
     assert problems[1].endswith(f"As a superuser, ALTER ROLE {target_owner.user} BYPASSRLS, or use a superuser.")
     assert as_superusers.source_version.startswith("15.")
+
+
+def test_precheck_names_a_parallelism_the_targets_connection_limit_cannot_hold(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str, data_settings: DataActivitySettings
+) -> None:
+    """A snapshot in N streams holds N + 1 sessions on each side: a limit below that would fail it after the freeze."""
+    any_size = PostgresActivities(kube_api, dataclasses.replace(data_settings, parallel_min_size=0))
+    with database_owner(databases.target) as owner:
+        with connect(databases.target) as conn:
+            conn.execute(sql.SQL("alter role {} connection limit 4").format(sql.Identifier(owner.user)))
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+        limited = _with(dataclasses.replace(steps, postgres=any_size), target=OTHER)
+
+        (problem,) = _problems(
+            dataclasses.replace(limited, driver=limited.driver.model_copy(update={"parallelism": 4}))
+        )
+        dataclasses.replace(limited, driver=limited.driver.model_copy(update={"parallelism": 3})).precheck()
+
+    assert problem.startswith("a snapshot in 4 streams (spec.driver.parallelism) needs 5 sessions at once on database")
+    assert f"the user in Secret {namespace}/{OTHER} may have 4 there" in problem
+    assert problem.endswith("Set spec.driver.parallelism to 3 or less, or raise the limit.")

@@ -67,7 +67,7 @@ def test_each_stream_gets_an_equal_share_of_the_snapshots_memory_and_never_less_
 
 
 def test_the_default_number_of_streams_follows_the_cpus() -> None:
-    assert [default_streams(cpus) for cpus in (None, 1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 1, 2, 4, 8, 8]
+    assert [default_streams(cpus) for cpus in (None, 1, 2, 3, 4, 8, 16, 64)] == [1, 1, 2, 3, 4, 8, 8, 8]
 
 
 def test_the_streams_keys_sit_beside_the_snapshots_and_match_no_other_snapshots_key() -> None:
