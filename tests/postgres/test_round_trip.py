@@ -47,7 +47,7 @@ def test_a_shop_with_every_kind_of_object_migrates_whole_and_verifies_equal(step
         ("shop.orders", 300_000, True),
     ]
     assert restored.tables == 3
-    assert restored.bytes_restored == artifact.size_bytes
+    assert restored.bytes_restored == artifact.total_bytes
     source, target = _catalog(databases.source), _catalog(databases.target)
     assert target == source
     assert {row[2] for row in target["constraints"]} == {"p", "f", "u", "c"}
