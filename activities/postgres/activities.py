@@ -17,7 +17,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
@@ -87,6 +87,8 @@ if TYPE_CHECKING:
 DRIVER = DriverType.POSTGRESQL.value
 WRITABLE = {"default_transaction_read_only": "off"}
 """Session settings of ferry's own writing sessions: the source may be frozen, and they must still write."""
+CLEAR_LOCK_TIMEOUT = "10s"
+"""How long emptying a target after a failed restore in streams waits for the killed restores' sessions to let go."""
 READING = {"default_transaction_read_only": "on"}
 """Session settings of sessions that only read a live database: they could not write even by mistake."""
 
@@ -236,6 +238,32 @@ class PostgresActivities:
         except Exception as error:  # noqa: BLE001 - the freeze's own failure is what to report
             activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
 
+    @contextlib.contextmanager
+    def _cleared_on_failure(self, db: DatabaseConnection, ref: MigrationRef) -> Iterator[None]:
+        """Empties the target of this Migration's restore, and unmarks it, when the block fails or is cancelled: a
+        restore in streams commits piece by piece (see streams), and a target must not keep a partial one."""
+        try:
+            yield
+        except BaseException:
+            self._clear_quietly(db, ref)
+            raise
+
+    def _clear_quietly(self, db: DatabaseConnection, ref: MigrationRef) -> None:
+        """Best effort, once: should it fail, the target stays marked incomplete, and the next attempt or the undo
+        empties it."""
+        once = dataclasses.replace(self._settings, connect_attempts=1)
+        try:
+            with connect(db, once, **WRITABLE, lock_timeout=CLEAR_LOCK_TIMEOUT) as conn:
+                restoring.remove(conn, db, owner(ref))
+            activity.logger.info("emptied %s of the partial restore of Migration %s", db.describe(), ref)
+        except Exception as error:  # noqa: BLE001 - the step's own failure is what to report
+            activity.logger.warning(
+                "could not empty %s of a partial restore (it stays marked incomplete; the next attempt or the undo "
+                "empties it): %s",
+                db.describe(),
+                error,
+            )
+
     def _end_sessions(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> int:
         with privileged(db, "end other sessions"):
             return freezing.end_sessions(conn, self._settings.session_end_timeout, _rounds(heartbeats))
@@ -372,7 +400,22 @@ class PostgresActivities:
         freeze: frozenset[bytes] | None,
     ) -> SnapshotResult:
         """The snapshot in parallel streams (see streams), restored into `target` (prepared, marked incomplete) if
-        given, which is marked complete at the end."""
+        given, which is marked complete at the end, or emptied and unmarked if the restore fails."""
+        with self._cleared_on_failure(target, input.ref) if target else contextlib.nullcontext():
+            return self._stream_snapshot(input, db, target, s3, heartbeats, progress, estimate, groups, freeze)
+
+    def _stream_snapshot(
+        self,
+        input: SnapshotInput,
+        db: DatabaseConnection,
+        target: DatabaseConnection | None,
+        s3: S3Client,
+        heartbeats: Heartbeats,
+        progress: ProgressWriter,
+        estimate: int,
+        groups: list[list[streams.Table]],
+        freeze: frozenset[bytes] | None,
+    ) -> SnapshotResult:
         bucket, key = input.snapshot.bucket, input.key
         total = streams.Total(progress)
         shared = streams.stream_settings(self._settings, len(groups))
@@ -473,11 +516,12 @@ class PostgresActivities:
                 s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
                 with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
                     if artifact.streams:
-                        read = streams.restore_from_store(
-                            db, self._settings, s3, artifact, heartbeats, progress, freeze
-                        )
-                        with self._connect(db) as marking, privileged(db, "change the database's settings"):
-                            restoring.mark_complete(marking, owner(input.ref))
+                        with self._cleared_on_failure(db, input.ref):
+                            read = streams.restore_from_store(
+                                db, self._settings, s3, artifact, heartbeats, progress, freeze
+                            )
+                            with self._connect(db) as marking, privileged(db, "change the database's settings"):
+                                restoring.mark_complete(marking, owner(input.ref))
                     else:
                         body = restoring.open_snapshot(s3, artifact)
                         try:

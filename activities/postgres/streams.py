@@ -32,14 +32,18 @@ the target is prepared until the last piece committed (`restoring.mark_complete`
 incomplete target is never taken for a restored one: migrate restores again, the next
 attempt empties it first (prepare_target), and the undo empties it like a complete one.
 The first stream that fails stops the others (their tools are killed, their uploads
-aborted), and the step fails with its error.
+aborted), the step empties the target and removes its marker (on a connection of its own,
+once: should that fail, the marker stays and the above applies), and fails with the
+stream's error; a cancellation empties it the same way.
 
 migrate restores such a snapshot from S3 the same way (`restore_from_store`) when the
 snapshot step did not restore it: the main archive into a temporary file, its schema, the
 streams at once (each checked against its SHA-256 before it commits), then the rest.
 
 Memory: each stream's upload gets an equal share of --snapshot-memory-mib, at least
-10 MiB (`stream_settings`). Disk: the main archive, while the target is restored.
+10 MiB (`stream_settings`). Disk: the main archive (the schema, and the rows of the
+tables no stream took), in a private temporary folder of the worker's (mode 0700) while
+the target is restored, removed afterwards; the step checks for room before reading it.
 """
 
 from __future__ import annotations

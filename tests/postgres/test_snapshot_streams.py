@@ -6,7 +6,8 @@ beside the snapshot's and restored into the target as it is uploaded; the main a
 holds the rest, and its indexes and constraints are built once every stream committed.
 The target commits piece by piece, so its marker says "incomplete" until the last piece:
 an incomplete target is never taken for a restored one, a retry empties it first, and
-the undo empties it. Whatever stops the step stops every stream's tools.
+the undo empties it; and a step that fails or is cancelled empties it itself. Whatever stops the
+step stops every stream's tools.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import restoring, streams
-from activities.postgres.activities import PostgresActivities, owner
-from activities.postgres.restoring import INCOMPLETE
+from activities.postgres import streams
+from activities.postgres.activities import PostgresActivities
 from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.stack import StackInfo
@@ -128,7 +128,7 @@ def test_migrate_restores_a_snapshot_in_streams_from_s3(in_streams: Steps, datab
     assert _loaded_frozen(databases)["public.blobs"]
 
 
-def test_a_changed_stream_object_fails_migrate_and_leaves_the_target_marked_incomplete(
+def test_a_changed_stream_object_fails_migrate_and_the_target_is_emptied_of_what_the_other_objects_restored(
     in_streams: Steps, databases: Databases, stack: StackInfo
 ) -> None:
     _create_source(databases)
@@ -144,14 +144,13 @@ def test_a_changed_stream_object_fails_migrate_and_leaves_the_target_marked_inco
     with pytest.raises(SnapshotCorrupt, match=changed.key):
         in_streams.migrate(snapshot)
 
-    assert (_marker(databases) or "").endswith(INCOMPLETE), "nobody takes the target for a restored one"
-    with pytest.raises(SnapshotCorrupt):  # a retry does not take it for restored either
-        in_streams.migrate(snapshot)
-    assert in_streams.undo_migrate().removed
     with connect(databases.target) as conn:
-        assert tables(conn) == []
+        assert tables(conn) == [], "the schema and the other streams had committed; the failed step emptied them"
     assert _marker(databases) is None
     assert _children("pg_dump", "pg_restore", "psql") == []
+    with pytest.raises(SnapshotCorrupt):  # and so again: nothing is taken for restored
+        in_streams.migrate(snapshot)
+    assert not in_streams.undo_migrate().removed, "nothing was left to undo"
 
 
 def test_a_stream_that_fails_stops_the_others_and_a_retry_restores_from_a_clean_target(
@@ -186,10 +185,9 @@ def test_a_stream_that_fails_stops_the_others_and_a_retry_restores_from_a_clean_
 
     assert ended == [1]
     assert _children("pg_dump", "pg_restore", "psql") == []
-    assert (_marker(databases) or "").endswith(INCOMPLETE)
     with connect(databases.target) as conn:
-        assert tables(conn), "the schema and whatever streams committed stay until the retry or the undo"
-        assert not restoring.find(conn).holds_restore(owner(in_streams.ref)), "never taken for a complete restore"
+        assert tables(conn) == [], "the failed step emptied what the schema and the other streams had committed"
+    assert _marker(databases) is None
     eventually("every session on the source to end", lambda: other_sessions(databases.source) == 0, timeout=10)
     eventually("every session on the target to end", lambda: other_sessions(databases.target) == 0, timeout=10)
 
@@ -220,10 +218,10 @@ def test_a_snapshot_in_streams_cancelled_midway_stops_every_tool_and_its_undo_le
 
     assert _children("pg_dump", "pg_restore", "psql") == []
     eventually("every session on the source to end", lambda: other_sessions(databases.source) == 0, timeout=10)
-    in_streams.undo_snapshot()
     with connect(databases.target) as conn:
-        assert tables(conn) == []
+        assert tables(conn) == [], "no partial target, even before the undo"
     assert _marker(databases) is None
+    in_streams.undo_snapshot()
     assert _objects_and_uploads(stack, bucket) == ([], [])
 
 
