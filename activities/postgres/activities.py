@@ -356,9 +356,10 @@ class PostgresActivities:
                 if aborted:
                     activity.logger.info("removed %d unfinished uploads or streams of %s", aborted, location)
                 if groups:
-                    result = self._snapshot_in_streams(
-                        input, db, target, s3, heartbeats, progress, estimate, groups, freeze
-                    )
+                    with self._cleared_on_failure(target, input.ref) if target else contextlib.nullcontext():
+                        result = self._snapshot_in_streams(
+                            input, db, target, s3, heartbeats, progress, estimate, groups, freeze
+                        )
                 else:
                     with (
                         restoring.Restore(target, self._settings, heartbeats, location, freeze)
@@ -400,22 +401,7 @@ class PostgresActivities:
         freeze: frozenset[bytes] | None,
     ) -> SnapshotResult:
         """The snapshot in parallel streams (see streams), restored into `target` (prepared, marked incomplete) if
-        given, which is marked complete at the end, or emptied and unmarked if the restore fails."""
-        with self._cleared_on_failure(target, input.ref) if target else contextlib.nullcontext():
-            return self._stream_snapshot(input, db, target, s3, heartbeats, progress, estimate, groups, freeze)
-
-    def _stream_snapshot(
-        self,
-        input: SnapshotInput,
-        db: DatabaseConnection,
-        target: DatabaseConnection | None,
-        s3: S3Client,
-        heartbeats: Heartbeats,
-        progress: ProgressWriter,
-        estimate: int,
-        groups: list[list[streams.Table]],
-        freeze: frozenset[bytes] | None,
-    ) -> SnapshotResult:
+        given, which is marked complete at the end (the caller empties and unmarks it if this fails)."""
         bucket, key = input.snapshot.bucket, input.key
         total = streams.Total(progress)
         shared = streams.stream_settings(self._settings, len(groups))

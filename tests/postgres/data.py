@@ -250,3 +250,15 @@ def database_owner(endpoint: PostgresEndpoint, *, may_set_markers: bool = True) 
             conn.execute(sql.SQL("alter database {} owner to postgres").format(database))
             conn.execute(sql.SQL("drop owned by {}").format(role))
             conn.execute(sql.SQL("drop role {}").format(role))
+
+
+def end_copies(endpoint: PostgresEndpoint, like: str = "copy %") -> int:
+    """Ends the sessions on the endpoint's database running a query `like` this (pg_dump's COPY ... TO stdout, by
+    default); returns how many, as a server restart or a proxy's cut would end them."""
+    with connect(endpoint) as conn:
+        row = conn.execute(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+            "where datname = current_database() and pid <> pg_backend_pid() and query ilike %s",
+            (like,),
+        ).fetchone()
+    return int(row[0]) if row else 0

@@ -39,6 +39,7 @@ from tests.postgres.data import (
     contents,
     create_bulky,
     create_shop,
+    end_copies,
     other_sessions,
     tables,
     with_statistics,
@@ -207,12 +208,7 @@ def test_a_dump_that_fails_midway_commits_nothing_on_the_target(
         with once:
             if ended:
                 return
-            with connect(databases.source) as conn:
-                row = conn.execute(
-                    "select count(pg_terminate_backend(pid)) from pg_stat_activity "
-                    "where datname = current_database() and pid <> pg_backend_pid() and query ilike 'copy %'"
-                ).fetchone()
-            ended.append(row[0] if row else 0)
+            ended.append(end_copies(databases.source))
 
     env.on_heartbeat = end_pg_dump_after_two_parts
 

@@ -31,7 +31,16 @@ from ferry.api.saga import DeleteSnapshotInput, SnapshotResult, stream_key
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_bulky, create_shop, other_sessions, tables, with_statistics
+from tests.postgres.data import (
+    connect,
+    contents,
+    create_bulky,
+    create_shop,
+    end_copies,
+    other_sessions,
+    tables,
+    with_statistics,
+)
 from tests.postgres.test_restore_while_dumping import _children, _loaded_frozen, _objects_and_uploads
 
 TABLES = [
@@ -170,12 +179,7 @@ def test_a_stream_that_fails_stops_the_others_and_a_retry_restores_from_a_clean_
         with once:
             if ended:
                 return
-            with connect(databases.source) as conn:
-                row = conn.execute(
-                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where datname = current_database() "
-                    "and pid <> pg_backend_pid() and query ilike 'copy public.blobs%'"
-                ).fetchone()
-            ended.append(row[0] if row else 0)
+            ended.append(end_copies(databases.source, "copy public.blobs%"))
 
     env.on_heartbeat = end_one_dump
     in_streams.freeze()
