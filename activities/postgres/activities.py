@@ -444,6 +444,16 @@ class PostgresActivities:
                 return run
 
             jobs = [job(index, group) for index, group in enumerate(groups, start=1)]
+            for index, group in enumerate(groups, start=1):
+                activity.logger.info(
+                    "snapshot stream %d of %d: %d tables, %d bytes in the database (%s%s)",
+                    index,
+                    len(groups),
+                    len(group),
+                    sum(table.size for table in group),
+                    ", ".join(table.name for table in group[:3]),
+                    ", ..." if len(group) > 3 else "",
+                )
             if target is None:
                 done = streams.Group(heartbeats).run(jobs)
             else:
