@@ -422,7 +422,16 @@ class PostgresActivities:
             main = SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
 
             def job(index: int, group: list[streams.Table]) -> Callable[[Heartbeats], SnapshotStream]:
-                at = stream_key(key, index)
+                at, part = stream_key(key, index), sum(table.size for table in group)
+                activity.logger.info(
+                    "snapshot stream %d of %d: %d tables, %d bytes in the database (%s%s)",
+                    index,
+                    len(groups),
+                    len(group),
+                    part,
+                    ", ".join(table.name for table in group[:3]),
+                    ", ..." if len(group) > 3 else "",
+                )
 
                 def run(beats: Heartbeats) -> SnapshotStream:
                     location = f"s3://{bucket}/{at}"
@@ -431,7 +440,6 @@ class PostgresActivities:
                         if target
                         else contextlib.nullcontext() as restore
                     ):
-                        part = sum(table.size for table in group)
                         options = streams.stream_options(name, group)
                         sha, bytes_ = dumping.dump_to_s3(
                             db, shared, s3, bucket, at, beats, part, total.share(index), restore, options
@@ -444,16 +452,6 @@ class PostgresActivities:
                 return run
 
             jobs = [job(index, group) for index, group in enumerate(groups, start=1)]
-            for index, group in enumerate(groups, start=1):
-                activity.logger.info(
-                    "snapshot stream %d of %d: %d tables, %d bytes in the database (%s%s)",
-                    index,
-                    len(groups),
-                    len(group),
-                    sum(table.size for table in group),
-                    ", ".join(table.name for table in group[:3]),
-                    ", ..." if len(group) > 3 else "",
-                )
             if target is None:
                 done = streams.Group(heartbeats).run(jobs)
             else:

@@ -450,13 +450,18 @@ def restore(
             heartbeats.raise_if_cancelled("restoring the snapshot")
         if digest.hexdigest() != artifact.sha256 or read != artifact.size_bytes:
             restoring.abort()
-            raise SnapshotCorrupt(
-                f"the snapshot {artifact.location} is not the one written: its SHA-256 is {digest.hexdigest()} "
-                f"({read} bytes), recorded was {artifact.sha256} ({artifact.size_bytes} bytes). Nothing of it was "
-                "restored. Roll back and migrate again to take a new snapshot, and find out what changed the object."
-            )
+            raise changed(artifact, digest.hexdigest(), read)
         restoring.commit()
     return read
+
+
+def changed(artifact: SnapshotResult, sha256: str, size: int) -> SnapshotCorrupt:
+    """The object read back is not the one written: its hash or size is not the recorded one."""
+    return SnapshotCorrupt(
+        f"the snapshot {artifact.location} is not the one written: its SHA-256 is {sha256} ({size} bytes), recorded "
+        f"was {artifact.sha256} ({artifact.size_bytes} bytes). Nothing of it was restored. Roll back and migrate "
+        "again to take a new snapshot, and find out what changed the object."
+    )
 
 
 def count_tables(conn: Connection) -> int:

@@ -67,10 +67,6 @@ def copy(
         code = restore.wait()
         heartbeats.raise_if_cancelled("restoring the source's schema")
         if code != 0:
-            failure = restore.failure(code)
-            refused = tls.refusal(target, failure)
-            if refused is not None:
-                raise refused
-            raise RuntimeError(f"could not restore the schema into {target.describe()}: {failure}")
+            raise restore.error(code, f"restore the schema into {target.describe()}")
     heartbeats.progress(schema_bytes=len(schema))
     return len(schema)

@@ -62,13 +62,12 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import replication, restoring, tls
+from activities.postgres import replication, restoring
 from activities.postgres.connection import Connection
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress import Counts
 from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
-from ferry.api.errors import SnapshotCorrupt
 from ferry.api.saga import SnapshotResult
 
 if TYPE_CHECKING:
@@ -286,11 +285,7 @@ def fetch(s3: S3Client, artifact: SnapshotResult, path: Path, heartbeats: Heartb
     finally:
         body.close()
     if digest.hexdigest() != artifact.sha256 or read != artifact.size_bytes:
-        raise SnapshotCorrupt(
-            f"the snapshot {artifact.location} is not the one written: its SHA-256 is {digest.hexdigest()} ({read} "
-            f"bytes), recorded was {artifact.sha256} ({artifact.size_bytes} bytes). Nothing of it was restored. Roll "
-            "back and migrate again to take a new snapshot, and find out what changed the object."
-        )
+        raise restoring.changed(artifact, digest.hexdigest(), read)
     return path
 
 
@@ -331,11 +326,7 @@ def restore_sections(
         code = tool.wait()
         heartbeats.raise_if_cancelled("restoring the snapshot's main archive")
         if code != 0:
-            failure = tool.failure(code)
-            refused = tls.refusal(db, failure)
-            if refused is not None:
-                raise refused
-            raise RuntimeError(f"could not restore {location} into {db.describe()}: {failure}")
+            raise tool.error(code, f"restore {location} into {db.describe()}")
 
 
 def restore_around(
@@ -379,9 +370,6 @@ def restore_from_store(
     """Restores a snapshot taken in streams from S3 into `db` (prepared and marked incomplete); returns the bytes
     read. Every object is checked against its SHA-256 before what it holds commits."""
     total = Total(progress, artifact.total_bytes)
-    main = SnapshotResult(
-        bucket=artifact.bucket, key=artifact.key, sha256=artifact.sha256, size_bytes=artifact.size_bytes
-    )
 
     def job(index: int) -> Callable[[Heartbeats], int]:
         stream = artifact.stream(index)
@@ -396,5 +384,5 @@ def restore_from_store(
         return restore
 
     jobs = [job(index) for index in range(len(artifact.streams))]
-    read = restore_around(db, settings, s3, main, heartbeats, jobs, len(jobs))
+    read = restore_around(db, settings, s3, artifact, heartbeats, jobs, len(jobs))  # its key is the main archive's
     return artifact.size_bytes + sum(read)

@@ -200,6 +200,12 @@ class Tool:
         said = scrub(self._db.redact("\n".join(self._stderr)), EXCERPT_LIMIT) or "(no output)"
         return f"{self.name} exited with code {code}: {said}"
 
+    def error(self, code: int, doing: str) -> Exception:
+        """What to raise for its exit with `code`: TlsMismatch when TLS failed, else a RuntimeError saying it could
+        not do what it was `doing` and what it said."""
+        failure = self.failure(code)
+        return tls.refusal(self._db, failure) or RuntimeError(f"could not {doing}: {failure}")
+
     def __enter__(self) -> Tool:
         return self
 
