@@ -218,15 +218,16 @@ def is_missing(error: ClientError) -> bool:
     return error_code(error) in {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
 
 
-def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str) -> int:
-    """Aborts every unfinished multipart upload of exactly `key`, e.g. left by a worker that died; returns how many."""
+def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str, *, under: bool = False) -> int:
+    """Aborts every unfinished multipart upload of exactly `key` or, with `under`, of every key that starts with
+    it, e.g. left by a worker that died; returns how many."""
     aborted = 0
     for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=key):
         for upload in page.get("Uploads", []):
-            if upload.get("Key") != key:
+            if not under and upload.get("Key") != key:
                 continue
             try:
-                s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
+                s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
             except ClientError as error:
                 if not is_missing(error):
                     raise
@@ -237,15 +238,8 @@ def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str) -> int:
 def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = False) -> int:
     """Aborts the unfinished uploads of the parallel streams of the snapshot at `key` and, unless `keep_objects`,
     deletes their objects (see ferry.api.saga.stream_key); returns how many of both. Idempotent."""
-    prefix, removed = stream_prefix(key), 0
-    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
-        for upload in page.get("Uploads", []):
-            try:
-                s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-            except ClientError as error:
-                if not is_missing(error):
-                    raise
-            removed += 1
+    prefix = stream_prefix(key)
+    removed = abort_incomplete_uploads(s3, bucket, prefix, under=True)
     if keep_objects:
         return removed
     for listing in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):

@@ -38,6 +38,20 @@ APPLICATION_NAME = "ferry"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
+
+class Session(Connection):
+    """An autocommit session whose `with` block closes it and does nothing else.
+
+    Every statement commits as it runs, so the end of a block has nothing to commit. psycopg's
+    own exit commits all the same, and on a session the server has just ended that commit can
+    raise and leave the connection open until it is collected. Closing alone ends the session
+    the same way whether the server is still there or not.
+    """
+
+    def __exit__(self, exc_type: object, exc_val: object, exc_tb: object) -> None:
+        self.close()
+
+
 MARKERS = (
     "ferry.frozen_by",
     "ferry.read_only_before",
@@ -88,7 +102,7 @@ def _connect(
     last_error = ""
     for attempt in range(1, settings.connect_attempts + 1):
         try:
-            return psycopg.connect(
+            return Session.connect(
                 make_conninfo(**parameters(settings), **secured),
                 host=db.host,
                 port=db.port,

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from activities.postgres.connection import MARKERS
+from activities.postgres.connection import MARKERS, Session
 from devstack.stack.postgres import PostgresEndpoint
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -73,9 +73,13 @@ analyze;
 
 
 def connect(endpoint: PostgresEndpoint, **session: str) -> Connection:
-    """An autocommit session on the endpoint's database; `session` sets parameters, e.g. for writing when frozen."""
+    """An autocommit session on the endpoint's database; `session` sets parameters, e.g. for writing when frozen.
+
+    Its `with` block only closes it, so a block around a session the server ends (the freeze ends
+    sessions) cannot fail on the way out.
+    """
     options = " ".join(f"-c {name}={value}" for name, value in session.items())
-    return psycopg.connect(endpoint.dsn, autocommit=True, options=options, connect_timeout=5)
+    return Session.connect(endpoint.dsn, autocommit=True, options=options, connect_timeout=5)
 
 
 def create_shop(endpoint: PostgresEndpoint, *, customers: int = 20_000, orders: int = 300_000) -> None:
