@@ -108,6 +108,12 @@ class DataActivitySettings:
     built by as many sessions. On 2 cores, 2 streams took the snapshot step of 1 GB from 22.5 s to 17.0 s
     (docs/performance.md)."""
 
+    snapshot_max_streams: Annotated[int, Knob(flag="snapshot-max-streams"), Field(ge=1, le=64)] = 8
+    """The most streams one snapshot runs on this worker, whatever spec.driver.parallelism asks (up to 64): each
+    stream is a pg_dump and a psql on the worker, with threads and a share of the snapshot's memory (the worker's
+    peak grew by 55 to 90 MiB per stream, docs/performance.md), so a Migration's author cannot make the worker
+    hold more than this many. The worker's own default number of streams is taken down to it as well."""
+
     parallel_min_size: Annotated[
         int, Knob(flag="snapshot-parallel-min-mib", unit=MIB, unit_name="MiB"), Field(ge=0)
     ] = 64 * MIB
@@ -157,3 +163,8 @@ class DataActivitySettings:
     replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
     """Seconds the target may go without applying anything while it reports errors applying the source's changes,
     before replicate or catch-up fails for good with ReplicationBroken (mode Online)."""
+
+    def streams_for(self, parallelism: int | None) -> int:
+        """The streams a snapshot runs: spec.driver.parallelism, else --snapshot-streams, at most
+        --snapshot-max-streams (a source too small or with one table still goes in one)."""
+        return min(parallelism or self.snapshot_streams, self.snapshot_max_streams)

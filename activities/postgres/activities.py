@@ -331,7 +331,13 @@ class PostgresActivities:
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
-        wanted = input.driver.parallelism or self._settings.snapshot_streams
+        wanted = self._settings.streams_for(input.driver.parallelism)
+        if input.driver.parallelism and input.driver.parallelism > wanted:
+            activity.logger.warning(
+                "spec.driver.parallelism asks for %d streams; this worker runs at most %d (--snapshot-max-streams)",
+                input.driver.parallelism,
+                wanted,
+            )
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._progress(input.ref, StepName.SNAPSHOT) as progress,

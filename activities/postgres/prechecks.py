@@ -198,7 +198,7 @@ def _sessions_for_streams(
 ) -> None:
     """A snapshot in N streams (see streams) holds N + 1 sessions on each side at once: the exported snapshot and N
     pg_dumps on the source; N restores, then pg_restore --jobs N and its leader, on the target."""
-    streams = driver.parallelism or settings.snapshot_streams
+    streams = settings.streams_for(driver.parallelism)
     if streams < 2 or size < settings.parallel_min_size:
         return
     for server, db in sides:

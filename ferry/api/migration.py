@@ -304,7 +304,8 @@ class DriverSpec(ApiModel):
         le=64,
         description="Snapshot: streams that dump and restore the largest tables' rows at once, each into an object "
         "of its own, with the indexes built by as many sessions (1: one stream, one object). Default: the worker's "
-        "--snapshot-streams, which follows its CPU count. A small source (under the worker's "
+        "--snapshot-streams, which follows its CPU count; at most the worker's --snapshot-max-streams (8 unless its "
+        "operator says otherwise). A small source (under the worker's "
         "--snapshot-parallel-min-mib) or one with a single table uses one stream.",
     )
 

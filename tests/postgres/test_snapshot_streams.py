@@ -331,3 +331,25 @@ def test_tables_of_every_awkward_kind_are_carried_whole_in_streams(in_streams: S
         assert conn.execute("select count(*) from only odd.parent").fetchone() == (1000,)
         assert conn.execute("select count(*) from odd.parent").fetchone() == (2500,)
         assert conn.execute("select max(twice) from odd.generated").fetchone() == (4000,)
+
+
+def test_a_worker_runs_no_more_streams_than_its_maximum_whatever_the_migration_asks(
+    steps: Steps, kube_api: k8s.ApiClient, data_settings: DataActivitySettings, databases: Databases
+) -> None:
+    """Each stream costs the worker a pg_dump, a psql and memory: spec.driver.parallelism 64 on a worker whose
+    --snapshot-max-streams is 2 runs two."""
+    settings = dataclasses.replace(data_settings, parallel_min_size=0, snapshot_max_streams=2)
+    greedy = dataclasses.replace(
+        steps,
+        postgres=PostgresActivities(kube_api, settings),
+        driver=steps.driver.model_copy(update={"parallelism": 64}),
+    )
+    _create_source(databases, bulky_rows=5_000)
+    greedy.freeze()
+
+    snapshot = greedy.snapshot(restore=True)
+    greedy.migrate(snapshot)
+    greedy.verify()
+
+    assert len(snapshot.streams) == 2
+    assert contents(databases.target) == contents(databases.source)

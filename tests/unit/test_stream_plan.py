@@ -70,6 +70,16 @@ def test_the_default_number_of_streams_follows_the_cpus() -> None:
     assert [default_streams(cpus) for cpus in (None, 1, 2, 3, 4, 8, 16, 64)] == [1, 1, 2, 3, 4, 8, 8, 8]
 
 
+def test_a_migration_asks_for_its_streams_and_the_worker_caps_them() -> None:
+    worker = DataActivitySettings(snapshot_streams=2, snapshot_max_streams=8)
+
+    assert worker.streams_for(None) == 2, "the worker's --snapshot-streams when the Migration does not say"
+    assert worker.streams_for(5) == 5
+    assert worker.streams_for(64) == 8, "never more than --snapshot-max-streams, whatever the Migration asks"
+    assert DataActivitySettings(snapshot_streams=16, snapshot_max_streams=4).streams_for(None) == 4
+    assert DataActivitySettings().snapshot_max_streams == 8
+
+
 def test_the_streams_keys_sit_beside_the_snapshots_and_match_no_other_snapshots_key() -> None:
     key = "ferry/shop/orders-db/6f1c/snapshot.dump"
 
