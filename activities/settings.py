@@ -132,7 +132,8 @@ class DataActivitySettings:
     )
     """Memory the parts of one snapshot may hold (the part being read and those in flight): fewer parts
     are uploaded at once when they are large, never fewer than one. A snapshot holds at most the larger
-    of this and two parts."""
+    of this and two parts; in N streams, each stream holds at most the larger of a 1/N share of this (at
+    least 10 MiB) and two of its own parts, and N is at most the worker's maximum of streams."""
 
     max_object_size: Annotated[
         int, Knob(flag="snapshot-max-object-size-gib", unit=1024 * MIB, unit_name="GiB"), Field(ge=1)
