@@ -19,6 +19,9 @@ transition), the local time at which a watch of the Migrations first received a 
 carrying it, minus that moment; and the same from the API server's side: when it answered
 the first status write carrying it (the stack's audit log of status writes, to the
 microsecond). Temporal's clock, the API server's and this one are the same machine's.
+It also prints how busy the machine's CPUs were in the first ten seconds after the apply,
+and which processes used that CPU (in seconds; a process's reaped children count as its own:
+a PostgreSQL server's backends, a worker's pg_dumps), from /proc.
 A benchmark, not a test: it asserts nothing about times.
 """
 
@@ -31,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import socket
 import sys
 import tempfile
@@ -165,6 +169,55 @@ def _vm_hwm_kib(pid: int) -> int:
     return 0
 
 
+BURST = 10.0
+"""Seconds after the apply over which the machine's CPU is accounted: when fifty runs start at once."""
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every CPU since boot (/proc/stat); idle and iowait count as not busy."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def _process_ticks(names: dict[int, str]) -> dict[int, tuple[str, int]]:
+    """Every process's CPU ticks, its reaped children's included (a PostgreSQL server's backends, a worker's
+    pg_dumps), named by `names` (ferry's processes) or else by its command."""
+    found: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        command, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        found[pid] = (names.get(pid, command), sum(int(value) for value in fields[11:15]))
+    return found
+
+
+@dataclasses.dataclass
+class CpuAccount:
+    """Who used the machine's CPU between two moments, in seconds of CPU, and how busy the machine was."""
+
+    busy: float
+    by_process: dict[str, float]
+
+    @classmethod
+    def between(
+        cls, machine: tuple[tuple[int, int], tuple[int, int]], processes: tuple[dict[int, tuple[str, int]], ...]
+    ) -> CpuAccount:
+        (busy0, total0), (busy1, total1) = machine
+        before, after = processes
+        tick = os.sysconf("SC_CLK_TCK")
+        used: collections.Counter[str] = collections.Counter()
+        for pid, (name, ticks) in after.items():
+            earlier = before.get(pid)
+            # A kernel thread renames itself after its work: the PID says it is the same one.
+            used[name] += (ticks - (earlier[1] if earlier is not None and earlier[1] <= ticks else 0)) / tick
+        return cls(busy=(busy1 - busy0) / max(1, total1 - total0), by_process=dict(used))
+
+
 @dataclasses.dataclass
 class Observed:
     """What the watch received for one Migration: (local receive time, status) in order."""
@@ -196,6 +249,8 @@ class ObservedRun(ChaosRun):
         self.observed: dict[str, Observed] = {subject.namespace: Observed() for subject in self.subjects}
         self.peak_slots: dict[tuple[str, str], int] = {}
         self.peak_rss_kib: dict[str, int] = {}
+        self.cpu_at_apply: tuple[tuple[int, int], dict[int, tuple[str, int]]] | None = None
+        self.burst_cpu: CpuAccount | None = None
         self.means: dict[str, dict[str, float]] = {}
         self.counts: dict[str, dict[str, float]] = {}
         self.applied_at = 0.0
@@ -219,6 +274,7 @@ class ObservedRun(ChaosRun):
         since = listed["metadata"]["resourceVersion"]
         threading.Thread(target=self._watch_loop, args=(since,), daemon=True, name="watch").start()
         self.applied_at = time.time()
+        self.cpu_at_apply = (_machine_ticks(), _process_ticks(self._component_names()))
         super()._apply_migrations()
 
     def _wait_until_ready(self, timeout: float = 120.0) -> None:
@@ -270,8 +326,21 @@ class ObservedRun(ChaosRun):
             finally:
                 stream.stop()
 
+    def _component_names(self) -> dict[int, str]:
+        return {component.popen.pid: name for name, component in self.components.items() if component.popen is not None}
+
+    def _account_burst(self) -> None:
+        """Once, BURST seconds after the apply: the CPU each process used since the apply."""
+        if self.burst_cpu is not None or self.cpu_at_apply is None or time.time() < self.applied_at + BURST:
+            return
+        machine, processes = self.cpu_at_apply
+        self.burst_cpu = CpuAccount.between(
+            (machine, _machine_ticks()), (processes, _process_ticks(self._component_names()))
+        )
+
     def _slots_loop(self) -> None:
         while not self._stop.wait(0.2):
+            self._account_burst()
             for name, port in zip(self.workers, self.metrics_ports, strict=True):
                 with contextlib.suppress(OSError):
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
@@ -312,6 +381,10 @@ class ObservedRun(ChaosRun):
                 rows[f"{name} mean {what}"] = f"{mean:.3f} s"
             for what, count in self.counts.get(name, {}).items():
                 rows[f"{name} {what}"] = f"{count:.0f}"
+        if self.burst_cpu is not None:
+            rows[f"machine CPU busy, first {BURST:.0f} s after the apply"] = f"{100 * self.burst_cpu.busy:.0f} %"
+            for name, seconds in sorted(self.burst_cpu.by_process.items(), key=lambda item: -item[1])[:7]:
+                rows[f"  CPU used in those {BURST:.0f} s by {name}"] = f"{seconds:.1f} s"
         committed = [
             at - _time(stamp).timestamp()
             for namespace in self.observed
