@@ -59,6 +59,7 @@ from temporalio.client import Client
 from devstack.stack import pki
 from devstack.stack.install import Binaries, ensure_binaries
 from devstack.stack.kube import AUDIT_LOG
+from devstack.stack.processes import process_stats
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
 from scripts.history_stats import History
@@ -182,18 +183,7 @@ def _machine_ticks() -> tuple[int, int]:
 def _process_ticks(names: dict[int, str]) -> dict[int, tuple[str, int]]:
     """Every process's CPU ticks, its reaped children's included (a PostgreSQL server's backends, a worker's
     pg_dumps), named by `names` (ferry's processes) or else by its command."""
-    found: dict[int, tuple[str, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        command, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        pid = int(entry.name)
-        found[pid] = (names.get(pid, command), sum(int(value) for value in fields[11:15]))
-    return found
+    return {stat.pid: (names.get(stat.pid, stat.command), stat.cpu_ticks) for stat in process_stats()}
 
 
 @dataclasses.dataclass

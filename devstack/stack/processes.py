@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,29 +178,62 @@ class PidFile:
         self.path.unlink(missing_ok=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessStat:
+    """One process as /proc/<pid>/stat shows it: its command (field 2, which may hold spaces and parentheses) and
+    the fields after it, `fields[0]` being field 3 (the state)."""
+
+    pid: int
+    command: str
+    fields: tuple[str, ...]
+
+    @classmethod
+    def read(cls, pid: int) -> ProcessStat | None:
+        """The process's stat; None when it is gone (or ended while being read)."""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return cls(pid, stat[stat.index("(") + 1 : stat.rindex(")")], tuple(stat[stat.rindex(")") + 2 :].split()))
+
+    @property
+    def state(self) -> str:
+        return self.fields[0]
+
+    @property
+    def parent(self) -> int:
+        return int(self.fields[1])
+
+    @property
+    def group(self) -> int:
+        return int(self.fields[2])
+
+    @property
+    def cpu_ticks(self) -> int:
+        """User and system time in clock ticks, with those of its children it has reaped (fields 14 to 17)."""
+        return sum(int(value) for value in self.fields[11:15])
+
+    @property
+    def start_time(self) -> int:
+        """Field 22: when it started, in clock ticks after boot; with the pid, it names one process for good."""
+        return int(self.fields[19])
+
+
+def process_stats() -> Iterator[ProcessStat]:
+    """Every process on the machine, skipping those that end while being read."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := ProcessStat.read(int(entry.name))) is not None:
+            yield stat
+
+
 def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # Field 22 is the start time; the command name (field 2) may contain spaces.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    stat = ProcessStat.read(pid)
+    return None if stat is None else stat.start_time
 
 
 def group_members(pgids: set[int]) -> list[int]:
     """Every live process whose process group is one of `pgids`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) in pgids:
-            members.append(int(entry.name))
-    return members
+    return [stat.pid for stat in process_stats() if stat.state != "Z" and stat.group in pgids]
 
 
 def processes_under(folder: Path) -> list[tuple[int, str]]:

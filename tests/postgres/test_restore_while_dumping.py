@@ -13,7 +13,6 @@ import dataclasses
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from activities.postgres.activities import PostgresActivities
 from activities.postgres.restoring import Restore
 from activities.secrets import SecretReader
 from activities.settings import MIB, DataActivitySettings
+from devstack.stack.processes import process_stats
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec
 from ferry.api.saga import SnapshotResult
@@ -64,18 +64,11 @@ def _objects_and_uploads(stack: StackInfo, bucket: str) -> tuple[list[str], list
 def _children(*names: str, running: bool = False) -> list[str]:
     """This process's child processes with one of `names` (the activity runs here, in ActivityEnvironment); with
     `running`, not those that exited and wait to be reaped."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # it exited meanwhile
-        command, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if int(rest[1]) == os.getpid() and command in names and not (running and rest[0] == "Z"):
-            found.append(f"{command} (pid {entry.name}, state {rest[0]})")
-    return found
+    return [
+        f"{stat.command} (pid {stat.pid}, state {stat.state})"
+        for stat in process_stats()
+        if stat.parent == os.getpid() and stat.command in names and not (running and stat.state == "Z")
+    ]
 
 
 def _target_tables(databases: Databases) -> list[str]:

@@ -19,6 +19,7 @@ import pytest
 
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.processes import process_stats
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect
@@ -56,17 +57,12 @@ def _child_environment(tool: str) -> dict[str, str]:
     """The environment of this process's running child `tool`, as the kernel holds it."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
+        for stat in process_stats():
+            if stat.command != tool or stat.parent != os.getpid():
                 continue
             try:
-                stat = (proc / "stat").read_text()
-                name, parent = (
-                    stat[stat.index("(") + 1 : stat.rindex(")")],
-                    int(stat[stat.rindex(")") + 2 :].split()[1]),
-                )
-                raw = (proc / "environ").read_bytes() if name == tool and parent == os.getpid() else b""
-            except (OSError, ValueError):
+                raw = Path(f"/proc/{stat.pid}/environ").read_bytes()
+            except OSError:
                 continue  # a process that ended while being read
             if raw:
                 return dict(entry.split("=", 1) for entry in raw.decode().split("\0") if entry)
