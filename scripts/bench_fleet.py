@@ -44,7 +44,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -231,6 +231,10 @@ class Observed:
 
 class ObservedRun(ChaosRun):
     """A chaos run without the chaos: nothing killed, nothing rolled back; it watches, samples and measures."""
+
+    worker_flags: ClassVar[tuple[str, ...]] = ()
+    """ferry as shipped measures what a fleet costs: the waits poll at the worker's default interval, not a test's."""
+    watcher_flags: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *args: Any, split: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

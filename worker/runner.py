@@ -31,6 +31,7 @@ from ferry import startup
 from ferry.observability import health, tracing
 from worker.gate import MigrationGate, read_migration
 from worker.interceptors import LogContextInterceptor
+from worker.sandbox import WORKFLOW_RUNNER
 from worker.settings import WorkerSettings
 from workflows.cleanup import RetentionCleanupWorkflow
 from workflows.legacy import MigrationWorkflowV1
@@ -100,6 +101,7 @@ def build_worker(
         client,
         task_queue=settings.task_queue,
         workflows=workflows,
+        workflow_runner=WORKFLOW_RUNNER,
         activities=activities(api, settings, versions),
         no_remote_activities=settings.runs == "workflows",
         activity_executor=executor,

@@ -81,4 +81,4 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     TlsMismatch,
     ReplicationBroken,
 )
-NON_RETRYABLE_TYPES: list[str] = [error.__name__ for error in NON_RETRYABLE]
+NON_RETRYABLE_TYPES: tuple[str, ...] = tuple(error.__name__ for error in NON_RETRYABLE)

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from kubernetes import client as k8s
@@ -169,6 +169,11 @@ class Report:
 
 class ChaosRun:
     """One run against a stack: kubernetes, S3 and PostgreSQL from `info`, Temporal from `temporal` (killable)."""
+
+    worker_flags: ClassVar[tuple[str, ...]] = ("--poll-interval=0.5",)
+    """Settings for a test's pace: the waits poll twice a second (the worker's default is once)."""
+    watcher_flags: ClassVar[tuple[str, ...]] = ("--resync-interval=10",)
+    """A resync every ten seconds (the default is thirty): a chaos run's pace."""
 
     def __init__(
         self,
@@ -334,7 +339,7 @@ class ChaosRun:
                     "ferry.cli",
                     "worker",
                     *common,
-                    "--poll-interval=0.5",
+                    *self.worker_flags,
                     # The stack's PostgreSQL 18 tools: the worker's own search would find Debian's 15 only.
                     f"--postgres-bindir={self.info.postgres_bindir or ''}",
                     *self._worker_options(index),
@@ -347,7 +352,7 @@ class ChaosRun:
                     sys.executable, "-m", "ferry.cli", "watcher", *common,
                     f"--namespaces={namespaces}", f"--lease-namespace={self.lease_namespace}",
                     "--lease-duration=15", "--lease-renew-deadline=10", "--lease-retry-period=2",
-                    "--resync-interval=10", f"--identity={name}",
+                    *self.watcher_flags, f"--identity={name}",
                 ],
             )  # fmt: skip
         for component in self.components.values():

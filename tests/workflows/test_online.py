@@ -48,6 +48,7 @@ from tests.workflows.fakes import (
     undo_guard_of,
     undo_of,
 )
+from worker.sandbox import WORKFLOW_RUNNER
 from workflows import plan
 from workflows.undo import MigrationUndoWorkflow
 
@@ -261,7 +262,11 @@ async def test_undoing_a_succeeded_online_migration_ends_its_replication_and_emp
     migration = online()
     input = UndoMigrationInput(ref=migration.ref, generation=1, spec=migration.spec, reason="deleted while it ran")
     async with Worker(
-        time_skipping.client, task_queue=task_queue, workflows=[MigrationUndoWorkflow], activities=fake.activities()
+        time_skipping.client,
+        task_queue=task_queue,
+        workflows=[MigrationUndoWorkflow],
+        activities=fake.activities(),
+        workflow_runner=WORKFLOW_RUNNER,
     ):
         result = await time_skipping.client.execute_workflow(
             UNDO_WORKFLOW_NAME,
