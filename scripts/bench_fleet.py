@@ -16,12 +16,14 @@ local activity (status writes) and workflow task slots in use (the SDK's
 p50/p99 of "transition -> visible": for every moment the saga stamps into the status
 (status.transitionedAt, each step's startedAt and finishedAt, all workflow.now() of the
 transition), the local time at which a watch of the Migrations first received a status
-carrying it, minus that moment; and the same from the API server's side: when it answered
-the first status write carrying it (the stack's audit log of status writes, to the
-microsecond). Temporal's clock, the API server's and this one are the same machine's.
+carrying it, minus that moment; and the same from the API server's side: when it received,
+and when it answered, the first status write carrying it (the stack's audit log of status
+writes, to the microsecond), so that ferry's share and the API server's own show apart.
+Temporal's clock, the API server's and this one are the same machine's.
 It also prints how busy the machine's CPUs were in the first ten seconds after the apply,
-and which processes used that CPU (in seconds; a process's reaped children count as its own:
-a PostgreSQL server's backends, a worker's pg_dumps), from /proc.
+which processes used that CPU (in seconds; a process's reaped children count as its own:
+a PostgreSQL server's backends, a worker's pg_dumps), from /proc, and the requests the API
+server answered in those seconds, by verb and resource (its apiserver_request_total).
 A benchmark, not a test: it asserts nothing about times.
 """
 
@@ -35,6 +37,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -90,7 +93,8 @@ def _time(raw: str) -> datetime:
 
 def _stamps(status: dict[str, Any]) -> dict[str, str]:
     """Every transition time the status carries (as written, so equal instants compare equal), with what it marks."""
-    found = {status["transitionedAt"]: f"phase {status.get('phase')}"} if status.get("transitionedAt") else {}
+    marks = f"phase {status.get('phase')}" + (f", {status['currentStep']}" if status.get("currentStep") else "")
+    found = {status["transitionedAt"]: marks} if status.get("transitionedAt") else {}
     for step in status.get("steps", []):
         for field in ("startedAt", "finishedAt"):
             if step.get(field):
@@ -105,13 +109,15 @@ def audit_logs(logs: Path) -> list[Path]:
     return sorted(logs.glob(f"{stem}-*.log")) + [path for path in [logs / AUDIT_LOG] if path.exists()]
 
 
-def answered(files: list[Path]) -> dict[str, dict[str, float]]:
-    """When the API server answered the first successful status write carrying each stamp, by namespace and stamp.
+def answered(files: list[Path]) -> dict[str, dict[str, tuple[float, float]]]:
+    """When the API server received and answered the first successful status write carrying each stamp, by namespace
+    and stamp.
 
     From the stack's audit log of status writes (a Stack with audit_status_writes), read oldest file first: its
-    stageTimestamp at ResponseComplete is when the write was committed and answered, on the API server's clock.
+    requestReceivedTimestamp is when the write arrived, its stageTimestamp at ResponseComplete when the write was
+    committed and answered, both on the API server's clock.
     """
-    found: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    found: dict[str, dict[str, tuple[float, float]]] = collections.defaultdict(dict)
     for file in files:
         with file.open() as lines:
             for line in lines:
@@ -123,9 +129,10 @@ def answered(files: list[Path]) -> dict[str, dict[str, float]]:
                 if event.get("stage") != "ResponseComplete" or code >= 300:
                     continue
                 status = (event.get("requestObject") or {}).get("status") or {}
+                received = _time(event["requestReceivedTimestamp"]).timestamp()
                 at = _time(event["stageTimestamp"]).timestamp()
                 for stamp in _stamps(status):
-                    found[ref["namespace"]].setdefault(stamp, at)
+                    found[ref["namespace"]].setdefault(stamp, (received, at))
     return found
 
 
@@ -149,6 +156,26 @@ def _totals(text: str) -> dict[str, float]:
             name = line.partition("{")[0].partition(" ")[0]
             totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return totals
+
+
+def requests_by_kind(text: str) -> collections.Counter[str]:
+    """The API server's requests in its Prometheus text (apiserver_request_total), summed by verb and resource, as
+    'GET migrations' or 'PATCH migrations/status'."""
+    counted: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.partition("{")[2].rpartition("}")[0]))
+            resource = "/".join(part for part in (labels.get("resource"), labels.get("subresource")) if part)
+            counted[f"{labels.get('verb', '?')} {resource or '(no resource)'}"] += int(float(line.rsplit(" ", 1)[1]))
+    return counted
+
+
+def _api_requests(api: k8s.ApiClient) -> collections.Counter[str]:
+    """The requests the API server has answered since it started, by kind (see requests_by_kind)."""
+    method, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    answer = api.call_api(method, url, headers)
+    answer.read()
+    return requests_by_kind(answer.data.decode())
 
 
 def _counts(totals: dict[str, float]) -> dict[str, float]:
@@ -245,10 +272,12 @@ class ObservedRun(ChaosRun):
         self.peak_rss_kib: dict[str, int] = {}
         self.cpu_at_apply: tuple[tuple[int, int], dict[int, tuple[str, int]]] | None = None
         self.burst_cpu: CpuAccount | None = None
+        self.requests_at_apply: collections.Counter[str] | None = None
+        self.burst_requests: collections.Counter[str] | None = None
         self.means: dict[str, dict[str, float]] = {}
         self.counts: dict[str, dict[str, float]] = {}
         self.applied_at = 0.0
-        self.answered: dict[str, dict[str, float]] = {}
+        self.answered: dict[str, dict[str, tuple[float, float]]] = {}
 
     def _worker_options(self, index: int) -> list[str]:
         runs = ["--runs=workflows" if index == 0 else "--runs=activities"] if self.split else []
@@ -269,6 +298,7 @@ class ObservedRun(ChaosRun):
         threading.Thread(target=self._watch_loop, args=(since,), daemon=True, name="watch").start()
         self.applied_at = time.time()
         self.cpu_at_apply = (_machine_ticks(), _process_ticks(self._component_names()))
+        self.requests_at_apply = _api_requests(self.api)
         super()._apply_migrations()
 
     def _wait_until_ready(self, timeout: float = 120.0) -> None:
@@ -331,6 +361,8 @@ class ObservedRun(ChaosRun):
         self.burst_cpu = CpuAccount.between(
             (machine, _machine_ticks()), (processes, _process_ticks(self._component_names()))
         )
+        if self.requests_at_apply is not None:
+            self.burst_requests = _api_requests(self.api) - self.requests_at_apply
 
     def _slots_loop(self) -> None:
         while not self._stop.wait(0.2):
@@ -379,13 +411,25 @@ class ObservedRun(ChaosRun):
             rows[f"machine CPU busy, first {BURST:.0f} s after the apply"] = f"{100 * self.burst_cpu.busy:.0f} %"
             for name, seconds in sorted(self.burst_cpu.by_process.items(), key=lambda item: -item[1])[:7]:
                 rows[f"  CPU used in those {BURST:.0f} s by {name}"] = f"{seconds:.1f} s"
-        committed = [
-            at - _time(stamp).timestamp()
+        if self.burst_requests is not None:
+            rows[f"API server requests in those {BURST:.0f} s"] = str(self.burst_requests.total())
+            for kind, count in self.burst_requests.most_common(10):
+                rows[f"  {kind}"] = str(count)
+        written = [
+            (received - moment, at - moment)
             for namespace in self.observed
-            for stamp, at in self.answered.get(namespace, {}).items()
+            for stamp, (received, at) in self.answered.get(namespace, {}).items()
+            if (moment := _time(stamp).timestamp())
         ]
+        committed = [at for _, at in written]
         if committed:
             rows["transitions written"] = str(len(committed))
+            arrived = [received for received, _ in written]
+            rows["transition -> write received by the API server p50"] = f"{_percentile(arrived, 0.50):.3f} s"
+            rows["transition -> write received by the API server p99"] = f"{_percentile(arrived, 0.99):.3f} s"
+            serving = [at - received for received, at in written]
+            rows["API server's own time on those writes p50"] = f"{_percentile(serving, 0.50):.3f} s"
+            rows["API server's own time on those writes p99"] = f"{_percentile(serving, 0.99):.3f} s"
             rows["transition -> answered by the API server p50"] = f"{_percentile(committed, 0.50):.3f} s"
             rows["transition -> answered by the API server p99"] = f"{_percentile(committed, 0.99):.3f} s"
             rows["transition -> answered by the API server max"] = f"{max(committed):.3f} s"
@@ -396,7 +440,7 @@ class ObservedRun(ChaosRun):
             rows["transition -> visible max"] = f"{max(latencies):.3f} s"
             marked = sorted((pair for seen in self.observed.values() for pair in seen.marked()), reverse=True)
             slowest = collections.Counter(what for _, what in marked[: max(1, len(marked) // 20)])
-            rows["slowest 5 %: what they mark"] = ", ".join(f"{what}: {n}" for what, n in slowest.most_common(4))
+            rows["slowest 5 %: what they mark"] = ", ".join(f"{what}: {n}" for what, n in slowest.most_common(3))
         if self.report.problems:
             rows["problems"] = str(len(self.report.problems))
         return rows
