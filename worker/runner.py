@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -120,9 +121,10 @@ def build_worker(
 
 
 def identity(settings: WorkerSettings) -> str:
-    """Who this process is in histories and `tctl`: a split process says what it runs."""
+    """Who this process is in histories and `tctl`: a split process says what it runs, and the process ID tells two
+    workers on one host apart (as the SDK's own default identity does), which Temporal counts as one poller else."""
     role = "" if settings.runs == "everything" else f"-{settings.runs}"
-    return f"ferry-worker{role}@{socket.gethostname()}"
+    return f"ferry-worker{role}.{os.getpid()}@{socket.gethostname()}"
 
 
 def threads(settings: WorkerSettings) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -101,7 +102,7 @@ async def _picked_up_by_ferry_worker(client: Client, workflow_id: str) -> bool:
     started = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED]
     completed = any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for e in history.events)
     return completed and any(
-        e.workflow_task_started_event_attributes.identity.startswith("ferry-worker@") for e in started
+        re.fullmatch(r"ferry-worker\.\d+@.+", e.workflow_task_started_event_attributes.identity) for e in started
     )
 
 
