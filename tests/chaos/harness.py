@@ -216,21 +216,22 @@ class ChaosRun:
         started = time.monotonic()
         log.info("chaos run %s: %s", self.run_id, self.plan)
         self._prepare()
-        self._start_components()
         threads = [threading.Thread(target=target, daemon=True, name=name) for name, target in self._loops().items()]
         try:
-            self._apply_migrations()
-            for thread in threads:
-                thread.start()
-            self._drive(started)
-        finally:
-            self._stop.set()
-            for thread in threads:
-                if thread.is_alive():
-                    thread.join(60)
-        self._settle()
-        self.report.seconds = time.monotonic() - started
-        try:
+            # Whatever fails (even before the first apply), ferry's processes stop with the run: none outlives it.
+            self._start_components()
+            try:
+                self._apply_migrations()
+                for thread in threads:
+                    thread.start()
+                self._drive(started)
+            finally:
+                self._stop.set()
+                for thread in threads:
+                    if thread.is_alive():
+                        thread.join(60)
+            self._settle()
+            self.report.seconds = time.monotonic() - started
             self._check()
         finally:
             self._stop_components()
