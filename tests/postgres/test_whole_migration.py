@@ -36,7 +36,6 @@ from tests.end_to_end import (
 )
 from tests.postgres.data import connect, contents, create_shop, database_settings, tables
 from worker import runner
-from worker.sandbox import WORKFLOW_RUNNER
 from workflows.migration import MigrationWorkflow
 
 SAGA_TIMEOUT = 240
@@ -210,7 +209,6 @@ async def _worker(
             client,
             task_queue=task_queue,
             workflows=[MigrationWorkflow],
-            workflow_runner=WORKFLOW_RUNNER,
             activities=runner.activities(kube_api, settings),
             activity_executor=executor,
             interceptors=[interceptor],

@@ -29,7 +29,6 @@ from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
 from ferry.clients import data_converter
 from tests import samples
 from tests.workflows.fakes import FakeSaga
-from worker.sandbox import WORKFLOW_RUNNER
 from workflows.migration import MigrationWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -100,7 +99,6 @@ async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> Async
             time_skipping.client,
             task_queue=task_queue,
             workflows=[workflow_class],
-            workflow_runner=WORKFLOW_RUNNER,
             activities=fakes.activities(),
             # Cancellation reaches an activity with its next heartbeat, which the SDK
             # otherwise throttles to 80% of the heartbeat timeout.

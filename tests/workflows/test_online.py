@@ -48,7 +48,6 @@ from tests.workflows.fakes import (
     undo_guard_of,
     undo_of,
 )
-from worker.sandbox import WORKFLOW_RUNNER
 from workflows import plan
 from workflows.undo import MigrationUndoWorkflow
 
@@ -262,11 +261,7 @@ async def test_undoing_a_succeeded_online_migration_ends_its_replication_and_emp
     migration = online()
     input = UndoMigrationInput(ref=migration.ref, generation=1, spec=migration.spec, reason="deleted while it ran")
     async with Worker(
-        time_skipping.client,
-        task_queue=task_queue,
-        workflows=[MigrationUndoWorkflow],
-        activities=fake.activities(),
-        workflow_runner=WORKFLOW_RUNNER,
+        time_skipping.client, task_queue=task_queue, workflows=[MigrationUndoWorkflow], activities=fake.activities()
     ):
         result = await time_skipping.client.execute_workflow(
             UNDO_WORKFLOW_NAME,

@@ -15,7 +15,6 @@ from ferry.api.migration import MigrationStatus, Phase, StepState
 from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput, undo_workflow_id
 from tests.workflows.conftest import history_path, migration_input
 from tests.workflows.fakes import CHECK_UNWRITTEN, STEP_ACTIVITIES, UNDO, UNDO_GUARD, FakeSaga
-from worker.sandbox import WORKFLOW_RUNNER
 from workflows.undo import MigrationUndoWorkflow
 
 pytestmark = pytest.mark.timeout(90)
@@ -30,7 +29,6 @@ async def undo(client: Client, task_queue: str, fakes: FakeSaga, status: Migrati
         client,
         task_queue=task_queue,
         workflows=[MigrationUndoWorkflow],
-        workflow_runner=WORKFLOW_RUNNER,
         activities=fakes.activities(),
         max_heartbeat_throttle_interval=timedelta(milliseconds=200),
     ):

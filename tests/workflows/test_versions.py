@@ -16,7 +16,6 @@ from ferry.api.saga import WORKFLOW_NAME, ControlRequest, Signal
 from ferry.clients import data_converter
 from tests.workflows.conftest import HISTORIES, migration_input
 from tests.workflows.fakes import FREEZE, PROVISION, FakeSaga
-from worker.sandbox import WORKFLOW_RUNNER
 from workflows.legacy import WORKFLOW_NAME_V1, MigrationWorkflowV1
 from workflows.migration import MigrationWorkflow
 from workflows.undo import MigrationUndoWorkflow
@@ -38,7 +37,6 @@ def test_there_are_recorded_histories_of_both_versions_to_replay() -> None:
 async def test_recorded_history_replays_without_nondeterminism(history: Path) -> None:
     replayer = Replayer(
         workflows=[MigrationWorkflowV1, MigrationWorkflow, MigrationUndoWorkflow],
-        workflow_runner=WORKFLOW_RUNNER,
         data_converter=data_converter(),
     )
     recorded = WorkflowHistory.from_json(f"migration/{history.stem}", history.read_text())  # noqa: ASYNC240
@@ -84,9 +82,7 @@ async def test_an_input_that_cannot_be_read_fails_the_run_at_once_naming_the_fie
             forged["spec"].pop(key)
         else:
             forged["spec"][key] = value
-    async with Worker(
-        time_skipping.client, task_queue=task_queue, workflows=[MigrationWorkflow], workflow_runner=WORKFLOW_RUNNER
-    ):
+    async with Worker(time_skipping.client, task_queue=task_queue, workflows=[MigrationWorkflow]):
         handle = await time_skipping.client.start_workflow(
             WORKFLOW_NAME, forged, id=f"forged-{uuid.uuid4()}", task_queue=task_queue
         )
