@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import enum
 import importlib
+import inspect
 import pkgutil
 import re
 import types
@@ -62,7 +63,7 @@ def _unchangeable(value: Any, depth: int = 0) -> str | None:
         return next((found for item in value.values() if (found := _unchangeable(item, depth + 1))), None)
     if type(value) in SHARED_BY_DESIGN:
         return None
-    if dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+    if dataclasses.is_dataclass(value) and getattr(getattr(type(value), "__dataclass_params__", None), "frozen", False):
         return next(
             (
                 found
@@ -117,6 +118,29 @@ def test_a_workflow_module_keeps_nothing_a_run_could_change_at_module_level(name
     assert changeable == {}, f"{name} shares mutable state between runs; make it a tuple, frozenset or frozen dataclass"
 
 
+@pytest.mark.parametrize("name", MODULES)
+def test_a_workflow_modules_classes_keep_nothing_a_run_could_change_on_the_class(name: str) -> None:
+    """Attributes of a class outlive its instances: a workflow class's are shared by every run of the process."""
+    module = importlib.import_module(name)
+    classes = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and value.__module__ == name and not issubclass(value, enum.Enum)
+    ]
+
+    changeable = {
+        f"{cls.__name__}.{key}": what
+        for cls in classes
+        for key, value in vars(cls).items()
+        if not key.startswith("__")
+        and not isinstance(value, staticmethod | classmethod)
+        and not inspect.isdatadescriptor(value)
+        and (what := _unchangeable(value))
+    }
+
+    assert changeable == {}, f"{name} shares mutable class attributes between runs"
+
+
 @pytest.mark.parametrize("path", FILES, ids=[path.name for path in FILES])
 def test_a_workflow_file_calls_no_clock_randomness_or_io(path: Path) -> None:
     assert refusals(path.read_text()) == []
@@ -142,3 +166,8 @@ def test_the_checks_see_what_they_look_for() -> None:
 
     assert _unchangeable(Holding(Loose(1))) is not None
     assert _unchangeable((timedelta(seconds=1), "x", frozenset({1}))) is None
+
+    class Shared:
+        runs: list[str] = []  # noqa: RUF012 - the very thing the check finds
+
+    assert _unchangeable(vars(Shared)["runs"]) == "a builtins.list"
