@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack.stack.install import ensure_binaries  # noqa: E402
+from devstack.stack.processes import ProcessStat, process_stats  # noqa: E402
 from devstack.stack.readiness import free_port  # noqa: E402
 from devstack.stack.stack import Stack, StackInfo  # noqa: E402
 from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, MigrationSpec  # noqa: E402
@@ -108,8 +109,9 @@ class WatcherProcess:
 
     def cpu_seconds(self) -> float:
         """User and system CPU time of the process so far."""
-        after_name = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
+        stat = ProcessStat.read(self.pid)
+        assert stat is not None, f"the process {self.pid} is gone"
+        return stat.own_cpu_ticks / CLOCK_TICKS
 
     def counters(self) -> dict[str, dict[str, float]]:
         """ferry's watcher counters from /metrics, by metric then label value."""
@@ -160,16 +162,13 @@ COMPONENTS = {
 def cpu_by_component() -> dict[str, float]:
     """CPU seconds used so far by each component of COMPONENTS, and by this benchmark (the creating client)."""
     used = dict.fromkeys([*COMPONENTS.values(), "benchmark client"], 0.0)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for stat in process_stats():
         try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            after_name = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{stat.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            continue
-        seconds = (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
-        if int(entry.name) == os.getpid():
+            continue  # it ended meanwhile
+        seconds = stat.own_cpu_ticks / CLOCK_TICKS
+        if stat.pid == os.getpid():
             used["benchmark client"] += seconds
             continue
         for fragment, name in COMPONENTS.items():

@@ -209,9 +209,14 @@ class ProcessStat:
         return int(self.fields[2])
 
     @property
+    def own_cpu_ticks(self) -> int:
+        """User and system time in clock ticks (fields 14 and 15)."""
+        return int(self.fields[11]) + int(self.fields[12])
+
+    @property
     def cpu_ticks(self) -> int:
         """User and system time in clock ticks, with those of its children it has reaped (fields 14 to 17)."""
-        return sum(int(value) for value in self.fields[11:15])
+        return self.own_cpu_ticks + int(self.fields[13]) + int(self.fields[14])
 
     @property
     def start_time(self) -> int:
