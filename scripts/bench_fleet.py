@@ -415,16 +415,14 @@ class ObservedRun(ChaosRun):
             rows[f"API server requests in those {BURST:.0f} s"] = str(self.burst_requests.total())
             for kind, count in self.burst_requests.most_common(10):
                 rows[f"  {kind}"] = str(count)
-        written = [
-            (received - moment, at - moment)
-            for namespace in self.observed
-            for stamp, (received, at) in self.answered.get(namespace, {}).items()
-            if (moment := _time(stamp).timestamp())
-        ]
-        committed = [at for _, at in written]
-        if committed:
-            rows["transitions written"] = str(len(committed))
-            arrived = [received for received, _ in written]
+        written: list[tuple[float, float]] = []  # (transition -> received, -> answered) of each stamp's first write
+        for namespace in self.observed:
+            for stamp, (received, at) in self.answered.get(namespace, {}).items():
+                moment = _time(stamp).timestamp()
+                written.append((received - moment, at - moment))
+        if written:
+            arrived, committed = [received for received, _ in written], [at for _, at in written]
+            rows["transitions written"] = str(len(written))
             rows["transition -> write received by the API server p50"] = f"{_percentile(arrived, 0.50):.3f} s"
             rows["transition -> write received by the API server p99"] = f"{_percentile(arrived, 0.99):.3f} s"
             serving = [at - received for received, at in written]
@@ -645,6 +643,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for every Migration to end")
     parser.add_argument("--source", type=Path, help="a checkout of ferry whose worker and watcher to run")
     args = parser.parse_args()
+    if args.split and not args.histories and min(args.workers) < 2:
+        parser.error("--split needs two workers or more in every fleet (one for workflows, one for steps): --workers 2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix="ferry-bench-fleet-"))
     workdir.chmod(0o755)
