@@ -66,7 +66,17 @@ from devstack.stack.processes import process_stats
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.saga import workflow_id
 from scripts.history_stats import History
-from tests.chaos.harness import GROUP, PLURAL, VERSION, ChaosPlan, ChaosRun, Subject, cleanup, own_temporal
+from tests.chaos.harness import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ChaosPlan,
+    ChaosRun,
+    Subject,
+    cleanup,
+    keep_only_logs,
+    own_temporal,
+)
 from tests.cluster import install_crd
 
 SLOTS = "temporal_worker_task_slots_used"
@@ -648,7 +658,10 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix="ferry-bench-fleet-"))
     workdir.chmod(0o755)
-    return histories(args, workdir) if args.histories else fleets(args, workdir)
+    try:
+        return histories(args, workdir) if args.histories else fleets(args, workdir)
+    finally:
+        keep_only_logs(workdir)
 
 
 if __name__ == "__main__":

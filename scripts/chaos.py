@@ -22,7 +22,7 @@ from kubernetes import config
 
 from devstack.stack.install import ensure_binaries
 from devstack.stack.stack import Stack
-from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, own_temporal
+from tests.chaos.harness import ChaosPlan, ChaosRun, cleanup, keep_only_logs, own_temporal
 from tests.cluster import install_crd
 
 
@@ -49,15 +49,18 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ferry-chaos-"))
     workdir.chmod(0o755)
     state_dir = args.state_dir or workdir / "stack"
-    with Stack(state_dir, components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
-        install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
-        api = config.new_client_from_config(config_file=str(info.kubeconfig))
-        with own_temporal(workdir / "temporal", binaries) as temporal:
-            run = ChaosRun(info, temporal, api, plan, workdir)
-            try:
-                report = run.run()
-            finally:
-                cleanup(run)
+    try:
+        with Stack(state_dir, components=frozenset({"kubernetes", "s3", "postgres"}), binaries=binaries) as info:
+            install_crd([str(binaries.kubectl), f"--kubeconfig={info.kubeconfig}"])
+            api = config.new_client_from_config(config_file=str(info.kubeconfig))
+            with own_temporal(workdir / "temporal", binaries) as temporal:
+                run = ChaosRun(info, temporal, api, plan, workdir)
+                try:
+                    report = run.run()
+                finally:
+                    cleanup(run)
+    finally:
+        keep_only_logs(workdir)  # the stack's data is most of a gigabyte; its logs are kept
     print(f"\nchaos run, {dataclasses.asdict(plan)}\n")
     print(report.table())
     print(f"\nlogs of ferry's processes: {workdir}")

@@ -776,3 +776,14 @@ def own_temporal(state_dir: Path, binaries: Any) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+def keep_only_logs(folder: Path) -> None:
+    """Removes every file under `folder` but its logs (`*.log`), then the folders left empty: a stopped run's stack
+    (etcd's data, both PostgreSQL clusters, the S3 objects, Temporal's database) is most of a gigabyte, its logs a few
+    megabytes. Runs after the stack has stopped, so nothing writes there any more."""
+    for path in sorted(folder.rglob("*"), key=lambda found: len(found.parts), reverse=True):
+        if path.is_symlink() or (path.is_file() and path.suffix != ".log"):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
