@@ -43,7 +43,9 @@ streams at once (each checked against its SHA-256 before it commits), then the r
 Memory: each stream's upload gets an equal share of --snapshot-memory-mib, at least
 10 MiB (`stream_settings`). Disk: the main archive (the schema, and the rows of the
 tables no stream took), in a private temporary folder of the worker's (mode 0700) while
-the target is restored, removed afterwards; the step checks for room before reading it.
+the target is restored, removed afterwards, or by the next restore on that disk when the
+worker was killed first (activities/postgres/scratch.py); the step checks for room before
+reading it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ import contextvars
 import dataclasses
 import hashlib
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -64,6 +65,7 @@ from temporalio import activity
 from activities.heartbeats import Heartbeats
 from activities.postgres import replication, restoring
 from activities.postgres.connection import Connection
+from activities.postgres.scratch import scratch_folder
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress import Counts
 from activities.secrets import DatabaseConnection
@@ -340,9 +342,9 @@ def restore_around(
 ) -> list[T]:
     """Restores the main archive `main` into `db` around the streams' `jobs`: its schema before them, and the rest
     (with `sessions` sessions) once every job is done; returns the jobs' results."""
-    with tempfile.TemporaryDirectory(prefix="ferry-snapshot-") as folder:
-        _room_for(Path(folder), main)
-        archive = fetch(s3, main, Path(folder) / "main.dump", heartbeats)
+    with scratch_folder() as folder:
+        _room_for(folder, main)
+        archive = fetch(s3, main, folder / "main.dump", heartbeats)
         restore_sections(db, settings, archive, heartbeats, main.location, "--section=pre-data", "--single-transaction")
         results = Group(heartbeats).run(jobs)
         restore_sections(
