@@ -2,12 +2,17 @@
 
 An Event's name is derived from the Migration's UID and a key naming the transition,
 so a second recording of the same transition finds the Event there (409) and stops.
+An Event is what people read about what ferry did, never a condition of doing it: where
+the API server takes no new object (the namespace is being deleted, or is gone), the
+Event is left out and the caller goes on, to the end of a rollback or to releasing
+ferry's finalizer, which is what lets such a namespace go.
 Used by the status mirror (the saga's Events) and by the watcher (its own Events).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from datetime import UTC, datetime
 
@@ -62,8 +67,24 @@ def record_event(
     try:
         core.create_namespaced_event(ref.namespace, body)
     except ApiException as error:
-        if error.status != 409:
-            raise
-        log.debug("Event %s/%s was already recorded", ref.namespace, name)
-        return False
+        if error.status == 409:
+            log.debug("Event %s/%s was already recorded", ref.namespace, name)
+            return False
+        if _no_new_objects_in_namespace(error):
+            log.info("Event %s %s/%s not recorded: its namespace is being deleted", reason, ref.namespace, name)
+            return False
+        raise
     return True
+
+
+def _no_new_objects_in_namespace(error: ApiException) -> bool:
+    """Whether the API server refused the Event for its namespace: one being deleted (403, cause
+    NamespaceTerminating), or one already gone (404 naming the namespace)."""
+    try:
+        status = json.loads(error.body or "{}")
+    except ValueError:
+        return False
+    details = (status.get("details") or {}) if isinstance(status, dict) else {}
+    if error.status == 403:
+        return any(cause.get("reason") == "NamespaceTerminating" for cause in details.get("causes") or [])
+    return error.status == 404 and details.get("kind") == "namespaces"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -12,11 +14,14 @@ import psycopg
 import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
+from activities.events import record_event
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER, Migration, Phase
+from ferry.api.migration import EventType as KubernetesEventType
 from ferry.api.saga import ControlRequest, MigrationRef, Signal, undo_workflow_id, workflow_id
 from tests.cluster import endpoint_pods, without_finalizer_at_create
 from tests.conftest import Kubectl
@@ -362,3 +367,56 @@ async def test_a_migration_another_finalizer_holds_deleted_after_its_run_started
     assert after.metadata.finalizers == [HOLD]
     assert FINALIZER not in after.metadata.finalizers
     assert _stateful_sets(kube_api, namespace) == ["orders-db"]
+
+
+async def test_a_migration_whose_whole_namespace_is_deleted_is_let_go_at_the_deadline(
+    stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str
+) -> None:
+    """`kubectl delete namespace` deletes the Migration with everything else, and the API server then refuses every
+    new object there, Events included (403, the namespace "is being terminated"). The deadline is the way out when the
+    run cannot end (here no worker runs it at all): ferry lets the Migration go, so the namespace can go too."""
+    core, custom = k8s.CoreV1Api(kube_api), k8s.CustomObjectsApi(kube_api)
+    doomed = f"t-doomed-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=doomed)))
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["metadata"].update(namespace=doomed, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, doomed, PLURAL, manifest)
+    ref = MigrationRef(namespace=doomed, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, doomed, deletion_timeout=0))
+    try:
+        seen = await kube.read_migration(ref)
+        assert seen is not None
+        await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+        assert await has_workflow(temporal_client, ref)
+        core.delete_namespace(doomed)
+
+        async def deleted() -> bool:
+            found = await kube.read_migration(ref)
+            return found is not None and found.metadata.deletion_timestamp is not None
+
+        await eventually("the namespace's deletion to reach the Migration", deleted, within=60)
+        doomed_migration = await kube.read_migration(ref)
+        assert doomed_migration is not None
+        await handler.handle(doomed_migration, gone=False, run_closed=False, received=0.0)
+
+        assert await kube.read_migration(ref) is None, "ferry's finalizer released"
+        await eventually(
+            "the namespace to go",
+            lambda: asyncio.to_thread(lambda: doomed not in {n.metadata.name for n in core.list_namespace().items}),
+            within=120,
+        )
+        late = await asyncio.to_thread(
+            record_event, core, ref, type=KubernetesEventType.NORMAL, reason="Late", message="after it all", key="late",
+            component="test", instance="test",
+        )  # fmt: skip
+        assert late is False, "no Event where the namespace is gone, and no error either"
+    finally:
+        with contextlib.suppress(ApiException):
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, doomed, PLURAL, ref.name, {"metadata": {"finalizers": None}}
+            )
+        with contextlib.suppress(Exception):
+            await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test over")
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(doomed)
