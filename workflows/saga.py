@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -68,6 +68,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.status import SagaStatus
     from workflows.steps import UNDO_RETRY, Call, Context, Results, Retry, Step
 
+T = TypeVar("T")
+
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 """Activities of steps and undos run once per attempt: the saga counts and spaces the attempts itself."""
 
@@ -84,6 +86,14 @@ WRITES_FLOW_WHILE_WAITING = "writes-flow-while-waiting"
 """Patch: the source is never frozen while the saga waits for a person. Approval is asked before the step that stops
 writes; a pause asked for while writes are stopped takes effect once they flow again; a failure under failurePolicy
 Pause while they are stopped undoes the saga back to before that step, then waits (retry starts again from it)."""
+ROLLBACK_AFTER_THE_LAST_STEP = "rollback-after-the-last-step"
+"""Patch: a rollback accepted as the last step ended (its result and the request in one workflow task) is carried
+out, not dropped; once every step is done the run has finished, and controls are refused from then on (while the
+snapshot is deleted for retention, the last thing before Succeeded)."""
+UNDOS_FINISH_WHEN_CANCELLED = "undos-finish-when-cancelled"
+"""Patch: the undos failurePolicy Pause runs so that writes flow while a person decides are shielded like a rollback:
+a cancellation of the workflow meanwhile lets them finish, then rolls back the rest; it was taken for a failed undo
+attempt, and lost."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -213,6 +223,11 @@ class Saga:
             again = await self._run_step(step)
             index = self.steps.index(again) if again is not None else index + 1
         self.controls.next_step = None
+        if workflow.patched(ROLLBACK_AFTER_THE_LAST_STEP):
+            # A rollback that came with the last step's result was accepted (and its sender told so): it is carried
+            # out like any other. From here on the run has finished: nothing is left to pause, approve or roll back.
+            self._raise_if_rollback_requested()
+            self.controls.stage = Stage.FINISHED
         return True
 
     def _asks_approval(self, step: Step[Any, Any]) -> bool:
@@ -475,6 +490,24 @@ class Saga:
             EventType.WARNING,
             key=f"{failed.name}.{attempt}",
         )
+        if workflow.patched(UNDOS_FINISH_WHEN_CANCELLED):
+            _, cancelled = await self._shielded(self._undo_back(back, first, reason), "undo back to writes flowing")
+            if cancelled:
+                # What is left of the run (the steps before `restart`) is rolled back by the workflow's handler of
+                # its cancellation, as from any other point.
+                raise asyncio.CancelledError(f"the workflow was cancelled while {failed.name}'s failure was undone")
+        else:
+            await self._undo_back(back, first, reason)
+        await self._await_decision(
+            failed.name,
+            f"{error}; the source takes writes again (undone back to before {restart.name}), so retry runs again from "
+            f"{restart.name}",
+            attempt,
+        )
+        return restart
+
+    async def _undo_back(self, back: list[Step[Any, Any]], first: int, reason: str) -> None:
+        """Undoes `back` (started steps, newest first) so that writes flow; a failed undo stops the run there."""
         for index, step in enumerate(back):
             call = step.undo_call(self.context)
             failure = await self._undo(step, call) if call is not None else None
@@ -485,13 +518,6 @@ class Saga:
                 ]
                 await self._stop_rollback(reason, step.name, failure, left)
             self.started.remove(step)
-        await self._await_decision(
-            failed.name,
-            f"{error}; the source takes writes again (undone back to before {restart.name}), so retry runs again from "
-            f"{restart.name}",
-            attempt,
-        )
-        return restart
 
     async def _await_decision(self, step: str, error: str, attempt: int) -> None:
         """failurePolicy Pause: hold until a person sends retry (returns) or rollback (raises)."""
@@ -559,14 +585,21 @@ class Saga:
 
     async def shielded_roll_back(self, reason: str) -> MigrationResult:
         """Runs the rollback to its end even if the workflow is cancelled meanwhile."""
-        task = asyncio.ensure_future(self._roll_back(reason))
+        result, _ = await self._shielded(self._roll_back(reason), "rollback")
+        return result
+
+    async def _shielded(self, work: Coroutine[Any, Any, T], what: str) -> tuple[T, bool]:
+        """Runs `work` to its end even if the workflow is cancelled meanwhile: its result, and whether it was."""
+        task = asyncio.ensure_future(work)
+        cancelled = False
         while True:
             try:
-                return await asyncio.shield(task)
+                return await asyncio.shield(task), cancelled
             except asyncio.CancelledError:
                 if task.done():
                     raise
-                workflow.logger.info("cancellation requested during rollback of %s; the rollback goes on", self.ref)
+                cancelled = True
+                workflow.logger.info("cancellation requested during the %s of %s; it goes on", what, self.ref)
 
     async def _roll_back(self, reason: str) -> MigrationResult:
         self.controls.stage = Stage.ROLLING_BACK

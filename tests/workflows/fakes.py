@@ -168,10 +168,18 @@ class FakeSaga:
     cancelled: list[str] = dataclasses.field(default_factory=list)
     statuses: list[MigrationStatus] = dataclasses.field(default_factory=list)
     events: list[EventRecord] = dataclasses.field(default_factory=list)
+    mirrors_held: bool = False
+    """Status writes wait until `release_mirrors()`: the workflow task that started one stays open meanwhile (a local
+    activity's), so what reaches the run in that time comes to it in one later activation, as under load."""
+    mirrors_waiting: int = 0
     _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    _mirrors_released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def release(self) -> None:
         self._released.set()
+
+    def release_mirrors(self) -> None:
+        self._mirrors_released.set()
 
     @property
     def results(self) -> dict[str, ApiModel]:
@@ -227,6 +235,9 @@ class FakeSaga:
     def _mirror(self) -> Callable[..., Any]:
         @activity.defn(name=MIRROR)
         async def mirror_status(request: MirrorStatusInput) -> MirrorStatusResult:
+            if self.mirrors_held:
+                self.mirrors_waiting += 1
+                await self._mirrors_released.wait()
             self.calls.append(MIRROR)
             self.statuses.append(request.status)
             self.events.extend(request.earlier_events)

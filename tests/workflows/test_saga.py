@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 
@@ -191,6 +195,82 @@ async def test_a_step_that_completes_after_a_rollback_request_is_undone(run_saga
     assert result.message == "rolled back: rollback requested by alice: wrong target"
     assert fakes.undo_calls == undos_of(STEP_ACTIVITIES)
     assert fakes.inputs[UNDO[SCALE_DOWN_OLD]][0]["replicas"] == 2
+
+
+@pytest.mark.parametrize("single_batch", [False, True], ids=["jobs-apart", "jobs-in-one-batch"])
+async def test_a_rollback_that_comes_with_the_last_steps_result_is_carried_out(
+    run_saga: Run, single_batch: bool
+) -> None:
+    """Under load the rollback and scale-down-old's result reach the run in one activation (a status write held the
+    workflow task open meanwhile). The request was accepted, so the run rolls back, however the SDK orders the two."""
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD})
+    saga = await run_saga(fakes, single_batch=single_batch)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+    fakes.mirrors_held = True
+    await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="bob"))  # ignored, with an Event: a status write
+    await saga.wait_for("a status write to hold the workflow task open", lambda: fakes.mirrors_waiting > 0)
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="wrong target"))
+    fakes.release()
+    await saga.wait_for_history("the rollback and scale-down-old's result", _signalled_and_completed(SCALE_DOWN_OLD))
+    fakes.release_mirrors()
+
+    result = await saga.handle.result()
+    assert result.phase is Phase.ROLLED_BACK
+    assert fakes.undo_calls == undos_of(STEP_ACTIVITIES)
+
+
+async def test_a_rollback_asked_for_once_every_step_is_done_is_refused_and_the_run_succeeds(run_saga: Run) -> None:
+    """While the snapshot is deleted for retention (the last thing before Succeeded) the run has finished: it says so
+    to a rollback, rather than accept it and then end Succeeded all the same."""
+    spec = migration_input().spec.model_dump(by_alias=True)
+    spec["snapshot"]["retention"]["afterSuccess"] = "Delete"
+    fakes = FakeSaga(hold={DELETE_SNAPSHOT})
+    saga = await run_saga(fakes, migration_input(snapshot=spec["snapshot"]))
+    await saga.wait_for("the snapshot's deletion to start", lambda: fakes.started(DELETE_SNAPSHOT))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="too late"))
+    await saga.wait_for("the rollback to be answered", lambda: any("rollback" in e.message for e in fakes.events))
+    fakes.release()
+
+    result = await saga.handle.result()
+    assert result.phase is Phase.SUCCEEDED
+    assert fakes.undo_calls == []
+    answers = [(e.reason, e.message) for e in fakes.events if "rollback" in e.message]
+    assert answers == [
+        ("ControlIgnored", "rollback (signal from alice) ignored: rollback refused: the migration has finished")
+    ]
+
+
+def _a_workflow_task_after_the_cancel(events: list[HistoryEvent]) -> bool:
+    kinds = [e.event_type for e in events]
+    if EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in kinds:
+        return False
+    after = kinds[kinds.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED) :]
+    return EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in after
+
+
+def _signalled_and_completed(activity_type: str) -> Callable[[list[HistoryEvent]], bool]:
+    def seen(events: list[HistoryEvent]) -> bool:
+        scheduled = {
+            e.event_id
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type
+        }
+        completed = any(
+            e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+            and e.activity_task_completed_event_attributes.scheduled_event_id in scheduled
+            for e in events
+        )
+        signalled = any(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            and e.workflow_execution_signaled_event_attributes.signal_name == Signal.ROLLBACK.value
+            for e in events
+        )
+        return completed and signalled
+
+    return seen
 
 
 async def test_a_rollback_during_a_step_stops_it_and_undoes_it_without_a_result(run_saga: Run) -> None:
@@ -438,6 +518,31 @@ async def test_under_the_pause_policy_a_step_failing_while_writes_are_stopped_un
     assert saga.fakes.step_calls.count(PROVISION) == 1
     assert saga.final_status.steps[STEP_ACTIVITIES.index(SNAPSHOT)].state is StepState.SUCCEEDED
     await record_history(saga, "writes-flow-pause-policy-retry")
+
+
+async def test_under_the_pause_policy_a_cancellation_while_writes_are_made_to_flow_again_rolls_back_the_rest(
+    run_saga: Run,
+) -> None:
+    """The undos that let writes flow before the pause are part of the way back: the workflow's cancellation lets the
+    running one finish, then undoes what is left (provision), and the run ends cancelled, not paused for ever."""
+    undo_freeze = UNDO[FREEZE]
+    fakes = FakeSaga(fail={SNAPSHOT: InvalidSpec("bucket policy denies writes")}, hold={undo_freeze})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("the freeze's undo to run", lambda: fakes.started(undo_freeze))
+
+    await saga.handle.cancel()
+    await saga.wait_for_history("the run to take the cancellation in", _a_workflow_task_after_the_cancel)
+    fakes.release()
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(saga.handle.result(), timeout=30)
+    assert isinstance(failure.value.cause, CancelledError)
+    assert fakes.cancelled == [], "the undo was let finish"
+    assert fakes.undo_calls == undos_of([PROVISION, FREEZE, SNAPSHOT])
+    assert fakes.undo_calls.count(undo_freeze) == 1
+    final = saga.final_status
+    assert final.phase is Phase.ROLLED_BACK
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.COMPENSATED
 
 
 async def test_a_pause_asked_for_while_writes_are_stopped_takes_effect_once_traffic_has_moved(run_saga: Run) -> None:
