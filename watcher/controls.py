@@ -66,7 +66,32 @@ def pending(migration: Migration) -> list[Control | Rejection]:
             request_id=f"{SPEC_PAUSED}={value}",
         )  # fmt: skip
         found.append(Control(SPEC_PAUSED, value, Signal.PAUSE if paused else Signal.RESUME, request))
-    return found
+    return _pause_over_resume(found)
+
+
+def _pause_over_resume(found: list[Control | Rejection]) -> list[Control | Rejection]:
+    """A pause and a resume both waiting (given while the watcher could not act: Temporal away, no worker) say
+    nothing of which came last, and annotations keep no order. The pause is acted on, and the resume refused, saying
+    so: acting on both could let the saga start its next step between them, against a pause given last."""
+    if not any(isinstance(item, Control) and item.signal is Signal.PAUSE for item in found):
+        return found
+    return [
+        _refused_resume(item) if isinstance(item, Control) and item.signal is Signal.RESUME else item for item in found
+    ]
+
+
+def _refused_resume(resume: Control) -> Rejection:
+    again = (
+        f"{CONTROL_PREFIX}{Signal.RESUME.value}=<who>"
+        if resume.key == SPEC_PAUSED
+        else f"{resume.key}='{resume.request.by}: again'"
+    )
+    return Rejection(
+        resume.key,
+        resume.value,
+        f"{resume.key} came with a pause not yet acted on, and which of the two came last is unknown: ferry pauses. "
+        f"To go on, give resume again (kubectl annotate --overwrite ... {again})",
+    )
 
 
 def _parse(key: str, value: str, generation: int) -> Control | Rejection:

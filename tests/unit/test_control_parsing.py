@@ -48,6 +48,38 @@ def test_unknown_controls_and_bad_values_are_rejected_with_the_reason() -> None:
     assert whys[1].startswith("ferry.dev/rolback is not a control ferry knows")
 
 
+def test_a_pause_and_a_resume_waiting_together_pause_and_the_resume_is_refused_saying_how_to_give_it_again() -> None:
+    found = controls.pending(migration({"ferry.dev/resume": "alice", "ferry.dev/pause": "bob: hold on"}))
+
+    [pause] = [item for item in found if isinstance(item, controls.Control)]
+    [resume] = [item for item in found if isinstance(item, controls.Rejection)]
+    assert pause.signal is Signal.PAUSE
+    assert (resume.key, resume.value) == ("ferry.dev/resume", "alice")
+    assert "which of the two came last is unknown: ferry pauses" in resume.why
+    assert "ferry.dev/resume='alice: again'" in resume.why
+
+
+def test_spec_paused_set_to_false_beside_a_waiting_pause_is_refused_too() -> None:
+    found = controls.pending(migration({"ferry.dev/pause": "bob"}, generation=3, paused=False, observedGeneration=2))
+
+    assert [(type(item).__name__, item.key) for item in found] == [
+        ("Control", "ferry.dev/pause"),
+        ("Rejection", controls.SPEC_PAUSED),
+    ]
+    rejection = found[1]
+    assert isinstance(rejection, controls.Rejection)
+    assert rejection.why.endswith("(kubectl annotate --overwrite ... ferry.dev/resume=<who>)")
+
+
+def test_a_resume_alone_is_sent() -> None:
+    acked = {"controls": {"acknowledged": {"ferry.dev/pause": "bob"}}}
+
+    [resume] = controls.pending(migration({"ferry.dev/pause": "bob", "ferry.dev/resume": "alice"}, **acked))
+
+    assert isinstance(resume, controls.Control)
+    assert resume.signal is Signal.RESUME
+
+
 def test_other_annotations_are_not_controls() -> None:
     assert controls.pending(migration({"kubectl.kubernetes.io/last-applied-configuration": "{}"})) == []
 
