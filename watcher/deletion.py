@@ -4,9 +4,14 @@ Every decision comes from durable facts — the Migration's deletionTimestamp, a
 state and close time of its run in Temporal — so whichever watcher leads, before or
 after a crash, decides the same:
 - Run still going: cancel it (which rolls back), and release the finalizer when the
-  rollback has finished.
+  rollback has finished. Unless its status already says Succeeded: the saga has done
+  and shown every step, and only its last workflow task is left (seconds, longer if its
+  worker died then); a cancel would roll back what a person saw done. It is left to
+  close, and counts as finished when it said so (below).
 - Run finished *after* the deletion was asked for, and Succeeded (the watcher that
-  should have cancelled it died first): the person asked for a rollback, so the
+  should have cancelled it died first). Its success is dated by the Succeeded status it
+  wrote (the saga's clock when it decided), else by the run's close time. The person
+  asked for a rollback, so the
   Migration is undone by the undo workflow (traffic back, source scaled up and
   unfrozen, target removed), and only then released, with the reason in status and an
   Event. Times in deletionTimestamp have whole seconds: a run that closed within the
@@ -39,7 +44,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import FINALIZER, AfterSuccess, DeletionStatus, EventType, Migration, Phase
+from ferry.api.migration import FINALIZER, AfterSuccess, DeletionStatus, EventType, Migration, MigrationStatus, Phase
 from ferry.api.saga import (
     CLEANUP_WORKFLOW_NAME,
     UNDO_WORKFLOW_NAME,
@@ -93,13 +98,16 @@ class DeletionHandler:
             await self._writer.event(ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
             await self._release(migration, message)
             return
+        if described.status is WorkflowExecutionStatus.RUNNING and migration.status.phase is Phase.SUCCEEDED:
+            await self._wait_for(migration, handle, deadline, "its run has succeeded and is closing")
+            return
         if described.status is WorkflowExecutionStatus.RUNNING:
             why = "rolling back before deletion: the workflow was cancelled"
             if not _recorded(migration, why):  # recorded only after the cancel was sent
                 await handle.cancel()
             await self._wait_for(migration, handle, deadline, why)
             return
-        if await _succeeded_after(handle, described, requested):
+        if await _succeeded_after(handle, described, requested, migration.status):
             await self._undo(migration, described, requested, deadline)
             return
         cleanup = _retention_cleanup(migration)
@@ -256,15 +264,30 @@ def _state(described: WorkflowExecutionDescription | None) -> str:
 
 
 async def _succeeded_after(
-    handle: WorkflowHandle[Any, MigrationResult], run: WorkflowExecutionDescription, requested: datetime
+    handle: WorkflowHandle[Any, MigrationResult],
+    run: WorkflowExecutionDescription,
+    requested: datetime,
+    status: MigrationStatus,
 ) -> bool:
-    """Whether the run closed Succeeded at least a whole second after the deletion was asked for."""
+    """Whether the run succeeded at least a whole second after the deletion was asked for: by the time of the
+    Succeeded status it wrote, else (no such status) by its close time."""
     if run.status is not WorkflowExecutionStatus.COMPLETED or run.close_time is None:
         return False
     if run.close_time < requested + timedelta(seconds=1):
         return False
+    if succeeded_before(status, requested):
+        return False
     result = await handle.result()
     return result.phase is Phase.SUCCEEDED
+
+
+def succeeded_before(status: MigrationStatus, requested: datetime) -> bool:
+    """Whether the status says the saga had succeeded before `requested` (within its whole second): the time of its
+    Succeeded transition, by the workflow's clock, not the run's close, which may come much later (the run's last
+    workflow task redone after its worker died)."""
+    if status.phase is not Phase.SUCCEEDED or status.transitioned_at is None:
+        return False
+    return status.transitioned_at < requested + timedelta(seconds=1)
 
 
 def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:

@@ -420,3 +420,43 @@ async def test_a_migration_whose_whole_namespace_is_deleted_is_let_go_at_the_dea
             await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test over")
         with contextlib.suppress(ApiException):
             core.delete_namespace(doomed)
+
+
+async def test_a_migration_deleted_once_its_status_says_succeeded_is_not_rolled_back_while_its_run_closes(
+    namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str
+) -> None:
+    """`kubectl wait --for=condition=Succeeded` returns as the saga's last status write lands; the run closes with
+    its next workflow task, seconds later if its worker died just then (here no worker runs it). A deletion in
+    between is a deletion after success: the run is left to close, not cancelled (which would roll it back)."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    seen = await kube.read_migration(ref)
+    assert seen is not None
+    await handler.handle(seen, gone=False, run_closed=False, received=0.0)
+    run = temporal_client.get_workflow_handle(workflow_id(ref))
+    try:
+        succeeded = {"phase": "Succeeded", "transitionedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": succeeded}, field_manager="ferry-saga"
+        )
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+        deleted = await kube.read_migration(ref)
+        assert deleted is not None
+        assert deleted.metadata.deletion_timestamp is not None
+
+        await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
+
+        asked = [event.event_type async for event in run.fetch_history_events()]
+        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in asked
+        waiting = await kube.read_migration(ref)
+        assert waiting is not None, "held until the run has closed"
+        assert waiting.status.deletion is not None
+        assert waiting.status.deletion.message.startswith("its run has succeeded and is closing")
+    finally:
+        with contextlib.suppress(Exception):
+            await run.terminate("test over")
