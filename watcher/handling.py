@@ -104,7 +104,11 @@ class MigrationHandler:
 
     async def _carry_out(self, migration: Migration, ref: MigrationRef, action: Action, received: float) -> None:
         if migration.status_problem:
-            log.warning("Migration %s: its status does not parse, read as empty: %s", ref, migration.status_problem)
+            log.warning(
+                "Migration %s: its status does not parse; read without the fields at fault: %s",
+                ref,
+                migration.status_problem,
+            )
         if action.deletion:
             await self._deletion.handle(migration)
             return

@@ -8,6 +8,7 @@ conventions want. Nothing here has side effects, so workflow code may import it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 from collections.abc import Mapping
@@ -693,7 +694,9 @@ class Migration(ApiModel):
     spec_problem: str | None = Field(default=None, exclude=True)
     """What is wrong with the spec, one `spec.<field>: <message>` per problem, joined by '; '."""
     status_problem: str | None = Field(default=None, exclude=True)
-    """What is wrong with the status, if it does not validate; `status` is then empty."""
+    """What is wrong with the status, if it does not validate; `status` then holds the fields that do (each of its
+    top-level fields on its own), so a phase written by a newer ferry does not hide status.deletion's deadline or
+    the controls already acknowledged."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Migration:
@@ -701,11 +704,12 @@ class Migration(ApiModel):
         the spec and the status are read on their own, so a bad one is recorded, not raised."""
         metadata = ObjectMeta.model_validate(raw["metadata"])
         spec, spec_problem = _part(MigrationSpec, raw.get("spec") or {}, "spec")
-        status, status_problem = _part(MigrationStatus, raw.get("status") or {}, "status")
+        raw_status = raw.get("status") or {}
+        status, status_problem = _part(MigrationStatus, raw_status, "status")
         return cls(
             metadata=metadata,
             spec=spec,
-            status=status or MigrationStatus(),
+            status=status or _salvaged(raw_status),
             spec_problem=spec_problem,
             status_problem=status_problem,
         )
@@ -713,6 +717,21 @@ class Migration(ApiModel):
     @property
     def finished(self) -> bool:
         return self.status.phase is not None and self.status.phase.finished
+
+
+def _salvaged(raw: object) -> MigrationStatus:
+    """The top-level fields of a status that does not validate as a whole that validate on their own."""
+    if not isinstance(raw, Mapping):
+        return MigrationStatus()
+    kept = {}
+    for key, value in raw.items():
+        with contextlib.suppress(ValidationError):
+            MigrationStatus.model_validate({key: value})
+            kept[key] = value
+    try:
+        return MigrationStatus.model_validate(kept)
+    except ValidationError:
+        return MigrationStatus()
 
 
 def _part(model: type[_Part], raw: object, where: str) -> tuple[_Part | None, str | None]:

@@ -93,12 +93,26 @@ def test_a_spec_an_older_crd_let_through_is_kept_as_its_problems_not_raised() ->
     assert migration.metadata.finalizers == [FINALIZER, "example.com/other"]  # still enough to let it go
 
 
-def test_a_status_that_does_not_parse_reads_as_empty_and_says_why() -> None:
-    migration = Migration.parse(listed(status={"phase": "Exploded"}))
+def test_a_status_that_does_not_parse_keeps_the_fields_that_do_and_says_why() -> None:
+    deletion = {"message": "rolling back", "waitingSince": "2026-11-25T10:00:00Z", "deadline": "2026-11-25T10:30:00Z"}
+    migration = Migration.parse(
+        listed(status={"phase": "Exploded", "deletion": deletion, "controls": {"acknowledged": {"ferry.dev/x": "y"}}})
+    )
 
     assert migration.status.phase is None
     assert migration.status_problem is not None
     assert migration.status_problem.startswith("status.phase: Input should be")
+    assert migration.status.deletion is not None, "the deletion's deadline still counts"
+    assert migration.status.deletion.deadline.isoformat() == "2026-11-25T10:30:00+00:00"
+    assert migration.status.controls is not None
+    assert migration.status.controls.acknowledged == {"ferry.dev/x": "y"}
+
+
+def test_a_status_that_is_not_an_object_reads_as_empty() -> None:
+    migration = Migration.parse(listed(status="gone wrong"))
+
+    assert migration.status.phase is None
+    assert migration.status_problem is not None
 
 
 def test_an_object_without_the_metadata_every_object_has_is_refused() -> None:
