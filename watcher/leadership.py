@@ -4,7 +4,9 @@ The algorithm follows client-go's: a candidate takes the Lease when it is free o
 its record has not changed for a whole lease duration, judged by the candidate's own
 clock (when it last saw the record change), so clocks of different machines need not
 agree. Writes carry the resourceVersion they were computed from, so two candidates
-cannot both win. A leader that cannot renew within the renew deadline steps down.
+cannot both win. A leader that cannot renew within the renew deadline steps down, even
+when its last renewal has not been answered (a silent API server): it stops acting
+before its Lease can run out, and a standby takes over.
 """
 
 from __future__ import annotations
@@ -70,18 +72,28 @@ class LeaderElector:
                 return
             except TimeoutError:
                 pass
+            # A renewal that has not answered by the renew deadline counts as failed, whatever it does later (it is
+            # conditional on the version it read, so a standby that took the Lease meanwhile makes it a conflict):
+            # an API server that accepts and then stays silent must not keep a leader leading past its Lease.
+            left = self._settings.renew_deadline - (time.monotonic() - last_renewal)
             try:
-                renewed = await self._try_acquire_or_renew()
+                renewed = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=max(left, 0.0))
             except ApiException as error:
                 log.warning("could not renew Lease %s: %s", self._settings.name, error.reason)
                 renewed = False
+            except TimeoutError:
+                log.warning("renewing Lease %s got no answer by the renew deadline", self._settings.name)
+                raise self._lost() from None
             if renewed:
                 last_renewal = time.monotonic()
             elif time.monotonic() - last_renewal > self._settings.renew_deadline:
-                raise LeadershipLost(
-                    f"{self.identity} could not renew Lease {self._settings.namespace}/{self._settings.name} "
-                    f"for {self._settings.renew_deadline:.0f}s"
-                )
+                raise self._lost()
+
+    def _lost(self) -> LeadershipLost:
+        return LeadershipLost(
+            f"{self.identity} could not renew Lease {self._settings.namespace}/{self._settings.name} "
+            f"for {self._settings.renew_deadline:.0f}s"
+        )
 
     async def release(self) -> None:
         """Gives the Lease up at once (on a clean shutdown), so a standby takes over without waiting."""
