@@ -22,7 +22,7 @@ from temporalio.client import Client
 
 from ferry.api.migration import FINISHED_PHASES, GROUP, PLURAL, VERSION
 from ferry.kubectl import temporal
-from ferry.kubectl.cluster import Cluster
+from ferry.kubectl.cluster import TIMEOUTS, Cluster
 from ferry.kubectl.errors import PluginError
 from ferry.kubectl.output import Colours
 from ferry.kubectl.progress import Display, order_of
@@ -81,10 +81,16 @@ class _Watch:
         custom = k8s.CustomObjectsApi(self._cluster.api)
         try:
             while not self._closed.is_set():
-                response = custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={name}", watch=True,
-                    resource_version=version, timeout_seconds=WATCH_SECONDS, _preload_content=False,
-                )  # fmt: skip
+                try:
+                    response = custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={name}", watch=True,
+                        resource_version=version, timeout_seconds=WATCH_SECONDS, _preload_content=False,
+                        _request_timeout=(TIMEOUTS.connect, WATCH_SECONDS + TIMEOUTS.read),
+                    )  # fmt: skip
+                except urllib3.exceptions.MaxRetryError as error:
+                    if isinstance(error.reason, urllib3.exceptions.ReadTimeoutError):
+                        raise _silent(namespace, name) from None
+                    raise
                 with self._lock:
                     self._response = response
                 try:
@@ -97,12 +103,22 @@ class _Watch:
                         version = current["metadata"]["resourceVersion"]
                         self._put((kind, current))
                 except urllib3.exceptions.ReadTimeoutError:
-                    continue  # a quiet watch outlived the client's read timeout: watch again from `version`
+                    raise _silent(namespace, name) from None
                 finally:
                     response.release_conn()
         except Exception as error:  # noqa: BLE001 - handed to the loop, which reports it in one line
             if not self._closed.is_set():
                 self._put(("FAILED", error))
+
+
+def _silent(namespace: str, name: str) -> PluginError:
+    """The server ends a watch after WATCH_SECONDS: one silent for longer than that and the read timeout has a server
+    behind it that no longer answers, which is said in one line rather than waited on for ever."""
+    return PluginError(
+        f"the API server stopped answering: the watch of Migration {namespace}/{name} got nothing for "
+        f"{WATCH_SECONDS + TIMEOUTS.read:.0f}s. Check the cluster (kubectl get --raw /readyz), then run the command "
+        "again"
+    )
 
 
 def _events(response: Any) -> Iterator[tuple[str, dict[str, Any]]]:

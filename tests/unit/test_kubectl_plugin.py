@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import queue
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
-from ferry.kubectl import cli, controls, history, listing, progress
-from ferry.kubectl.cluster import Target, connect
+from ferry.kube_requests import BoundedApiClient, RequestTimeouts
+from ferry.kubectl import cli, controls, following, history, listing, progress
+from ferry.kubectl.cluster import Cluster, Target, connect
 from ferry.kubectl.errors import EXIT_CODES_HELP, Exit, PluginError, exit_for_phase
 from ferry.kubectl.output import Colours, table
 
@@ -387,3 +391,25 @@ def test_a_refusal_by_ferrys_admission_policy_says_why_and_one_by_rbac_what_to_c
         cluster.call("Migration shop/m", patch)
 
     assert f"error: {refused.value}" == said
+
+
+def test_following_a_migration_through_a_silent_api_server_fails_in_one_line(
+    silent_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kubectl ferry status -w` against a server that accepts and never answers: one line, not a frozen table."""
+    monkeypatch.setattr(following, "WATCH_SECONDS", 1)  # the server would end each watch after it
+    monkeypatch.setattr(following, "TIMEOUTS", RequestTimeouts(connect=1.0, read=1.0))
+    configuration = k8s.Configuration(host=silent_server)
+    configuration.retries = 0  # as the plugin connects
+    cluster = Cluster(api=BoundedApiClient(configuration, following.TIMEOUTS), namespace="shop", server=silent_server)
+    got: queue.Queue[tuple[str, Any]] = queue.Queue()
+    watch = following._Watch(cluster, {"metadata": {"namespace": "shop", "name": "m", "resourceVersion": "7"}}, got.put)
+    watch.start()
+    try:
+        kind, error = got.get(timeout=30)
+    finally:
+        watch.close()
+
+    assert kind == "FAILED"
+    assert isinstance(error, PluginError)
+    assert str(error).startswith("the API server stopped answering: the watch of Migration shop/m got nothing for 2s")

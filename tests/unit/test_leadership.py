@@ -1,15 +1,12 @@
 """A leading watcher steps down by its renew deadline even when the API server accepts its renewal and never answers.
 
-The API server here is a real socket that accepts connections and stays silent, as a hung or partitioned server
-does; the Lease calls go through the watcher's own client, with its own timeouts and retries.
+The API server here is a real socket that accepts connections and stays silent (`silent_server`), as a hung or
+partitioned server does; the Lease calls go through the watcher's own client, with its own timeouts and retries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
@@ -20,32 +17,6 @@ from watcher.leadership import LeaderElector, LeadershipLost
 from watcher.settings import LeaseSettings
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """http://127.0.0.1:PORT, where every connection is accepted and never answered."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            accepted.append(connection)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for connection in accepted:
-        connection.close()
-    listener.close()
 
 
 async def test_a_leader_whose_renewal_gets_no_answer_steps_down_by_its_renew_deadline(silent_server: str) -> None:
