@@ -241,7 +241,8 @@ class PostgresActivities:
     @contextlib.contextmanager
     def _cleared_on_failure(self, db: DatabaseConnection, ref: MigrationRef) -> Iterator[None]:
         """Empties the target of this Migration's restore, and unmarks it, when the block fails or is cancelled: a
-        restore in streams commits piece by piece (see streams), and a target must not keep a partial one."""
+        restore in streams commits piece by piece (see streams), and a target must not keep a partial one. A target
+        marked complete is another attempt's finished restore, and is kept (see restoring.remove)."""
         try:
             yield
         except BaseException:
@@ -254,8 +255,9 @@ class PostgresActivities:
         once = dataclasses.replace(self._settings, connect_attempts=1)
         try:
             with connect(db, once, **WRITABLE, lock_timeout=CLEAR_LOCK_TIMEOUT) as conn:
-                restoring.remove(conn, db, owner(ref))
-            activity.logger.info("emptied %s of the partial restore of Migration %s", db.describe(), ref)
+                emptied = restoring.remove(conn, db, owner(ref), only_incomplete=True)
+            if emptied:
+                activity.logger.info("emptied %s of the partial restore of Migration %s", db.describe(), ref)
         except Exception as error:  # noqa: BLE001 - the step's own failure is what to report
             activity.logger.warning(
                 "could not empty %s of a partial restore (it stays marked incomplete; the next attempt or the undo "

@@ -179,16 +179,26 @@ def mark_complete(conn: Connection, owner: str) -> None:
     database_settings.change(conn, RESTORED_BY, owner)
 
 
-def remove(conn: Connection, db: DatabaseConnection, owner: str) -> bool:
+def remove(conn: Connection, db: DatabaseConnection, owner: str, *, only_incomplete: bool = False) -> bool:
     """Empties the target of what `owner`'s restore put there and removes the marker; False when it holds none.
 
     One transaction: the target is either as migrate left it or empty and unmarked.
+    With `only_incomplete` (a failed restore in streams cleaning up after itself), a restore
+    marked complete is left as it is: it is another attempt's, which finished after this one
+    was written off (its worker stopped past its heartbeat timeout, then went on), and it may
+    be verified, and take traffic, by now.
     """
     with conn.transaction():
-        marked_by = restorer(database_settings.read(conn).get(RESTORED_BY))
+        marker = database_settings.read(conn).get(RESTORED_BY)
+        marked_by = restorer(marker)
         if marked_by != owner:
             whose = f"Migration {marked_by}" if marked_by else "no Migration"
             activity.logger.info("%s holds a restore of %s, not of %s: left as it is", db.describe(), whose, owner)
+            return False
+        if only_incomplete and marker == owner:
+            activity.logger.warning(
+                "%s holds a complete restore of %s, made by another attempt: left as it is", db.describe(), owner
+            )
             return False
         _clean(conn)
         unwritten.forget(conn)

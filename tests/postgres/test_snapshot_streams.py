@@ -22,7 +22,8 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres import streams
-from activities.postgres.activities import PostgresActivities
+from activities.postgres.activities import PostgresActivities, owner
+from activities.secrets import DatabaseConnection
 from activities.settings import MIB, DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.stack import StackInfo
@@ -160,6 +161,27 @@ def test_a_changed_stream_object_fails_migrate_and_the_target_is_emptied_of_what
     with pytest.raises(SnapshotCorrupt):  # and so again: nothing is taken for restored
         in_streams.migrate(snapshot)
     assert not in_streams.undo_migrate().removed, "nothing was left to undo"
+
+
+def test_an_attempt_written_off_while_another_completed_the_restore_leaves_that_restore_alone_as_it_fails(
+    in_streams: Steps, databases: Databases
+) -> None:
+    """Attempt A's worker stops (a paused VM) past the heartbeat timeout; the saga's next attempt, B, restores the
+    target whole, and verify and switch-traffic may follow. When A goes on, its heartbeat is refused and it fails:
+    its cleanup, meant for its own partial restore, finds B's complete one, and keeps it. (A's pause is not made
+    here: what A does as it fails is called directly, on the target B completed.)"""
+    _create_source(databases)
+    in_streams.freeze()
+    in_streams.snapshot(restore=True)  # B
+    target = DatabaseConnection(
+        databases.target.host, databases.target.port, databases.target.user, databases.target.password,
+        databases.target.database, secret="test/target",
+    )  # fmt: skip
+
+    in_streams.postgres._clear_quietly(target, in_streams.ref)  # A, failing
+
+    assert contents(databases.target) == contents(databases.source)
+    assert _marker(databases) == owner(in_streams.ref), "still marked complete"
 
 
 def test_a_stream_that_fails_stops_the_others_and_a_retry_restores_from_a_clean_target(
