@@ -194,8 +194,9 @@ class ReplicationActivities:
         """The publication (with ferry's record), replica identities, the slot; returns the tables given FULL."""
         with privileged(db, "publish the tables and create a replication slot"):
             row = src.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
-            record = replication.publish(src, name, owner(ref), every_table=bool(row and row[0]))
-            replication.give_full_identity(src, name, record, _lacking_identity(src, db, allow_full))
+            retry = self._lock_retry(heartbeats, "publishing the source's tables")
+            record = replication.publish(src, name, owner(ref), every_table=bool(row and row[0]), retry=retry)
+            replication.give_full_identity(src, name, record, _lacking_identity(src, db, allow_full), retry)
             heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions
             try:
                 if replication.create_slot(src, name):
@@ -366,13 +367,28 @@ class ReplicationActivities:
                 replication.drop_slots(src, leftover, lambda: heartbeats.progress(dropping_slots=leftover))
                 ended = True
             if record is not None:
-                restored = replication.restore_identities(src, record)
+                restored = replication.restore_identities(
+                    src, record, self._lock_retry(heartbeats, "giving tables their replica identity back")
+                )
                 if restored:
                     activity.logger.info("gave back their replica identity to %s", ", ".join(restored))
             ended = replication.drop_publication(src, name) or ended
         return ended
 
     # --- shared ------------------------------------------------------------------------------
+
+    def _lock_retry(self, heartbeats: Heartbeats, doing: str) -> replication.Retry:
+        """What a change to the source's tables does when it let go of a lock it waited for: says so, pauses, and
+        raises once the activity is cancelled."""
+
+        def retry(why: str) -> None:
+            activity.logger.info(
+                "%s: a lock was not granted within %s (%s); trying again", doing, replication.LOCK_WAIT, why
+            )
+            heartbeats.progress(waiting_for_lock=why)
+            self._pause(heartbeats, doing)
+
+        return retry
 
     def _pause(self, heartbeats: Heartbeats, doing: str) -> None:
         activity.wait_for_cancelled_sync(self._settings.replication_poll_interval)

@@ -26,12 +26,22 @@ import json
 import re
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import psycopg
 from psycopg import sql
 
 from activities.postgres.connection import Connection
 
+T = TypeVar("T")
+
+LOCK_WAIT = "1s"
+"""How long a change to the live source's tables (the publication, replica identities) waits for a lock before it
+lets go and tries again. ALTER TABLE waits for an exclusive lock, and while it waits every later query of that
+table waits behind it: behind a long query, or a vacuum, the application's own reads and writes would stop."""
+Retry = Callable[[str], None]
+"""Called when such a change let go of a lock it waited for, with the server's words: pauses before the next try,
+and raises once the activity is cancelled."""
 PLUGIN = "pgoutput"
 DROP_ROUNDS = 20
 """Rounds of ending walsenders and dropping slots before giving up (the next attempt tries again)."""
@@ -87,10 +97,15 @@ def read_record(conn: Connection, publication: str) -> Record | None:
     row = conn.execute(
         "select obj_description(oid, 'pg_publication') from pg_publication where pubname = %s", (publication,)
     ).fetchone()
-    if row is None or not row[0]:
+    return None if row is None else parse_record(row[0])
+
+
+def parse_record(comment: str | None) -> Record | None:
+    """The record a publication's comment holds; None when it holds none of ferry's."""
+    if not comment:
         return None
     try:
-        fields = json.loads(row[0])
+        fields = json.loads(comment)
         return Record(
             owner=str(fields["owner"]),
             replica_identity={str(k): str(v) for k, v in fields.get("replica_identity", {}).items()},
@@ -106,12 +121,28 @@ def write_record(conn: Connection, publication: str, record: Record) -> None:
     conn.execute(sql.SQL("comment on publication {} is {}").format(sql.Identifier(publication), sql.Literal(text)))
 
 
-def publish(conn: Connection, publication: str, owner: str, every_table: bool) -> Record:
+def briefly_locked(conn: Connection, work: Callable[[], T], retry: Retry) -> T:
+    """Runs `work` in one transaction whose statements wait at most LOCK_WAIT for a lock; when one would wait
+    longer, the transaction is rolled back (nothing of it stays), `retry` pauses, and `work` runs again."""
+    while True:
+        try:
+            with conn.transaction():
+                conn.execute(f"set local lock_timeout = '{LOCK_WAIT}'")
+                return work()
+        except psycopg.errors.LockNotAvailable as error:
+            retry(str(error).strip())
+
+
+def publish(conn: Connection, publication: str, owner: str, every_table: bool, retry: Retry) -> Record:
     """Creates the publication with its record, unless it is there; returns the record.
 
     `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE
     with every user table there is now, which the user must own (the precheck says so).
     """
+    return briefly_locked(conn, lambda: _publish(conn, publication, owner, every_table), retry)
+
+
+def _publish(conn: Connection, publication: str, owner: str, every_table: bool) -> Record:
     record = read_record(conn, publication)
     if record is not None:
         return record
@@ -146,27 +177,38 @@ def lacking_identity(conn: Connection) -> dict[str, str]:
     return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
 
 
-def give_full_identity(conn: Connection, publication: str, record: Record, tables: dict[str, str]) -> None:
+def give_full_identity(
+    conn: Connection, publication: str, record: Record, tables: dict[str, str], retry: Retry
+) -> None:
     """REPLICA IDENTITY FULL for `tables`, recorded (with what they had) before the change, in one transaction."""
     if not tables:
         return
-    with conn.transaction():
-        record.replica_identity.update({t: v for t, v in tables.items() if t not in record.replica_identity})
-        write_record(conn, publication, record)
+    wanted = {t: v for t, v in tables.items() if t not in record.replica_identity}
+
+    def give() -> None:
+        write_record(
+            conn, publication, dataclasses.replace(record, replica_identity={**record.replica_identity, **wanted})
+        )
         for table in tables:
             _set_identity(conn, table, "full")
 
+    briefly_locked(conn, give, retry)
+    record.replica_identity.update(wanted)
 
-def restore_identities(conn: Connection, record: Record) -> list[str]:
+
+def restore_identities(conn: Connection, record: Record, retry: Retry) -> list[str]:
     """Gives the recorded tables their identity back (those still FULL); returns them."""
-    restored = []
-    with conn.transaction():
+
+    def restore() -> list[str]:
+        restored = []
         for table, before in sorted(record.replica_identity.items()):
             if _identity(conn, table) != "f":
                 continue  # dropped since, or changed by someone else: theirs now
             _set_identity(conn, table, "nothing" if before == "n" else "default")
             restored.append(table)
-    return restored
+        return restored
+
+    return briefly_locked(conn, restore, retry)
 
 
 def _identity(conn: Connection, table: str) -> str | None:

@@ -20,6 +20,7 @@ from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
 from ferry.api.saga import ReplicateInput, VerifyResult
+from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.data import connect, contents, create_shop, database_settings
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers, replica_identity, slots
@@ -227,6 +228,52 @@ def test_replica_identity_full_carries_updates_and_deletes_of_a_table_without_a_
     online.verify()
     online.check_frozen(frozen)  # giving the identity back on the frozen source is no write after the freeze
     online.undo_freeze()
+
+
+def test_replicate_never_holds_the_applications_queries_behind_its_change_of_a_tables_identity(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """A long transaction reads public.notes. REPLICA IDENTITY FULL needs the table's exclusive lock, and a statement
+    waiting for it makes every later query of the table wait behind it: the application would stop until that
+    transaction ends. replicate lets go of the lock after replication.LOCK_WAIT and tries again, so the application's
+    queries go through meanwhile; it finishes once the long transaction has ended."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text not null)")
+        conn.execute("insert into public.notes select 'note ' || i from generate_series(1, 50) as i")
+    online.driver = online.driver.model_copy(update={"allow_replica_identity_full": True})
+    results: list[object] = []
+    with connect(databases.source) as reading:
+        reading.execute("begin")
+        reading.execute("select count(*) from public.notes")  # holds the table's lock until it ends
+
+        def replicate() -> None:
+            try:
+                results.append(online.replicate())
+            except BaseException as error:  # noqa: BLE001 - the test reports it
+                results.append(error)
+
+        running = threading.Thread(target=replicate)
+        running.start()
+        eventually("replicate to ask for the table's lock", lambda: _waiting_to_alter(databases.source), timeout=60)
+        with connect(databases.source) as application:
+            application.execute("set statement_timeout = '15s'")
+            assert application.execute("select count(*) from public.notes").fetchone() == (50,)
+        reading.execute("commit")
+    running.join(120)
+
+    assert [type(result).__name__ for result in results] == ["ReplicateResult"]
+    assert replica_identity(databases.source, "public.notes") == "f"
+    online.undo_replicate()
+    assert replica_identity(databases.source, "public.notes") == "d"
+    assert leftovers(databases) == NOTHING
+
+
+def _waiting_to_alter(source: PostgresEndpoint) -> bool:
+    with connect(source) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and query ilike 'alter table%'"
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def test_the_undo_gives_back_the_replica_identity_it_set(online: OnlineSteps, databases: Databases) -> None:
