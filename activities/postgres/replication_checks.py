@@ -72,6 +72,18 @@ from pg_roles r where r.rolname = current_user
 """
 
 
+OTHER_REPLICATIONS = """
+select pubname, obj_description(oid, 'pg_publication') from pg_publication
+where pubname like 'ferry\\_%%' and pubname <> %(slot)s order by 1
+"""
+"""ferry's publications on the source other than this Migration's: replications of other Migrations."""
+
+
+def _owner(comment: str | None) -> str:
+    record = replication.parse_record(comment)
+    return record.owner if record is not None else "unknown"
+
+
 def check(
     source: DatabaseConnection,
     target: DatabaseConnection,
@@ -139,6 +151,16 @@ def check_source(
                 f"{db.describe()} by name, which needs their owner; it does not own {listed(not_owned)}. Use a "
                 "superuser (who may publish every table), or the tables' owner."
             )
+    others = conn.execute(OTHER_REPLICATIONS, {"slot": slot}).fetchall()
+    if others:
+        whose = ", ".join(f"{name} (Migration {_owner(comment)})" for name, comment in others)
+        problems.append(
+            f"{db.describe()} is being replicated by another Migration already: publication {whose}. Online "
+            "Migrations of one source run one at a time: ending one gives the tables their replica identity back, "
+            "which the other's replication still needs. Wait until that Migration has finished or rolled back, or "
+            "use mode Snapshot. One left behind by a Migration that no longer runs is dropped with DROP PUBLICATION "
+            "and pg_drop_replication_slot (the slot has the publication's name)."
+        )
     lacking = replication.lacking_identity(conn)
     if lacking and not driver.allow_replica_identity_full:
         problems.append(

@@ -220,3 +220,23 @@ def _empty_database(admin: PostgresEndpoint) -> Iterator[PostgresEndpoint]:
     finally:
         with connect(admin) as conn:
             conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+def test_a_source_another_migration_replicates_is_refused_naming_that_migration(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """Ending a replication gives the tables ferry made REPLICA IDENTITY FULL their identity back: with another
+    replication still publishing their updates, the source would then refuse every update of them."""
+    create_shop(databases.source, customers=10, orders=10)
+    with connect(databases.source) as conn:
+        conn.execute("create publication ferry_0ther for all tables")
+        conn.execute("""comment on publication ferry_0ther is '{"owner": "shop/orders-db-to-17/0ther"}'""")
+
+    (problem,) = _problems(online)
+
+    assert problem.startswith(f"database '{databases.source.database}' on ")
+    assert (
+        "is being replicated by another Migration already: publication ferry_0ther (Migration "
+        "shop/orders-db-to-17/0ther). Online Migrations of one source run one at a time"
+    ) in problem
+    assert "Wait until that Migration has finished or rolled back, or use mode Snapshot." in problem
