@@ -69,6 +69,20 @@ order by 1
 """
 """Tables with row-level security: whether it is forced on their owners too, and whether it applies to the current
 user (unless that user bypasses it: a superuser, or a role with BYPASSRLS)."""
+AMBIGUOUS_NAMES = """
+select key, string_agg(quoted, ' and ' order by quoted) from (
+    select n.nspname || '.' || c.relname, format('%I.%I', n.nspname, c.relname)
+    from pg_class c join pg_namespace n on n.oid = c.relnamespace
+    where n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
+    union all
+    select n.nspname || '.' || c.relname || '.' || a.attname, format('%I.%I.%I', n.nspname, c.relname, a.attname)
+    from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
+    where a.attnum > 0 and not a.attisdropped and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'
+) named (key, quoted)
+group by key having count(*) > 1 order by key
+"""
+"""Objects whose names, joined with dots, are the same (schema "a" with table "b.c", schema "a.b" with table "c"):
+verify and the write checks name tables and columns that way, and would take one for the other."""
 MAY = """
 select r.rolsuper, pg_has_role(current_user, d.datdba, 'USAGE'), pg_get_userbyid(d.datdba),
     r.rolsuper or pg_has_role(current_user, 'pg_signal_backend', 'USAGE')
@@ -235,6 +249,11 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
                 f"row-level security would hide rows of {listed(hidden)} from the user in Secret {db.secret} on "
                 f"{db.describe()}, and the snapshot and verify read every row (they would stop, after the freeze). "
                 f"As a superuser, ALTER ROLE {db.username} BYPASSRLS, or use a superuser."
+            )
+        for _, ambiguous in conn.execute(AMBIGUOUS_NAMES).fetchall():
+            problems.append(
+                f"{ambiguous} on {db.describe()} have one name once joined with dots, which is how verify and the "
+                "checks of writes tell tables and columns apart: one could pass for the other. Rename one of them."
             )
         server = dataclasses.replace(server, forced_rls=tuple(name for name, forced, _ in tables if forced))
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}

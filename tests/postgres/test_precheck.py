@@ -357,6 +357,27 @@ def test_precheck_refuses_a_source_whose_writes_the_statistics_do_not_count(step
     assert "ALTER DATABASE / ALTER ROLE ... RESET track_counts" in problem
 
 
+def test_precheck_refuses_tables_and_columns_whose_dotted_names_are_the_same(
+    steps: Steps, databases: Databases
+) -> None:
+    """Verify names a table `schema.table`: "a"."b.c" and "a.b"."c" would be one, and a target missing the rows of
+    one could pass for whole."""
+    with connect(databases.source) as conn:
+        conn.execute(
+            'create schema a; create schema "a.b"; create table a."b.c" (id int); create table "a.b".c (id int)'
+        )
+        conn.execute('create table a.t ("x.y" int); create table a."t.x" (y int)')
+
+    problems = _problems(steps)
+
+    assert [problem.split(" on ")[0] for problem in problems] == [
+        '"a.b".c and a."b.c"',
+        '"a.b".c.id and a."b.c".id',
+        'a."t.x".y and a.t."x.y"',
+    ]
+    assert all(problem.endswith("one could pass for the other. Rename one of them.") for problem in problems)
+
+
 def test_precheck_names_the_roles_whose_writes_to_the_target_the_statistics_do_not_count(
     steps: Steps, databases: Databases
 ) -> None:
