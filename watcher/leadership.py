@@ -74,15 +74,18 @@ class LeaderElector:
                 pass
             # A renewal that has not answered by the renew deadline counts as failed, whatever it does later (it is
             # conditional on the version it read, so a standby that took the Lease meanwhile makes it a conflict):
-            # an API server that accepts and then stays silent must not keep a leader leading past its Lease.
+            # an API server that accepts and then stays silent must not keep a leader leading past its Lease. Each
+            # try gets at least the time the Lease outlasts the renew deadline: a process that was stopped (SIGSTOP,
+            # a paused VM) past its deadline tries once, and goes on leading if nobody took the Lease meanwhile.
             left = self._settings.renew_deadline - (time.monotonic() - last_renewal)
+            least = self._settings.duration - self._settings.renew_deadline
             try:
-                renewed = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=max(left, 0.0))
+                renewed = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=max(left, least))
             except ApiException as error:
                 log.warning("could not renew Lease %s: %s", self._settings.name, error.reason)
                 renewed = False
             except TimeoutError:
-                log.warning("renewing Lease %s got no answer by the renew deadline", self._settings.name)
+                log.warning("renewing Lease %s got no answer in time", self._settings.name)
                 raise self._lost() from None
             if renewed:
                 last_renewal = time.monotonic()
