@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from ferry.api.quantity import quantity_bytes
+
 GROUP = "ferry.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -57,6 +59,8 @@ MAX_APPROVAL_SECONDS = 30 * DAY
 MAX_SOAK_SECONDS = 7 * DAY
 """Longest soak before scale-down-old."""
 MAX_REPLICAS = 100
+MAX_PREFIX_BYTES = 512
+"""Longest snapshot prefix, in bytes of UTF-8 (S3 counts a key's length in bytes, up to 1024)."""
 
 
 class ApiModel(BaseModel):
@@ -77,10 +81,23 @@ SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
 
 
+MAX_QUANTITY = "1Ei"
+"""Largest size a Migration may name (2^60 bytes): sizes are written into the status as integers, and the API server
+takes no integer of 2^63 or more."""
+
+
 def _positive_quantity(value: str) -> str:
     number = re.match(r"^[0-9.]+", value)
     if number is None or float(number.group()) <= 0:
         raise ValueError(f"{value!r} is not a positive quantity")
+    if quantity_bytes(value) > quantity_bytes(MAX_QUANTITY):
+        raise ValueError(f"{value!r} is more than {MAX_QUANTITY}")
+    return value
+
+
+def _prefix_bytes(value: str) -> str:
+    if len(value.encode()) > MAX_PREFIX_BYTES:
+        raise ValueError(f"the prefix is {len(value.encode())} bytes in UTF-8, more than {MAX_PREFIX_BYTES}")
     return value
 
 
@@ -92,15 +109,19 @@ PositiveQuantity = Annotated[
             "x-kubernetes-validations": [
                 {
                     # The pattern is checked too, but CEL rules run on values that fail it: guard quantity().
-                    "rule": "!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))",
-                    "message": "must be a positive quantity, e.g. 20Gi",
+                    "rule": (
+                        "!isQuantity(self) || (quantity(self).isGreaterThan(quantity('0')) && "
+                        f"!quantity(self).isGreaterThan(quantity('{MAX_QUANTITY}')))"
+                    ),
+                    "message": f"must be a positive quantity of at most {MAX_QUANTITY}, e.g. 20Gi",
                 }
             ]
         },
     ),
     AfterValidator(_positive_quantity),
 ]
-"""A Kubernetes quantity greater than zero, e.g. 20Gi; the API server checks it with CEL's quantity library."""
+"""A Kubernetes quantity greater than zero and at most MAX_QUANTITY, e.g. 20Gi; the API server checks it with CEL's
+quantity library."""
 
 
 class StepName(enum.StrEnum):
@@ -341,9 +362,23 @@ class SnapshotSpec(ApiModel):
     """Where the snapshot goes: an S3 bucket, reached with credentials from a Secret."""
 
     bucket: Annotated[str, Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")]
-    prefix: Annotated[str, Field(max_length=512, pattern=r"^([^/].*/)?$")] = Field(
-        default="", description="Key prefix, empty or ending in '/'."
-    )
+    prefix: Annotated[
+        str,
+        Field(
+            max_length=MAX_PREFIX_BYTES,
+            pattern=r"^([^/].*/)?$",
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {
+                        # S3 keys hold 1024 bytes of UTF-8; with the Migration's names and uid the longest is ~700.
+                        "rule": f"size(bytes(self)) <= {MAX_PREFIX_BYTES}",
+                        "message": f"must be at most {MAX_PREFIX_BYTES} bytes in UTF-8",
+                    }
+                ]
+            },
+        ),
+        AfterValidator(_prefix_bytes),
+    ] = Field(default="", description="Key prefix, empty or ending in '/'.")
     endpoint: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
         default=None,
         description="S3 endpoint URL (default: AWS for the region); http:// only with allowInsecureEndpoint.",

@@ -11,6 +11,7 @@ _SUFFIXES: dict[str, decimal.Decimal] = {
     **{suffix: decimal.Decimal(10) ** (3 * power) for power, suffix in enumerate("kMGTPE", 1)},
     **{f"{suffix}i": decimal.Decimal(2) ** (10 * power) for power, suffix in enumerate("KMGTPE", 1)},
 }
+_EXPONENT = re.compile(r"[eE][+-]?[0-9]+")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]*)$")
 
 
@@ -24,7 +25,7 @@ def quantity_bytes(quantity: str) -> int:
         value = decimal.Decimal(number)
     except decimal.InvalidOperation:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity (e.g. 20Gi)") from None
-    if suffix[:1] in ("e", "E"):
+    if _EXPONENT.fullmatch(suffix):  # 1e3; not 1E or 1Ei, which are exa and exbi
         value = value.scaleb(int(suffix[1:]))
     elif suffix in _SUFFIXES:
         value *= _SUFFIXES[suffix]

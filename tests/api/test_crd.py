@@ -103,6 +103,14 @@ INVALID = {
         {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "0.0Gi"}},
         ["spec.target.storageSize", "must be a positive quantity"],
     ),
+    "a storage size beyond 1Ei": (
+        {"target": {"statefulSet": "orders-db-16", "image": "postgres:16", "storageSize": "8Ei"}},
+        ["spec.target.storageSize", "must be a positive quantity of at most 1Ei"],
+    ),
+    "a snapshot prefix of more than 512 bytes in fewer characters": (
+        {"snapshot": {**SNAPSHOT, "prefix": "\u20ac" * 200 + "/"}},
+        ["spec.snapshot.prefix", "must be at most 512 bytes in UTF-8"],
+    ),
     "a plain http S3 endpoint not explicitly allowed": (
         {"snapshot": {**SNAPSHOT, "endpoint": "http://minio.storage:9000"}},
         ["spec.snapshot.endpoint", "set spec.snapshot.allowInsecureEndpoint: true for a network path you trust"],

@@ -121,3 +121,41 @@ def test_an_object_without_the_metadata_every_object_has_is_refused() -> None:
 
     with pytest.raises(ValidationError):
         Migration.parse(raw)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("storageSize", "8Ei", "'8Ei' is more than 1Ei"),  # 2^63 bytes: no integer the API server takes
+        ("storageSize", "9999999Pi", "'9999999Pi' is more than 1Ei"),
+    ],
+)
+def test_a_size_beyond_what_the_status_can_hold_is_refused_naming_it(field: str, value: str, problem: str) -> None:
+    raw = listed()
+    raw["spec"]["target"][field] = value
+
+    migration = Migration.parse(raw)
+
+    assert migration.spec is None
+    assert migration.spec_problem is not None
+    assert problem in migration.spec_problem
+
+
+def test_sizes_in_exa_and_exbi_up_to_the_limit_are_read_as_such() -> None:
+    raw = listed()
+    raw["spec"]["target"]["storageSize"] = "1Ei"
+
+    migration = Migration.parse(raw)
+
+    assert migration.spec is not None, migration.spec_problem
+
+
+def test_a_snapshot_prefix_longer_than_512_bytes_of_utf8_is_refused_though_shorter_in_characters() -> None:
+    raw = listed()
+    raw["spec"]["snapshot"]["prefix"] = "\u20ac" * 200 + "/"  # 201 characters, 601 bytes
+
+    migration = Migration.parse(raw)
+
+    assert migration.spec is None
+    assert migration.spec_problem is not None
+    assert "the prefix is 601 bytes in UTF-8, more than 512" in migration.spec_problem

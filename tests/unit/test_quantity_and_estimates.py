@@ -14,7 +14,16 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(
     ("quantity", "size"),
-    [("20Gi", 20 * 2**30), ("1.5G", 1_500_000_000), ("512Mi", 2**29), ("100", 100), ("1e3", 1000), ("500m", 1)],
+    [
+        ("20Gi", 20 * 2**30),
+        ("1.5G", 1_500_000_000),
+        ("512Mi", 2**29),
+        ("100", 100),
+        ("1e3", 1000),
+        ("500m", 1),
+        ("1Ei", 2**60),
+        ("2E", 2 * 10**18),  # exbi and exa, not exponents
+    ],
 )
 def test_a_quantity_is_the_number_of_bytes_it_stands_for(quantity: str, size: int) -> None:
     assert quantity_bytes(quantity) == size
