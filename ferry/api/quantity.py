@@ -11,8 +11,8 @@ _SUFFIXES: dict[str, decimal.Decimal] = {
     **{suffix: decimal.Decimal(10) ** (3 * power) for power, suffix in enumerate("kMGTPE", 1)},
     **{f"{suffix}i": decimal.Decimal(2) ** (10 * power) for power, suffix in enumerate("KMGTPE", 1)},
 }
-_EXPONENT = re.compile(r"[eE][+-]?[0-9]+")
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]*)$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:[eE]([+-]?[0-9]+)|([a-zA-Z]*))$")
+"""A number, then an exponent (1e3) or a suffix (20Gi; 1E and 1Ei are exa and exbi, not exponents)."""
 
 
 def quantity_bytes(quantity: str) -> int:
@@ -20,13 +20,13 @@ def quantity_bytes(quantity: str) -> int:
     found = _QUANTITY.match(quantity.strip())
     if found is None:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity (e.g. 20Gi)")
-    number, suffix = found.groups()
+    number, exponent, suffix = found.groups()
     try:
         value = decimal.Decimal(number)
     except decimal.InvalidOperation:
         raise ValueError(f"{quantity!r} is not a Kubernetes quantity (e.g. 20Gi)") from None
-    if _EXPONENT.fullmatch(suffix):  # 1e3; not 1E or 1Ei, which are exa and exbi
-        value = value.scaleb(int(suffix[1:]))
+    if exponent is not None:
+        value = value.scaleb(int(exponent))
     elif suffix in _SUFFIXES:
         value *= _SUFFIXES[suffix]
     else:
