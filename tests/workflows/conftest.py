@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -75,23 +75,29 @@ class Saga:
         self, what: str, condition: Callable[[], bool] | None = None, *, phase: str | None = None
     ) -> None:
         """Polls (in real time) until the fakes or the workflow's progress match."""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        async def matches() -> bool:
             if condition is not None and condition():
-                return
-            if phase is not None and (await self.progress()).phase == phase:
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; calls so far: {self.fakes.calls}")
+                return True
+            return phase is not None and (await self.progress()).phase == phase
+
+        await self._poll(what, matches)
 
     async def wait_for_history(self, what: str, condition: Callable[[list[HistoryEvent]], bool]) -> None:
         """Polls (in real time) until the run's history, as the server holds it, matches."""
+
+        async def matches() -> bool:
+            return condition([event async for event in self.handle.fetch_history_events()])
+
+        await self._poll(f"{what} in the history", matches)
+
+    async def _poll(self, what: str, matches: Callable[[], Awaitable[bool]]) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if condition([event async for event in self.handle.fetch_history_events()]):
+            if await matches():
                 return
             await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what} in the history; calls so far: {self.fakes.calls}")
+        raise AssertionError(f"timed out waiting for {what}; calls so far: {self.fakes.calls}")
 
     @property
     def final_status(self) -> MigrationStatus:
