@@ -209,20 +209,27 @@ class Kube:
             raise
         return _parse(raw)
 
-    async def patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
-        """Merge-patches the given status fields; a missing Migration is left alone (None)."""
-        return await asyncio.to_thread(self._patch_status, ref, status)
+    async def patch_status(
+        self, ref: MigrationRef, status: Mapping[str, Any], resource_version: str
+    ) -> Migration | None:
+        """Merge-patches the given status fields of the object at `resource_version` (a version of this very
+        Migration); None when it is gone; raises Conflict on 409, which another write in between causes."""
+        return await asyncio.to_thread(self._patch_status, ref, status, resource_version)
 
-    def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any]) -> Migration | None:
+    def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any], resource_version: str) -> Migration | None:
+        # A uid in the patch would not do: the status subresource takes only the status from a write.
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             raw = self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status},
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, body,
                 field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
             )  # fmt: skip
         except ApiException as error:
-            if error.status != 404:
-                raise
-            return None
+            if error.status == 404:
+                return None
+            if error.status == 409:
+                raise Conflict(f"Migration {ref} changed since it was read") from error
+            raise
         return _parse(raw)
 
     async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:

@@ -6,7 +6,8 @@ Migration costs one write: its finalizer and the annotation naming its workflow 
 together, after the start (a burst of creates waits on the API server's writes); none
 when the API server set the finalizer as it created the Migration (watcher/handling.py). The
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
-saga's fields as they are; only an Abandoned Migration gets its phase from the watcher,
+saga's fields as they are, at the resourceVersion of a read that found the Migration's
+uid; only an Abandoned Migration gets its phase from the watcher,
 because then no workflow is left to write it.
 
 The writer remembers, until the pass asks (`take_written`), the resourceVersions its
@@ -99,8 +100,25 @@ class MigrationWriter:
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
 
     async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
-        """Merge-patches the given status fields (the watcher's own); a missing Migration is left alone."""
-        self._wrote(ref, await self._kube.patch_status(ref, fields))
+        """Merge-patches the given status fields (the watcher's own) of this very Migration; a missing one is left
+        alone.
+
+        Each write carries the resourceVersion of a read that found the Migration's uid, so what a pass decided for
+        one Migration never lands on another created since under its name (a status saying Abandoned, or a passed
+        deletion deadline, would misrepresent or release it). A write in between (the saga writes often) costs a
+        read and another try.
+        """
+        for _ in range(CONFLICT_ATTEMPTS):
+            migration = await self._kube.read_migration(ref)
+            if migration is None:
+                return
+            try:
+                written = await self._kube.patch_status(ref, fields, migration.metadata.resource_version)
+            except Conflict:
+                continue
+            self._wrote(ref, written)
+            return
+        raise RuntimeError(f"Migration {ref} kept changing; could not write its status fields {sorted(fields)}")
 
     async def acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
         """Records in status.controls that the control `key=value` was acted on (or refused), and how."""
