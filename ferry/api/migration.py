@@ -348,13 +348,23 @@ class EncryptionType(enum.StrEnum):
     """With a KMS key (SSE-KMS): kmsKeyId, or the bucket's default KMS key."""
 
 
+# Refused by the API server only (the CRD's schema), not by the models: a workflow input or an object stored before
+# these patterns must still parse, so that its run, its undo and its cleanup go on.
+REGION = r"^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$"
+"""What botocore accepts as a region name (a host label), which it refuses at every S3 client otherwise."""
+NO_SPACE = r"^\S+$"
+"""No whitespace: a KMS key ID, ARN or alias goes into an HTTP header of every write."""
+
+
 class ServerSideEncryption(ApiModel):
     """Encryption at rest that ferry asks S3 for on every object it writes."""
 
     type: EncryptionType = Field(description="AES256 (keys S3 manages) or aws:kms (a KMS key).")
-    kms_key_id: Annotated[str, Field(min_length=1, max_length=2048)] | None = Field(
-        default=None,
-        description="ID, ARN or alias of the KMS key, with type aws:kms only (default: the bucket's KMS key).",
+    kms_key_id: Annotated[str, Field(min_length=1, max_length=2048, json_schema_extra={"pattern": NO_SPACE})] | None = (
+        Field(
+            default=None,
+            description="ID, ARN or alias of the KMS key, with type aws:kms only (default: the bucket's KMS key).",
+        )
     )
 
 
@@ -390,7 +400,12 @@ class SnapshotSpec(ApiModel):
         description="Allow an http:// endpoint: the snapshot and the S3 credentials then cross the network "
         "unencrypted. Only for a network path you trust, e.g. a local test.",
     )
-    region: str = Field(default="us-east-1", min_length=1)
+    region: str = Field(
+        default="us-east-1",
+        min_length=1,
+        description="S3 region, a host label: letters, digits and '-', at most 63 characters.",
+        json_schema_extra={"pattern": REGION},
+    )
     credentials_secret: SecretName = Field(description="Secret with keys accessKeyId and secretAccessKey.")
     server_side_encryption: ServerSideEncryption | None = Field(
         default=None, description="Encryption at rest S3 applies to the snapshot (default: the bucket's)."

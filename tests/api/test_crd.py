@@ -119,6 +119,19 @@ INVALID = {
         {"snapshot": {**SNAPSHOT, "serverSideEncryption": {"type": "AES256", "kmsKeyId": "alias/ferry"}}},
         ["spec.snapshot.serverSideEncryption.kmsKeyId", "only applies with type: aws:kms"],
     ),
+    "a region that is no host label": (
+        {"snapshot": {**SNAPSHOT, "region": "eu west 1"}},
+        ["spec.snapshot.region", "should match"],
+    ),
+    "a KMS key with a line break": (
+        {
+            "snapshot": {
+                **SNAPSHOT,
+                "serverSideEncryption": {"type": "aws:kms", "kmsKeyId": "alias/ferry\nX-Amz-Acl: x"},
+            }
+        },
+        ["spec.snapshot.serverSideEncryption.kmsKeyId", "should match"],
+    ),
     "an unknown kind of encryption": (
         {"snapshot": {**SNAPSHOT, "serverSideEncryption": {"type": "rot13"}}},
         ["spec.snapshot.serverSideEncryption.type", 'Unsupported value: "rot13"'],
