@@ -270,6 +270,7 @@ SNAPSHOT = Step(
         lambda c, done: undo_snapshot_input(c, done, restored=False),
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
+        blocks_older=False,
     ),
 )
 """Dumps the source into S3 only: mode Online's recovery snapshot, and mode Snapshot in runs started before
@@ -283,6 +284,7 @@ SNAPSHOT_AND_RESTORE = dataclasses.replace(
         lambda c, done: undo_snapshot_input(c, done, restored=True),
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
+        blocks_older=False,
     ),
 )
 """Mode Snapshot: the dump goes to S3 and into the target's restore at once, and the restore commits once the
@@ -296,7 +298,11 @@ MIGRATE = Step(
     build=lambda c: MigrateInput(
         ref=c.ref, driver=c.spec.driver, snapshot=c.spec.snapshot, artifact=c.results.require(SNAPSHOT)
     ),
-    undo=Undo(driver(DriverOperation.UNDO_MIGRATE), lambda c, _: UndoMigrateInput(ref=c.ref, driver=c.spec.driver)),
+    undo=Undo(
+        driver(DriverOperation.UNDO_MIGRATE),
+        lambda c, _: UndoMigrateInput(ref=c.ref, driver=c.spec.driver),
+        blocks_older=False,
+    ),
 )
 
 VERIFY = Step(
@@ -430,6 +436,7 @@ CATCH_UP = Step(
         lambda c, _: EndReplicationInput(ref=c.ref, driver=c.spec.driver),
         result=EndReplicationResult,
         report=record_replication_ended,
+        blocks_older=False,  # replicate's undo ends the replication too, after the freeze's
     ),
 )
 """Waits, writes stopped, until the target has applied everything up to the freeze; copies the sequences; ends the

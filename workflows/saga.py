@@ -94,6 +94,14 @@ UNDOS_FINISH_WHEN_CANCELLED = "undos-finish-when-cancelled"
 """Patch: the undos failurePolicy Pause runs so that writes flow while a person decides are shielded like a rollback:
 a cancellation of the workflow meanwhile lets them finish, then rolls back the rest; it was taken for a failed undo
 attempt, and lost."""
+ROLLBACK_PAST_LEFTOVERS = "rollback-past-leftovers"
+"""Patch: an undo that only empties the target's database or the snapshot's bucket (Undo.blocks_older false) no
+longer stops the rollback when it keeps failing: the older undos run, the freeze's among them, and the run ends
+Failed naming what is left. The target or the S3 endpoint being unreachable, often the reason for the rollback,
+left the source frozen until a person came."""
+PAUSE_AFTER_WAITS = "pause-after-approval-and-soak"
+"""Patch: a pause given while the saga awaits approval or soaks holds it once the wait ends, before the step; it was
+forgotten, and the step (the freeze, or scale-down-old) ran against it."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -172,6 +180,9 @@ class Saga:
         self.status = status
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
+        self.leftovers: dict[str, str] = {}
+        """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
+        last error: what is left of them, until the step runs again or a later undo of it succeeds."""
         self.writes_flow_while_waiting = False
         """Set by the patch WRITES_FLOW_WHILE_WAITING at the start of the run; runs from before keep the old waits."""
         self.backed_by_migration = False
@@ -272,6 +283,21 @@ class Saga:
     async def _hold_before(self, step: Step[Any, Any]) -> None:
         """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
         self._raise_if_rollback_requested()
+        await self._pause_if_asked(step)
+        waited = False
+        if self._asks_approval(step) and self.spec.approval.required:
+            waited = self.controls.approved_by is None
+            await self._await_approval(step.name)
+        if step.soaks_before and self.spec.soak_seconds:
+            waited = True
+            self.status.current_step = step.name
+            await self.transition(Phase.RUNNING, f"soaking for {self.spec.soak_seconds}s before {step.name}", "Soaking")
+            await self._wait_or_rollback(bounded(self.spec.soak_seconds))
+        if waited and self.controls.pause_requested and workflow.patched(PAUSE_AFTER_WAITS):
+            await self._pause_if_asked(step)  # given during the wait: it holds now, before the step
+
+    async def _pause_if_asked(self, step: Step[Any, Any]) -> None:
+        """Waits before `step` while a pause is asked for, unless the source refuses writes (then it is held off)."""
         if self.controls.pause_requested and self.writes_flow_while_waiting and self.controls.writes_stopped:
             if not self.controls.pause_held_off:
                 self.controls.pause_held_off = True
@@ -289,12 +315,6 @@ class Saga:
             )
             self._raise_if_rollback_requested()
             await self.transition(Phase.RUNNING, f"resumed before {step.name}", "Resumed")
-        if self._asks_approval(step) and self.spec.approval.required:
-            await self._await_approval(step.name)
-        if step.soaks_before and self.spec.soak_seconds:
-            self.status.current_step = step.name
-            await self.transition(Phase.RUNNING, f"soaking for {self.spec.soak_seconds}s before {step.name}", "Soaking")
-            await self._wait_or_rollback(bounded(self.spec.soak_seconds))
 
     async def _await_approval(self, step: str) -> None:
         controls = self.controls
@@ -352,6 +372,7 @@ class Saga:
                     self.started.append(step)  # from now on its undo runs on the way back, whatever happens
             error, failure = await self._attempt(step)
             if error is None:
+                self.leftovers.pop(name, None)  # it ran again over what its failed undo left
                 self._count(name, entry.started_at, "succeeded")
                 self.status.update_step(name, workflow.now(), state=StepState.SUCCEEDED, last_error=None)
                 if step.resumes_writes:
@@ -511,6 +532,10 @@ class Saga:
         for index, step in enumerate(back):
             call = step.undo_call(self.context)
             failure = await self._undo(step, call) if call is not None else None
+            if failure is not None and self._goes_past(step, failure):
+                # What it left (the target's data, the object) is emptied or overwritten when the step runs again;
+                # a rollback instead reports it.
+                failure = None
             if failure is not None:
                 self.controls.stage = Stage.ROLLING_BACK
                 left = [s.name for s in back[index + 1 :]] + [
@@ -615,14 +640,35 @@ class Saga:
             step = pending.pop(0)
             call = step.undo_call(self.context)
             failure = await self._undo(step, call) if call is not None else None
-            if failure is not None:
-                # Older steps' undos would pull the ground from under this one (e.g. remove the
-                # target while the Service still sends it traffic): the rollback stops here.
-                await self._stop_rollback(reason, step.name, failure, [left.name for left in pending])
+            if failure is None or self._goes_past(step, failure):
+                continue
+            # Older steps' undos would pull the ground from under this one (e.g. remove the
+            # target while the Service still sends it traffic): the rollback stops here.
+            await self._stop_rollback(reason, step.name, failure, [left.name for left in pending])
         self.status.current_step = None
         self.controls.stage = Stage.FINISHED
+        if self.leftovers:
+            message = (
+                f"rolled back after {reason}, but not undone: {self._leftovers()}. The source takes writes again "
+                "and its clients' traffic goes to it; remove what is left by hand (see the README's recovery section)"
+            )
+            await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
+            raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
         await self.transition(Phase.ROLLED_BACK, f"rolled back: {reason}", "RolledBack")
         return MigrationResult(phase=Phase.ROLLED_BACK, message=self.status.message, snapshot=self.status.snapshot)
+
+    def _goes_past(self, step: Step[Any, Any], failure: UndoFailure) -> bool:
+        """Whether the way back goes on past `step`, whose undo failed: nothing older depends on it, and its own
+        check did not refuse (a refusal stops everything, as the check requires)."""
+        if failure.refused or step.undo is None or step.undo.blocks_older:
+            return False
+        if not workflow.patched(ROLLBACK_PAST_LEFTOVERS):
+            return False
+        self.leftovers[step.name] = failure.error
+        return True
+
+    def _leftovers(self) -> str:
+        return ", ".join(f"{step} ({error})" for step, error in self.leftovers.items())
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
@@ -638,6 +684,8 @@ class Saga:
                 f"rollback stopped after {reason}: the undo of {step} kept failing ({failure.error}){not_undone}. "
                 "Fix the cause and finish the undo by hand, newest step first (see the README's recovery section)"
             )
+        if self.leftovers:
+            message += f"; also not undone: {self._leftovers()}"
         await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
         raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
 
@@ -689,6 +737,7 @@ class Saga:
                 await workflow.sleep(delay)
                 continue
             step.undone(result, self.status)
+            self.leftovers.pop(name, None)
             if step.stops_writes:
                 self._writes_flow("freeze undone")
             self._compensations.add(1, {"step": name, "outcome": "succeeded"})

@@ -178,6 +178,11 @@ class Undo(Generic[R, U, UR]):
     guard: Guard[Any] | None = None
     """A check run before every attempt of the undo: its failure fails the attempt, and a
     permanent one stops the rollback here, before this undo or any older one acts."""
+    blocks_older: bool = True
+    """Whether older steps' undos wait for this one: when it keeps failing, the rollback stops here, so nothing is
+    undone under what depends on it (the target is not removed while the Service still sends it traffic). False for
+    an undo that only empties the target's database or the snapshot's bucket: nothing older depends on that (the
+    source is unfrozen and the target removed all the same), so its failure is reported and the rollback goes on."""
 
 
 @dataclasses.dataclass(frozen=True)

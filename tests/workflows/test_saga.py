@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -459,6 +460,47 @@ async def test_pause_holds_the_saga_before_its_next_step_until_resume(run_saga: 
     await record_history(saga, "paused-and-resumed")
 
 
+async def test_a_pause_given_while_awaiting_approval_holds_the_saga_before_freeze_once_approved(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(), migration_input(approval={"required": True}))
+    await saga.wait_for("the approval gate", phase=Phase.AWAITING_APPROVAL.value)
+
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="carol"))
+    await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="alice"))
+
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    assert FREEZE not in saga.fakes.calls
+    assert (await saga.progress()).message == "paused before freeze; send resume to go on"
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
+    result = await saga.handle.result()
+    assert result.phase is Phase.SUCCEEDED
+    assert saga.final_status.approved_by == "alice"
+    await record_history(saga, "paused-while-awaiting-approval")
+
+
+async def test_a_pause_given_while_soaking_holds_the_saga_before_scale_down_old(
+    run_saga: Run, time_skipping: Any
+) -> None:
+    with time_skipping.auto_time_skipping_disabled():
+        saga = await run_saga(FakeSaga(), migration_input(soakSeconds=600))
+        await saga.wait_for(
+            "the soak", lambda: any((s.message or "").startswith("soaking") for s in saga.fakes.statuses)
+        )
+
+        await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="carol"))
+        await saga.wait_for_history(
+            "the pause",
+            lambda events: any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED for e in events),
+        )
+        await time_skipping.sleep(timedelta(seconds=600))
+
+        await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    assert SCALE_DOWN_OLD not in saga.fakes.calls
+    assert (await saga.progress()).message == "paused before scale-down-old; send resume to go on"
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert saga.fakes.step_calls == FORWARD
+
+
 async def test_a_migration_created_paused_waits_before_its_first_step(run_saga: Run) -> None:
     saga = await run_saga(FakeSaga(), migration_input(paused=True))
 
@@ -599,6 +641,39 @@ async def test_an_undo_that_keeps_failing_stops_the_rollback_before_older_undos_
     assert fakes.undo_calls == [UNDO[SCALE_DOWN_OLD], *[undo_switch] * 12]
     assert final.steps[STEP_ACTIVITIES.index(MIGRATE)].state is StepState.SUCCEEDED
     assert {c.type: c.status.value for c in final.conditions}["Succeeded"] == "False"
+
+
+@pytest.mark.parametrize("undo_failing", [MIGRATE, SNAPSHOT])
+async def test_an_undo_that_only_empties_the_target_or_the_bucket_failing_does_not_keep_the_source_frozen(
+    run_saga: Run, undo_failing: str
+) -> None:
+    """The target's database or the S3 endpoint unreachable (often why the rollback started): nothing older depends
+    on emptying them, so the source is unfrozen and the target removed all the same, and the run says what is left."""
+    unreachable = RuntimeError("connection refused")
+    fakes = FakeSaga(fail={VERIFY: InvalidSpec("row counts differ"), UNDO[undo_failing]: unreachable})
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    undone = [undo for undo in undos_of(started_until(VERIFY)) if undo != UNDO[undo_failing]]
+    assert [call for call in fakes.undo_calls if call != UNDO[undo_failing]] == undone
+    assert UNDO[FREEZE] in undone
+    assert UNDO[PROVISION] in undone
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.write_downtime is not None
+    assert final.write_downtime.ended_by == "freeze undone"
+    step = "migrate" if undo_failing == MIGRATE else "snapshot"
+    assert final.message is not None
+    assert f"not undone: {step} (RuntimeError: connection refused)" in final.message
+    assert "The source takes writes again" in final.message
+    assert final.steps[STEP_ACTIVITIES.index(undo_failing)].state is StepState.COMPENSATION_FAILED
+    assert final.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.COMPENSATED
+    if undo_failing == MIGRATE:
+        await record_history(saga, "rollback-past-leftovers")
 
 
 async def test_a_rollback_after_switch_traffic_checks_the_target_against_verifys_mark_before_traffic_goes_back(
