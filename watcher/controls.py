@@ -63,10 +63,25 @@ def pending(migration: Migration) -> list[Control | Rejection]:
     if observed is not None and generation > observed and acknowledged.get(SPEC_PAUSED) != value:
         request = ControlRequest(
             by="spec.paused", reason=f"spec.paused set to {str(paused).lower()}", generation=generation,
-            request_id=f"{SPEC_PAUSED}={value}",
+            request_id=f"{SPEC_PAUSED}={value}", of_spec=True,
         )  # fmt: skip
         found.append(Control(SPEC_PAUSED, value, Signal.PAUSE if paused else Signal.RESUME, request))
-    return _pause_over_resume(found)
+    return _unseen_until_sent(_pause_over_resume(found))
+
+
+def _unseen_until_sent(found: list[Control | Rejection]) -> list[Control | Rejection]:
+    """While a change of spec.paused waits to be sent, the other controls do not carry the generation: the saga
+    would take it as seen, and if the change then failed to reach it, the next pass would find nothing newer than
+    the saga's observedGeneration and drop the change without a word. A change refused here (a Rejection) is
+    answered, so the other controls carry the generation that answers it."""
+    if not any(isinstance(item, Control) and item.key == SPEC_PAUSED for item in found):
+        return found
+    return [
+        dataclasses.replace(item, request=item.request.model_copy(update={"generation": None}))
+        if isinstance(item, Control) and item.key != SPEC_PAUSED
+        else item
+        for item in found
+    ]
 
 
 def _pause_over_resume(found: list[Control | Rejection]) -> list[Control | Rejection]:

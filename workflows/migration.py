@@ -147,13 +147,17 @@ class MigrationWorkflow:
         if request.request_id and request.request_id in self._controls.seen:
             return  # a repeat: accepted again, and acted on once
         refusal = self._controls.refusal(control)
-        if refusal is not None:
+        if refusal is not None and not request.of_spec:
             raise ApplicationError(refusal, type="ControlRefused", non_retryable=True)
 
     def _accept(self, control: Signal, request: ControlRequest) -> ControlOutcome:
         if self._controls.is_repeat(request):
             return ControlOutcome(control=control.value, message=f"{control} was already acted on")
         self._observe(request)
+        refusal = self._controls.refusal(control) if request.of_spec else None
+        if refusal is not None:
+            # The spec's state, taken in although it cannot apply: the generation is seen, nothing else changes.
+            return ControlOutcome(control=control.value, message=f"{refusal}; nothing to do for this spec")
         return ControlOutcome(control=control.value, message=self._controls.apply(control, request))
 
     async def _signalled(self, control: Signal, request: ControlRequest | None) -> None:

@@ -125,6 +125,16 @@ _SPEC_RULES = [
 
 _ROOT_RULES = [
     {
+        # Only spec.paused may change (the rules above), and only while a run can take it in: once the Migration has
+        # finished, a change would leave observedGeneration behind metadata.generation for good, and `kubectl wait`
+        # reads a condition of an older generation as not met. The status of an update of the object is its old one.
+        "rule": "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ["
+        + ", ".join(f"'{phase.value}'" for phase in sorted(api.FINISHED_PHASES))
+        + "]) || (has(self.spec.paused) && self.spec.paused) == (has(oldSelf.spec.paused) && oldSelf.spec.paused)",
+        "message": "spec.paused cannot change once the Migration has finished: no run is left to pause or resume",
+        "fieldPath": ".spec.paused",
+    },
+    {
         # At the root, CEL may read metadata.name (and generateName): the one place to bound it.
         "rule": f"size(self.metadata.name) <= {api.MAX_NAME}",
         "message": f"metadata.name must be at most {api.MAX_NAME} characters: ferry puts the Migration's name "

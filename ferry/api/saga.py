@@ -97,6 +97,12 @@ class ControlRequest(ApiModel):
         default="",
         description="Identifies one request: a signal sent twice with the same non-empty id is acted on once.",
     )
+    of_spec: bool = Field(
+        default=False,
+        description="Set by the watcher for a change of spec.paused: the state the spec of `generation` asks for, "
+        "not a command. The saga takes it in where it cannot apply (already so, rolling back), so that "
+        "observedGeneration catches up with the spec.",
+    )
 
 
 # --- Kubernetes activities -----------------------------------------------------------------

@@ -197,6 +197,35 @@ def test_control_fields_may_change_after_creation(kubectl: Kubectl, migration_cr
     assert paused.stdout == "true"
 
 
+def _pause(kubectl: Kubectl, namespace: str, paused: bool) -> Any:
+    patch = json.dumps({"spec": {"paused": paused}})
+    return kubectl("patch", "migration", "orders-db-to-16", "-n", namespace, "--type=merge", "-p", patch, check=False)
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "RolledBack", "Failed"])
+def test_spec_paused_cannot_change_once_the_migration_has_finished(
+    kubectl: Kubectl, migration_crd: str, namespace: str, phase: str
+) -> None:
+    """No run is left to take it in: the change would leave observedGeneration behind for good, and every
+    `kubectl wait --for=condition=...` on the Migration would hang."""
+    _apply(kubectl, namespace, samples.migration())
+    assert _pause(kubectl, namespace, True).returncode == 0, "while running, it may change"
+    kubectl(
+        "patch", "migration", "orders-db-to-16", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"phase": phase}}),
+    )  # fmt: skip
+
+    refused = _pause(kubectl, namespace, False)
+
+    assert refused.returncode != 0
+    assert "spec.paused cannot change once the Migration has finished" in refused.stderr
+    assert _pause(kubectl, namespace, True).returncode == 0, "the same value is no change"
+    annotated = kubectl(
+        "annotate", "migration", "orders-db-to-16", "-n", namespace, "example.com/note=kept", check=False
+    )
+    assert annotated.returncode == 0, annotated.stderr
+
+
 @pytest.mark.parametrize(
     "snapshot",
     [

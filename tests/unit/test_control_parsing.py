@@ -91,3 +91,23 @@ def test_spec_paused_is_a_control_only_once_the_run_saw_an_older_generation() ->
     assert isinstance(pause, controls.Control)
     assert pause.signal is Signal.PAUSE
     assert pause.value == "true@2"
+
+
+def test_other_controls_do_not_carry_the_generation_while_a_change_of_spec_paused_waits_to_be_sent() -> None:
+    """Sent first, an approve carrying generation 2 would make the saga's observedGeneration 2; had the pause then
+    failed to reach it, the next pass would find nothing newer and drop the pause without a word."""
+    found = controls.pending(migration({"ferry.dev/approve": "alice"}, generation=2, paused=True, observedGeneration=1))
+
+    [approve, pause] = found
+    assert isinstance(approve, controls.Control)
+    assert isinstance(pause, controls.Control)
+    assert approve.request.generation is None
+    assert (pause.key, pause.request.generation, pause.request.of_spec) == (controls.SPEC_PAUSED, 2, True)
+
+
+def test_other_controls_carry_the_generation_when_spec_paused_has_nothing_to_send() -> None:
+    [approve] = controls.pending(migration({"ferry.dev/approve": "alice"}, generation=2, observedGeneration=2))
+
+    assert isinstance(approve, controls.Control)
+    assert approve.request.generation == 2
+    assert not approve.request.of_spec

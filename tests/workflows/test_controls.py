@@ -122,3 +122,33 @@ async def test_a_control_sent_as_a_signal_leaves_an_event_naming_it(run_saga: Ru
     await saga.wait_for("the pause", phase=Phase.PAUSED.value)
     await saga.handle.signal(Signal.RESUME.value)
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_a_change_of_spec_paused_that_cannot_apply_is_still_seen_so_observed_generation_catches_up(
+    run_saga: Run,
+) -> None:
+    """`kubectl wait --for=condition=...` reads a condition of an older generation as not met: a spec.paused that
+    asks for what already holds (or comes while rolling back) must still be seen, or every wait hangs."""
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT}))
+    await saga.wait_for("snapshot to start", lambda: saga.fakes.started(SNAPSHOT))
+    await update(saga, Signal.PAUSE, by="carol")  # by annotation
+
+    spec_paused = ControlRequest(by="spec.paused", generation=2, request_id="spec.paused=true@2", of_spec=True)
+    outcome: ControlOutcome = await saga.handle.execute_update(
+        Signal.PAUSE.value, spec_paused, result_type=ControlOutcome
+    )
+
+    assert outcome.message == (
+        "pause refused: the saga is already paused, or pauses before its next step; nothing to do for this spec"
+    )
+    assert (await saga.progress()).observed_generation == 2
+    await update(saga, Signal.ROLLBACK)
+    await saga.wait_for("the rollback", phase=Phase.ROLLING_BACK.value)
+    resume = spec_paused.model_copy(update={"generation": 3, "request_id": "spec.paused=false@3"})
+    outcome = await saga.handle.execute_update(Signal.RESUME.value, resume, result_type=ControlOutcome)
+    assert outcome.message.endswith("; nothing to do for this spec")
+    saga.fakes.release()
+    await saga.handle.result()
+    final = saga.final_status
+    assert final.phase is Phase.ROLLED_BACK
+    assert {condition.observed_generation for condition in final.conditions} == {3}
