@@ -74,6 +74,11 @@ class Controls:
                 if self.pause_requested:
                     return "pause refused: the saga is already paused, or pauses before its next step"
             case Signal.RESUME:
+                if not self.pause_requested and self.awaiting_decision is not None:
+                    return (
+                        f"resume refused: {self.awaiting_decision} failed and waits for a decision: send retry to run "
+                        "it again, or rollback to undo the started steps"
+                    )
                 if not self.pause_requested:
                     return "resume refused: the saga is not paused"
             case Signal.RETRY:

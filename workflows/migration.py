@@ -147,6 +147,12 @@ class MigrationWorkflow:
         if request.request_id and request.request_id in self._controls.seen:
             return  # a repeat: accepted again, and acted on once
         refusal = self._controls.refusal(control)
+        if refusal is None and control is not Signal.ROLLBACK and self._controls.rollback is not None:
+            # Accepted, it would be answered as if the saga went on, while it stops its step to roll back. (Here, not
+            # in `refusal`: the signal handlers, which replay, keep the rules their histories were recorded with.)
+            refusal = (
+                f"{control} refused: a rollback was asked for; the running step is stopped and the started steps undone"
+            )
         if refusal is not None and not request.of_spec:
             raise ApplicationError(refusal, type="ControlRefused", non_retryable=True)
 

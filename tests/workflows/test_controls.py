@@ -152,3 +152,29 @@ async def test_a_change_of_spec_paused_that_cannot_apply_is_still_seen_so_observ
     final = saga.final_status
     assert final.phase is Phase.ROLLED_BACK
     assert {condition.observed_generation for condition in final.conditions} == {3}
+
+
+async def test_controls_given_after_a_rollback_was_accepted_are_refused_saying_so(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT}))
+    await saga.wait_for("snapshot to start", lambda: saga.fakes.started(SNAPSHOT))
+    await update(saga, Signal.ROLLBACK)
+
+    assert await refusal(saga, Signal.PAUSE) in (
+        "pause refused: a rollback was asked for; the running step is stopped and the started steps undone",
+        "pause refused: it is rolling back",
+    )
+    saga.fakes.release()
+    assert (await saga.handle.result()).phase is Phase.ROLLED_BACK
+
+
+async def test_resume_after_a_failure_under_the_pause_policy_says_to_retry_or_roll_back(run_saga: Run) -> None:
+    fakes = FakeSaga(fail={VERIFY: InvalidSpec("row counts differ")}, fail_times={VERIFY: 1})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
+
+    assert await refusal(saga, Signal.RESUME) == (
+        "resume refused: verify failed and waits for a decision: send retry to run it again, or rollback to undo "
+        "the started steps"
+    )
+    await update(saga, Signal.RETRY)
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
