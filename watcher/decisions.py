@@ -106,7 +106,7 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         return NOTHING
     if migration.metadata.deletion_timestamp is not None:
         if FINALIZER in migration.metadata.finalizers:
-            return Action(deletion=True)
+            return Action(deletion=True, controls=tuple(_answered_by_deletion(pending(migration))))
         return Action(cancel=not migration.finished)
     given = tuple(pending(migration))
     if migration.finished:
@@ -119,6 +119,22 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         controls=given,
         check_run=run_closed,
     )
+
+
+def _answered_by_deletion(given: Iterable[Control | Rejection]) -> Iterable[Rejection]:
+    """Controls given to a Migration being deleted are refused, saying why: the deletion decides what happens to its
+    run (watcher/deletion.py). Answered, not left unacknowledged, which `kubectl ferry` would read as a watcher that
+    is not running."""
+    for item in given:
+        if isinstance(item, Rejection):
+            yield item
+            continue
+        yield Rejection(
+            item.key,
+            item.value,
+            f"{item.key} refused: the Migration is being deleted; ferry rolls back a run still going, or cleans up "
+            "after a finished one, then lets it go",
+        )
 
 
 def handling_order(listed: Iterable[Migration]) -> list[Migration]:

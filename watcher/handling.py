@@ -110,6 +110,8 @@ class MigrationHandler:
                 migration.status_problem,
             )
         if action.deletion:
+            for item in action.controls:  # refusals only (watcher/decisions.py): no call to the run
+                await self._apply_control(ref, item)
             await self._deletion.handle(migration)
             return
         if action.cancel:

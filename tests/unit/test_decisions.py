@@ -7,7 +7,7 @@ from typing import Any
 from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
 from ferry.api.saga import Signal
 from tests import samples
-from watcher.controls import Control
+from watcher.controls import Control, Rejection
 from watcher.decisions import NOTHING, Action, decide, handling_order, started
 from watcher.inventory import keep
 
@@ -81,6 +81,19 @@ def test_an_acknowledged_control_is_not_given_again() -> None:
     given = migration(annotations={"ferry.dev/retry": "bob"}, controls=acknowledged, **RUNNING)
 
     assert decide(given).nothing
+
+
+def test_controls_given_to_a_migration_being_deleted_are_answered_not_left_waiting() -> None:
+    """kubectl ferry waits for an answer in status.controls: silence would read as a watcher that is not running."""
+    deleted = migration(deleted=True, annotations={"ferry.dev/approve": "alice"}, **RUNNING)
+
+    action = decide(deleted)
+
+    assert action.deletion
+    [refused] = action.controls
+    assert isinstance(refused, Rejection)
+    assert (refused.key, refused.value) == ("ferry.dev/approve", "alice")
+    assert refused.why.startswith("ferry.dev/approve refused: the Migration is being deleted")
 
 
 def test_a_deleted_migration_goes_to_the_deletion_handler_while_it_holds_the_finalizer() -> None:
