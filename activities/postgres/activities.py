@@ -466,7 +466,7 @@ class PostgresActivities:
                 done = streams.restore_around(target, self._settings, s3, main, heartbeats, jobs, len(jobs))
         if target is not None:
             with self._connect(target) as conn, privileged(target, "change the database's settings"):
-                restoring.mark_complete(conn, owner(input.ref))
+                restoring.mark_complete(conn, target, owner(input.ref))
         return main.model_copy(update={"streams": done})
 
     @activity.defn(name=_name(DriverOperation.UNDO_SNAPSHOT), no_thread_cancel_exception=True)
@@ -523,7 +523,7 @@ class PostgresActivities:
                                 db, self._settings, s3, artifact, heartbeats, progress, freeze
                             )
                             with self._connect(db) as marking, privileged(db, "change the database's settings"):
-                                restoring.mark_complete(marking, owner(input.ref))
+                                restoring.mark_complete(marking, db, owner(input.ref))
                     else:
                         body = restoring.open_snapshot(s3, artifact)
                         try:

@@ -61,6 +61,12 @@ MARKERS = (
 )
 """The database settings where ferry keeps what it must remember (see database_settings)."""
 
+NO_TRANSACTION_TIMEOUTS = """
+select set_config(name, '0', false) from pg_settings
+where name in ('idle_in_transaction_session_timeout', 'transaction_timeout')
+"""
+"""For a session that waits in its transaction while other sessions work: no timeout of the server's may end it."""
+
 REFUSED_CREDENTIALS = (
     "authentication failed",
     "no pg_hba.conf entry",

@@ -24,7 +24,9 @@ it. A non-empty target without that marker holds someone's data, and the restore
 refuses to touch it. undo_migrate (`remove`) empties the target the same way, and
 removes the marker and verify's mark (ferry.verified_mark, see unwritten), so that
 another Migration may restore into it; a target whose marker names nobody or another
-Migration is left as it is.
+Migration is left as it is. Nothing else removes verify's mark: a target that carries
+it is refused (TargetVerified) by whatever would empty it, truncate a table of it, mark
+it or commit a restore into it, since it may be taking traffic (see unwritten).
 
 Where restore_script.usable says so, pg_restore writes its SQL script instead, and psql
 runs it with FREEZE added to each ordinary table's COPY, so the rows arrive frozen and
@@ -45,6 +47,7 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -55,7 +58,7 @@ from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres import database_settings, tls, unwritten
-from activities.postgres.connection import Connection
+from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
 from activities.postgres.tools import Tool, conninfo, find_bindir
@@ -166,17 +169,19 @@ def prepare_target(
             f"{db.secret} at one, or empty this one."
         )
     with conn.transaction():
+        unwritten.refuse_if_verified(conn, db, "empty the target for a new restore")
         if found.contents:
             _clean(conn)
-        unwritten.forget(conn)  # a new restore is not verified yet
         marker = owner if complete else owner + INCOMPLETE
         if found.restored_by != marker:
             database_settings.change(conn, RESTORED_BY, marker)
 
 
-def mark_complete(conn: Connection, owner: str) -> None:
-    """Marks the target as holding `owner`'s whole restore, once its last part committed."""
-    database_settings.change(conn, RESTORED_BY, owner)
+def mark_complete(conn: Connection, db: DatabaseConnection, owner: str) -> None:
+    """Marks the target as holding `owner`'s whole restore, once its last part committed; refused on a verified one."""
+    with conn.transaction():
+        unwritten.refuse_if_verified(conn, db, "mark the restore complete")
+        database_settings.change(conn, RESTORED_BY, owner)
 
 
 def remove(conn: Connection, db: DatabaseConnection, owner: str, *, only_incomplete: bool = False) -> bool:
@@ -273,6 +278,7 @@ class Restore:
         self._writer: threading.Thread | None = None
 
     def __enter__(self) -> Restore:
+        self._guarded("restore into the target")  # before a stream's TRUNCATE could lock a table that takes traffic
         bindir = find_bindir(self._settings.postgres_bindir)
         dbname, options = f"--dbname={conninfo(self._db, self._settings)}", ["--no-owner", "--no-privileges"]
         pg_restore = [str(bindir / "pg_restore"), "--format=custom", "--single-transaction", *options]
@@ -310,18 +316,26 @@ class Restore:
         Raises:
             RuntimeError: pg_restore failed; its transaction was rolled back.
         """
-        self._put(None)
-        assert self._writer is not None
-        assert self._tool is not None
-        self._writer.join()
-        if self._relay is not None:
-            self._relay.join()
-        codes = [tool.wait() for tool in self._tools()]
-        if any(codes) or (self._copies is not None and not self._copies.complete):
-            # killed by a cancellation, or it failed: rolled back either way
-            self._heartbeats.raise_if_cancelled("restoring the snapshot")
-            raise self._failure()
-        self._committed = True  # even if a cancellation came meanwhile: the step did its work, and its undo knows
+        with self._guarded("commit a restore into the target"):  # it commits in the block, or never
+            self._put(None)
+            assert self._writer is not None
+            assert self._tool is not None
+            self._writer.join()
+            if self._relay is not None:
+                self._relay.join()
+            codes = [tool.wait() for tool in self._tools()]
+            if any(codes) or (self._copies is not None and not self._copies.complete):
+                # killed by a cancellation, or it failed: rolled back either way
+                self._heartbeats.raise_if_cancelled("restoring the snapshot")
+                raise self._failure()
+            self._committed = True  # even if a cancellation came meanwhile: the step did its work, and its undo knows
+
+    @contextlib.contextmanager
+    def _guarded(self, doing: str) -> Iterator[None]:
+        """Refuses (TargetVerified) a target verify has marked, and keeps verify from marking it during the block (see
+        unwritten): the restore, whose end is held back, commits within the block or not at all."""
+        with connect(self._db, self._settings) as conn, unwritten.unverified(conn, self._db, doing):
+            yield
 
     def abort(self) -> None:
         """Kills pg_restore (and psql) before it can commit; callable from any thread."""

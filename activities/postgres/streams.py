@@ -63,8 +63,8 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import replication, restoring
-from activities.postgres.connection import Connection
+from activities.postgres import replication, restoring, unwritten
+from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection, connect
 from activities.postgres.scratch import scratch_folder
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress import Counts
@@ -85,11 +85,6 @@ order by 4 desc, 1
 """
 """The source's tables whose rows pg_dump dumps as a table's, largest first: ordinary ones, partitions included (a
 partitioned table holds no rows of its own), no extension's (pg_dump decides about those)."""
-SNAPSHOT_SESSION = """
-select set_config(name, '0', false) from pg_settings
-where name in ('idle_in_transaction_session_timeout', 'transaction_timeout')
-"""
-"""The exporting session waits in its transaction while the dumps run: no timeout of the server's may end it."""
 
 ROOM = 64 * MIB
 """Room left free on the worker's temporary folder beside the main archive."""
@@ -134,7 +129,7 @@ def share(tables: Sequence[Table], streams: int) -> list[list[Table]]:
 def exported_snapshot(conn: Connection) -> Iterator[str]:
     """Holds a snapshot of the database on `conn` for other sessions to import while the context lasts; yields its
     name (pg_dump's --snapshot)."""
-    conn.execute(SNAPSHOT_SESSION)
+    conn.execute(NO_TRANSACTION_TIMEOUTS)  # it waits in its transaction while the dumps run
     with conn.transaction():
         conn.execute("set transaction isolation level repeatable read, read only")
         row = conn.execute("select pg_export_snapshot()").fetchone()
@@ -323,7 +318,11 @@ def restore_sections(
         "--no-password",
         str(archive),
     ]
-    with Tool(argv, db, settings, reads=False, writes=False) as tool:
+    with (
+        connect(db, settings) as guard,
+        unwritten.unverified(guard, db, "restore the snapshot's main archive"),  # see unwritten
+        Tool(argv, db, settings, reads=False, writes=False) as tool,
+    ):
         heartbeats.on_cancel(tool.kill)
         code = tool.wait()
         heartbeats.raise_if_cancelled("restoring the snapshot's main archive")

@@ -36,19 +36,37 @@ one whose flush met contention), and a write made after the check, before the Se
 selector is back (or over a connection to the target that stays open: changing a
 Service ends none). So stop the clients' writes before rolling back after
 switch-traffic.
+
+Why a late attempt cannot undo verify. A worker paused (SIGSTOP, a frozen VM) in the
+middle of snapshot or migrate is written off after its heartbeat timeout, and the saga
+goes on with another attempt, then verify, then switch-traffic. When it resumes, what it
+was about to do (empty the target for its restore, truncate a table for a stream, mark
+the restore complete, commit a restore) would destroy a target that may be serving
+traffic. So each of those refuses, with TargetVerified, once the target carries verify's
+mark (`refuse_if_verified`), and the two are serialized: the refusing check and verify's
+`record` both take LOCK, a transaction-level advisory lock, in the transaction that does
+their work, so a destructive transaction either commits before verify's mark (and its
+writes show as writes on the target) or sees the mark. A restore by pg_restore or psql
+commits in a session of its own: `unverified` holds the check's transaction, on a
+session of ferry's, until that restore has committed (it cannot commit before the check:
+restoring.Restore holds back the end of its input). Only the undos (restoring.remove)
+clear the mark, and every legitimate restore again comes after an undo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pydantic
 
 from activities.postgres import database_settings
-from activities.postgres.connection import Connection
+from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection
 from activities.postgres.database_settings import VERIFIED_MARK
+from activities.secrets import DatabaseConnection
+from ferry.api.errors import TargetVerified
 from ferry.api.saga import FenceMark
 
 FLUSHED_AFTER = 11.0
@@ -56,6 +74,8 @@ FLUSHED_AFTER = 11.0
 SETTLE = 15.0
 """Seconds check_unwritten waits at most for sessions to flush: a busy target may never be all idle."""
 POLL = 0.2
+LOCK = 0x6665727279_766D
+"""The advisory lock (pg_advisory_xact_lock) verify's marking and every destructive change by a restore take."""
 
 PENDING = """
 select count(*) from pg_stat_activity
@@ -66,9 +86,44 @@ and (state is distinct from 'idle' or state_change > clock_timestamp() - make_in
 
 
 def record(conn: Connection, owner: str, fence: FenceMark) -> None:
-    """Keeps `fence` in the target as `owner`'s mark, replacing any earlier one."""
+    """Keeps `fence` in the target as `owner`'s mark, replacing any earlier one, under LOCK."""
     value = json.dumps({"migration": owner, "fence": fence.model_dump(mode="json")}, sort_keys=True)
-    database_settings.change(conn, VERIFIED_MARK, value)
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
+        database_settings.change(conn, VERIFIED_MARK, value)
+
+
+def refuse_if_verified(conn: Connection, db: DatabaseConnection, doing: str) -> None:
+    """Takes LOCK in the caller's transaction on `conn`, then raises TargetVerified if the target carries verify's mark
+    (anyone's: a mark names a Migration whose traffic may be there), so that the transaction's work, `doing`, never
+    follows verify's marking.
+    """
+    conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
+    value = database_settings.read(conn).get(VERIFIED_MARK)
+    if value is None:
+        return
+    try:
+        whose = f"Migration {json.loads(value)['migration']}"
+    except (ValueError, KeyError, TypeError):
+        whose = "a Migration"
+    raise TargetVerified(
+        f"refused to {doing} on {db.describe()}: verify of {whose} has marked it ({VERIFIED_MARK}), so it may "
+        "be taking traffic. This is a late attempt of a step the saga has moved past (its worker stood still past "
+        "its heartbeat timeout), and it changed nothing. To migrate into this target again, roll the Migration "
+        "back (the undo checks the target took no writes, then empties it and removes the mark); a mark left by "
+        f"hand on a database no traffic uses goes with ALTER DATABASE ... RESET {VERIFIED_MARK}."
+    )
+
+
+@contextlib.contextmanager
+def unverified(conn: Connection, db: DatabaseConnection, doing: str) -> Iterator[None]:
+    """Holds, on `conn` (a session of its own), a transaction that found no verify's mark on the target (see
+    `refuse_if_verified`) and keeps verify from marking it until the block ends: for work that another session commits
+    within the block (pg_restore's, psql's)."""
+    conn.execute(NO_TRANSACTION_TIMEOUTS)
+    with conn.transaction():
+        refuse_if_verified(conn, db, doing)
+        yield
 
 
 def recorded(conn: Connection, owner: str) -> FenceMark | None:

@@ -62,6 +62,11 @@ class WritesOnTarget(PermanentError):
     """The target took writes since traffic moved to it: switching traffic back would lose them, so it stays."""
 
 
+class TargetVerified(PermanentError):
+    """A late attempt of snapshot, migrate or replicate would empty or rewrite a target verify has marked: that target
+    may be taking traffic, and only the undo (which checks for writes first) may empty it."""
+
+
 class ReplicationBroken(PermanentError):
     """Mode Online: the target keeps failing to apply the source's changes, e.g. after a schema change on the source."""
 
@@ -78,6 +83,7 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     PrecheckFailed,
     WritesAfterFreeze,
     WritesOnTarget,
+    TargetVerified,
     TlsMismatch,
     ReplicationBroken,
 )
