@@ -20,7 +20,9 @@ A retry starts from a clean target. Before restoring, the target must be empty (
 schema but an empty public), or hold what an earlier attempt of the same Migration
 restored, recognized by the database setting ferry.restored_by: then every
 non-system schema is dropped and public is created again the way a new database has
-it. A non-empty target without that marker holds someone's data, and the restore
+it, and the publications and subscriptions pg_dump carries (they belong to no schema)
+are dropped too. The restore keeps the source's publications in the target: a CDC
+consumer of the new primary may need them. A non-empty target without that marker holds someone's data, and the restore
 refuses to touch it. undo_migrate (`remove`) empties the target the same way, and
 removes the marker and verify's mark (ferry.verified_mark, see unwritten), so that
 another Migration may restore into it; a target whose marker names nobody or another
@@ -57,7 +59,7 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, tls, unwritten
+from activities.postgres import database_settings, subscription, tls, unwritten
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
@@ -87,8 +89,12 @@ where {USER_SCHEMAS} and (
 )
 union all select 'large objects' where exists (select from pg_largeobject_metadata)
 union all select 'extension ' || extname from pg_extension where extname <> 'plpgsql'
+union all select 'publication ' || pubname from pg_publication
+union all select 'subscription ' || subname from pg_subscription
+    where subdbid = (select oid from pg_database where datname = current_database())
 """
-"""What makes a database not empty: schemas besides public, anything in public, large objects, extensions."""
+"""What makes a database not empty: schemas besides public, anything in public, large objects, extensions, and
+publications and subscriptions, which belong to no schema (pg_dump carries them, subscriptions disabled)."""
 
 
 def open_snapshot(s3: S3Client, artifact: SnapshotResult) -> StreamingBody:
@@ -212,7 +218,22 @@ def remove(conn: Connection, db: DatabaseConnection, owner: str, *, only_incompl
 
 
 def _clean(conn: Connection) -> None:
-    """Drops what an earlier attempt restored, and creates public again as initdb makes it."""
+    """Drops what an earlier attempt restored, and creates public again as initdb makes it.
+
+    Publications and subscriptions belong to no schema, so they are dropped one by one (a subscription detached from
+    its slot first, which no transaction could drop otherwise, and which is the source's to keep: see subscription).
+    """
+    subscriptions = [
+        row[0]
+        for row in conn.execute(
+            "select subname from pg_subscription where subdbid = (select oid from pg_database "
+            "where datname = current_database())"
+        )
+    ]
+    for name in subscriptions:
+        subscription.drop(conn, name)
+    for row in conn.execute("select pubname from pg_publication").fetchall():
+        conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(row[0])))
     extensions = [row[0] for row in conn.execute("select extname from pg_extension where extname <> 'plpgsql'")]
     for extension in extensions:
         conn.execute(sql.SQL("drop extension if exists {} cascade").format(sql.Identifier(extension)))

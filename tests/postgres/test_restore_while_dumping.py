@@ -13,6 +13,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -114,6 +115,63 @@ def test_a_snapshot_run_again_after_its_restore_committed_restores_once_more_fro
     assert again.restored
     assert contents(databases.target) == contents(databases.source)
     assert _target_tables(databases) == ["audit.log", "shop.customers", "shop.orders"]
+
+
+@pytest.fixture
+def published(steps: Steps, databases: Databases) -> Iterator[None]:
+    """A source with a publication (what a CDC consumer reads) and a subscription, which pg_dump carries (the
+    subscription disabled, connect = false); both dropped from both databases afterwards, since a database that has a
+    subscription cannot be dropped."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    with connect(databases.source) as conn:
+        conn.execute("create publication orders_feed for table shop.orders")
+        conn.execute("create publication everything for all tables")
+        conn.execute(
+            "create subscription upstream connection 'host=192.0.2.1 dbname=nowhere' publication up "
+            "with (connect = false)"
+        )
+    yield
+    for endpoint in (databases.source, databases.target):
+        with connect(endpoint, default_transaction_read_only="off") as conn:  # the source is frozen
+            for (name,) in conn.execute(
+                "select subname from pg_subscription "
+                "where subdbid = (select oid from pg_database where datname = current_database())"
+            ).fetchall():
+                conn.execute(f'alter subscription "{name}" set (slot_name = none)')
+                conn.execute(f'drop subscription "{name}"')
+
+
+def _publications_and_subscriptions(databases: Databases) -> list[str]:
+    with connect(databases.target) as conn:
+        rows = conn.execute(
+            "select 'publication ' || pubname from pg_publication union all select 'subscription ' || subname "
+            "from pg_subscription where subdbid = (select oid from pg_database where datname = current_database()) "
+            "order by 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_a_snapshot_of_a_source_with_publications_runs_again_after_its_commit_and_its_undo_leaves_nothing(
+    steps: Steps, databases: Databases, published: None
+) -> None:
+    """Publications and subscriptions belong to no schema: the target keeps the source's (a CDC consumer may need
+    them on the new primary), a retry after the commit drops them with the rest before restoring, and the undo
+    drops them too."""
+    steps.freeze()
+    steps.snapshot(restore=True)
+
+    again = steps.snapshot(restore=True)  # the attempt whose worker died after the commit
+
+    assert again.restored
+    assert contents(databases.target) == contents(databases.source)
+    assert _publications_and_subscriptions(databases) == [
+        "publication everything",
+        "publication orders_feed",
+        "subscription upstream",
+    ]
+    steps.undo_snapshot()
+    assert _publications_and_subscriptions(databases) == []
+    assert as_new(databases.target)
 
 
 def _loaded_frozen(databases: Databases) -> dict[str, bool]:
