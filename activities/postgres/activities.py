@@ -37,6 +37,7 @@ from activities.postgres import (
     freezing,
     grants,
     prechecks,
+    replication,
     restore_script,
     restoring,
     schema,
@@ -87,6 +88,8 @@ if TYPE_CHECKING:
 DRIVER = DriverType.POSTGRESQL.value
 WRITABLE = {"default_transaction_read_only": "off"}
 """Session settings of ferry's own writing sessions: the source may be frozen, and they must still write."""
+LOCK_PAUSE = 0.5
+"""Seconds an undo emptying the target pauses between two tries to take the locks it needs (see replication)."""
 CLEAR_LOCK_TIMEOUT = "10s"
 """How long emptying a target after a failed restore in streams waits for the killed restores' sessions to let go."""
 READING = {"default_transaction_read_only": "on"}
@@ -558,11 +561,21 @@ class PostgresActivities:
 
         A target whose marker ferry.restored_by names nobody or another Migration is left
         untouched. Idempotent, and safe after a migrate that never ran or half ran: the
-        removal is one transaction, and its last act removes the marker it looks for.
+        removal is one transaction, and its last act removes the marker it looks for. It
+        heartbeats throughout: a lock another session holds is waited for a second at a
+        time (replication.briefly_locked), the transaction tried again in between.
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
-        with self._connect(db) as conn, privileged(db, "drop schemas and change the database's settings"):
-            removed = restoring.remove(conn, db, owner(input.ref))
+        doing = "emptying the target"
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+            heartbeats.on_cancel(conn.cancel_safe)  # a DROP SCHEMA of many tables, or a large object's unlink, is long
+            retry = replication.lock_retry(heartbeats, doing, LOCK_PAUSE)
+            try:
+                with privileged(db, "drop schemas and change the database's settings"):
+                    removed = restoring.remove(conn, db, owner(input.ref), retry=retry)
+            except psycopg.errors.QueryCanceled:
+                heartbeats.raise_if_cancelled(doing)
+                raise
         if removed:
             activity.logger.info("emptied %s of what Migration %s restored", db.describe(), input.ref)
         return UndoMigrateResult(removed=removed)

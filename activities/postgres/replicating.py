@@ -323,7 +323,8 @@ class ReplicationActivities:
         ):
             ended = self._end(src, tgt, source, target, name, heartbeats)
             with privileged(target, "drop schemas and change the database's settings"):
-                emptied = restoring.remove(tgt, target, owner(input.ref))
+                retry = self._lock_retry(heartbeats, "emptying the target")
+                emptied = restoring.remove(tgt, target, owner(input.ref), retry=retry)
         activity.logger.info("undid replicate: replication %s, target %s", _done(ended), _done(emptied, "emptied"))
         return EndReplicationResult(ended=ended, emptied=emptied)
 
@@ -381,14 +382,7 @@ class ReplicationActivities:
         """What a change to the source's tables does when it let go of a lock it waited for: says so, pauses, and
         raises once the activity is cancelled."""
 
-        def retry(why: str) -> None:
-            activity.logger.info(
-                "%s: a lock was not granted within %s (%s); trying again", doing, replication.LOCK_WAIT, why
-            )
-            heartbeats.progress(waiting_for_lock=why)
-            self._pause(heartbeats, doing)
-
-        return retry
+        return replication.lock_retry(heartbeats, doing, self._settings.replication_poll_interval)
 
     def _pause(self, heartbeats: Heartbeats, doing: str) -> None:
         activity.wait_for_cancelled_sync(self._settings.replication_poll_interval)

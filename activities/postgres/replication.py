@@ -30,7 +30,9 @@ from typing import TypeVar
 
 import psycopg
 from psycopg import sql
+from temporalio import activity
 
+from activities.heartbeats import Heartbeats
 from activities.postgres.connection import Connection
 
 T = TypeVar("T")
@@ -38,7 +40,8 @@ T = TypeVar("T")
 LOCK_WAIT = "1s"
 """How long a change to the live source's tables (the publication, replica identities) waits for a lock before it
 lets go and tries again. ALTER TABLE waits for an exclusive lock, and while it waits every later query of that
-table waits behind it: behind a long query, or a vacuum, the application's own reads and writes would stop."""
+table waits behind it: behind a long query, or a vacuum, the application's own reads and writes would stop. Emptying
+the target (restoring.remove) waits the same way, so that its activity heartbeats between tries."""
 Retry = Callable[[str], None]
 """Called when such a change let go of a lock it waited for, with the server's words: pauses before the next try,
 and raises once the activity is cancelled."""
@@ -131,6 +134,19 @@ def briefly_locked(conn: Connection, work: Callable[[], T], retry: Retry) -> T:
                 return work()
         except psycopg.errors.LockNotAvailable as error:
             retry(str(error).strip())
+
+
+def lock_retry(heartbeats: Heartbeats, doing: str, pause: float) -> Retry:
+    """The `retry` of `briefly_locked` for an activity doing `doing`: says so, heartbeats, pauses `pause` seconds, and
+    raises once the activity is cancelled."""
+
+    def retry(why: str) -> None:
+        activity.logger.info("%s: a lock was not granted within %s (%s); trying again", doing, LOCK_WAIT, why)
+        heartbeats.progress(waiting_for_lock=why)
+        activity.wait_for_cancelled_sync(pause)
+        heartbeats.raise_if_cancelled(doing)
+
+    return retry
 
 
 def publish(conn: Connection, publication: str, owner: str, every_table: bool, retry: Retry) -> Record:

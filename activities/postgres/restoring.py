@@ -59,7 +59,7 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, subscription, tls, unwritten
+from activities.postgres import database_settings, replication, subscription, tls, unwritten
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
@@ -190,16 +190,27 @@ def mark_complete(conn: Connection, db: DatabaseConnection, owner: str) -> None:
         database_settings.change(conn, RESTORED_BY, owner)
 
 
-def remove(conn: Connection, db: DatabaseConnection, owner: str, *, only_incomplete: bool = False) -> bool:
+def remove(
+    conn: Connection,
+    db: DatabaseConnection,
+    owner: str,
+    *,
+    only_incomplete: bool = False,
+    retry: replication.Retry | None = None,
+) -> bool:
     """Empties the target of what `owner`'s restore put there and removes the marker; False when it holds none.
 
-    One transaction: the target is either as migrate left it or empty and unmarked.
+    One transaction: the target is either as migrate left it or empty and unmarked. With `retry` (an undo, which
+    heartbeats), each statement waits at most replication.LOCK_WAIT for a lock (DROP SCHEMA waits behind any session
+    using a table), then the transaction is rolled back and tried again after `retry` (see replication.briefly_locked);
+    without it, as long as the session's lock_timeout says.
     With `only_incomplete` (a failed restore in streams cleaning up after itself), a restore
     marked complete is left as it is: it is another attempt's, which finished after this one
     was written off (its worker stopped past its heartbeat timeout, then went on), and it may
     be verified, and take traffic, by now.
     """
-    with conn.transaction():
+
+    def work() -> bool:
         marker = database_settings.read(conn).get(RESTORED_BY)
         marked_by = restorer(marker)
         if marked_by != owner:
@@ -214,7 +225,12 @@ def remove(conn: Connection, db: DatabaseConnection, owner: str, *, only_incompl
         _clean(conn)
         unwritten.forget(conn)
         database_settings.change(conn, RESTORED_BY, None)
-    return True
+        return True
+
+    if retry is not None:
+        return replication.briefly_locked(conn, work, retry)
+    with conn.transaction():
+        return work()
 
 
 def _clean(conn: Connection) -> None:

@@ -6,13 +6,16 @@ undo_migrate takes back what this Migration restored, and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
+from typing import Any
 
 import pytest
 
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec, SnapshotCorrupt
-from ferry.api.saga import SnapshotResult
+from ferry.api.saga import SnapshotResult, UndoMigrateResult
+from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import as_new, connect, contents, create_shop, database_settings, tables
@@ -131,6 +134,35 @@ def test_undo_migrate_empties_the_target_so_that_another_migration_can_migrate_i
     other.migrate(other.snapshot())
     other.verify()
     assert contents(databases.target) == contents(databases.source)
+
+
+def test_undo_migrate_behind_a_session_holding_a_lock_keeps_heartbeating_and_empties_the_target_once_it_lets_go(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult, heartbeats: list[dict[str, Any]]
+) -> None:
+    """DROP SCHEMA waits for every session using a table: a long report on the target, or one left idle in its
+    transaction. The undo must not go silent meanwhile (the saga gives it a 30 s heartbeat timeout, and an attempt
+    taken for dead would be tried again behind the first): it waits a second at a time and heartbeats between."""
+    steps.migrate(snapshot)
+    undone: list[UndoMigrateResult] = []
+    with connect(databases.target) as holder:
+        holder.execute("begin")
+        holder.execute("lock table shop.orders in access share mode")  # as any query of the table holds it
+        undo = threading.Thread(target=lambda: undone.append(steps.undo_migrate()), name="undo-migrate")
+        undo.start()
+        try:
+            eventually(
+                "the undo to heartbeat that it waits for a lock",
+                lambda: sum("waiting_for_lock" in beat for beat in heartbeats) >= 3,
+                timeout=30,
+            )
+            assert _target_tables(databases) != [], "nothing is dropped while the lock is held"
+        finally:
+            holder.execute("rollback")
+            undo.join(60)
+
+    assert not undo.is_alive()
+    assert [result.removed for result in undone] == [True]
+    assert as_new(databases.target)
 
 
 def test_undo_migrate_leaves_a_target_holding_someone_elses_data_alone(
