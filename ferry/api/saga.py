@@ -8,8 +8,9 @@ registers implementations under the same names, and tests register fakes under t
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from ferry.api.migration import (
     AfterRollback,
@@ -33,6 +34,26 @@ WORKFLOW_NAME = "MigrationV2"
 CLEANUP_WORKFLOW_NAME = "MigrationRetentionCleanup"
 UNDO_WORKFLOW_NAME = "MigrationUndo"
 """Undoes a Migration whose run succeeded after its deletion was asked for (see the watcher's deletion)."""
+
+
+MAX_GENERATION = 2**53 - 1
+"""The largest Migration generation a workflow input or a control takes. The API server counts a Migration's
+metadata.generation up by one per spec change, so no real one comes near it (one change per microsecond would take
+285 years); it is the largest integer a JSON reader using doubles (the Temporal Web UI) holds exactly, and it is far
+below 2^63, so status.observedGeneration, an int64, stays a value the API server accepts."""
+
+
+def _a_generation(value: int) -> int:
+    if not 0 <= value <= MAX_GENERATION:
+        raise ValueError(
+            f"a Migration's generation is from 0 to 2^53 - 1 ({MAX_GENERATION}), as metadata.generation counts the "
+            f"Migration's spec changes; {value} is none"
+        )
+    return value
+
+
+Generation = Annotated[int, AfterValidator(_a_generation)]
+"""A Migration's metadata.generation, as a workflow input or a control carries it."""
 
 
 class MigrationRef(ApiModel):
@@ -64,7 +85,7 @@ def undo_workflow_id(ref: MigrationRef) -> str:
 
 class MigrationInput(ApiModel):
     ref: MigrationRef
-    generation: int
+    generation: Generation
     spec: MigrationSpec
 
 
@@ -92,7 +113,12 @@ class ControlRequest(ApiModel):
 
     by: str = Field(default="", description="Who asked, e.g. a user name; shown in status and events.")
     reason: str = Field(default="", description="Why, in a few words.")
-    generation: int | None = Field(default=None, description="The Migration generation that carried the request.")
+    generation: Generation | None = Field(
+        default=None,
+        description="The Migration generation that carried the request (the watcher's); at most 2^53 - 1. A signal "
+        "carrying a larger one, or a negative one, is dropped: the saga keeps the largest it saw as "
+        "status.observedGeneration, which the watcher compares with the Migration's to see spec.paused change.",
+    )
     request_id: str = Field(
         default="",
         description="Identifies one request: a signal sent twice with the same non-empty id is acted on once.",
@@ -542,7 +568,7 @@ class UndoMigrationInput(ApiModel):
     """Undo, in reverse, every step of a Migration whose run ended Succeeded, from what the steps recorded."""
 
     ref: MigrationRef
-    generation: int
+    generation: Generation
     spec: MigrationSpec
     reason: str
     status: MigrationStatus | None = Field(default=None, description="The Migration's status when the undo began.")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from ferry.api.migration import Migration
-from ferry.api.saga import Signal
+from ferry.api.saga import MAX_GENERATION, ControlRequest, Signal
 from tests import samples
 from watcher import controls
 
@@ -111,3 +114,20 @@ def test_other_controls_carry_the_generation_when_spec_paused_has_nothing_to_sen
     assert isinstance(approve, controls.Control)
     assert approve.request.generation == 2
     assert not approve.request.of_spec
+
+
+# --- the generation a control carries ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", [10**20, 2**63, 2**53, -1])
+def test_a_control_carrying_a_generation_no_migration_can_have_is_refused_saying_so(generation: int) -> None:
+    """A signal sent by hand (tctl, temporal CLI) with such a generation is dropped: kept as the largest seen, it would
+    make the watcher ignore every later spec.paused, and from 2^63 on the API server refuse every status write."""
+    with pytest.raises(ValidationError, match=r"a Migration's generation is from 0 to 2\^53 - 1"):
+        ControlRequest.model_validate({"by": "tctl-user", "generation": generation})
+
+
+def test_every_generation_a_migration_can_have_is_taken() -> None:
+    assert ControlRequest(generation=MAX_GENERATION).generation == MAX_GENERATION
+    assert ControlRequest(generation=1).generation == 1
+    assert ControlRequest().generation is None

@@ -177,4 +177,21 @@ async def test_resume_after_a_failure_under_the_pause_policy_says_to_retry_or_ro
         "the started steps"
     )
     await update(saga, Signal.RETRY)
+
+
+async def test_a_signal_carrying_a_generation_no_migration_can_have_is_dropped(run_saga: Run) -> None:
+    """Kept, it would be status.observedGeneration: every later spec.paused ignored by the watcher, and every status
+    write refused by the API server (an int64) while the run goes on."""
+    saga = await run_saga(FakeSaga(hold={PROVISION}))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+
+    await saga.handle.signal(Signal.RETRY.value, {"by": "tctl-user", "generation": 10**20})
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="tctl-user"))
+    await saga.wait_for("the pause's Event", lambda: "ControlReceived" in {e.reason for e in saga.fakes.events})
+
+    assert {status.observed_generation for status in saga.fakes.statuses} == {1}
+    assert "ControlIgnored" not in {event.reason for event in saga.fakes.events}
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    await saga.handle.signal(Signal.RESUME.value)
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
