@@ -16,17 +16,37 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 
+from ferry.api.saga import HEARTBEAT_TIMEOUT_SECONDS
 from ferry.configuration.knobs import SETTINGS, Knob
 
 MIB = 1024 * 1024
+HOUR = 3600.0
+
+MAX_HEARTBEAT_INTERVAL = HEARTBEAT_TIMEOUT_SECONDS / 2
+"""The longest interval between a waiting step's heartbeats, or between two polls (each poll heartbeats): half of
+every step's heartbeat timeout, so a heartbeat is never late even when the poll or the beat itself takes a while."""
+
+
+def _within_heartbeat_timeout(interval: float) -> float:
+    if interval > MAX_HEARTBEAT_INTERVAL:
+        raise ValueError(
+            f"should be at most {MAX_HEARTBEAT_INTERVAL:g} seconds, half of every step's heartbeat timeout "
+            f"({HEARTBEAT_TIMEOUT_SECONDS} s): a step that heartbeats less often is timed out while it waits"
+        )
+    return interval
+
+
+HeartbeatInterval = Annotated[float, Field(gt=0), AfterValidator(_within_heartbeat_timeout)]
+"""Seconds between two heartbeats (or two polls, each heartbeating) of a waiting step."""
 
 
 @dataclass(frozen=True, config=SETTINGS)
 class KubeActivitySettings:
     """How the Kubernetes-side activities poll, label their writes and link to Temporal."""
 
-    poll_interval: Annotated[float, Field(gt=0)] = 1.0
-    """Seconds between two polls while an activity waits for the cluster (readiness, endpoints, deletion)."""
+    poll_interval: HeartbeatInterval = 1.0
+    """Seconds between two polls while an activity waits for the cluster (readiness, endpoints, deletion); at most
+    15, half of a step's heartbeat timeout."""
 
     temporal_ui_url: Annotated[str | None, Knob(section="Temporal")] = None
     """Base URL of the Temporal Web UI, e.g. http://localhost:8233. When set, status.workflow.url
@@ -59,30 +79,31 @@ class DataActivitySettings:
     the one whose pg_dump has the highest major version). Use tools of the newest major version among source and
     target: pg_dump refuses newer servers."""
 
-    connect_attempts: Annotated[int, Knob(flag="postgres-connect-attempts"), Field(ge=1)] = 5
+    connect_attempts: Annotated[int, Knob(flag="postgres-connect-attempts"), Field(ge=1, le=100)] = 5
     """Connection attempts to a database before it counts as unreachable (a permanent failure of the step)."""
 
-    connect_retry_delay: Annotated[float, Knob(flag="postgres-connect-retry-delay"), Field(ge=0)] = 2.0
+    connect_retry_delay: Annotated[float, Knob(flag="postgres-connect-retry-delay"), Field(ge=0, le=300)] = 2.0
     """Seconds between two connection attempts."""
 
-    connect_timeout: Annotated[int, Knob(flag="postgres-connect-timeout"), Field(ge=1)] = 10
+    connect_timeout: Annotated[int, Knob(flag="postgres-connect-timeout"), Field(ge=1, le=3600)] = 10
     """Seconds one connection attempt to a database may take, answer included (libpq's connect_timeout, also
     given to pg_dump and pg_restore): a server that accepts the connection and never answers fails the attempt."""
 
-    tcp_keepalives_idle: Annotated[int, Knob(flag="postgres-keepalives-idle"), Field(ge=1)] = 30
-    """Seconds a database connection may be idle before TCP keepalives probe the server."""
+    tcp_keepalives_idle: Annotated[int, Knob(flag="postgres-keepalives-idle"), Field(ge=1, le=32767)] = 30
+    """Seconds a database connection may be idle before TCP keepalives probe the server (at most 32767, Linux's
+    limit: more would fail every connection)."""
 
-    tcp_keepalives_interval: Annotated[int, Knob(flag="postgres-keepalives-interval"), Field(ge=1)] = 10
-    """Seconds between two unanswered keepalive probes."""
+    tcp_keepalives_interval: Annotated[int, Knob(flag="postgres-keepalives-interval"), Field(ge=1, le=32767)] = 10
+    """Seconds between two unanswered keepalive probes (at most 32767, Linux's limit)."""
 
-    tcp_keepalives_count: Annotated[int, Knob(flag="postgres-keepalives-count"), Field(ge=1)] = 3
-    """Unanswered keepalive probes after which a database connection counts as dead."""
+    tcp_keepalives_count: Annotated[int, Knob(flag="postgres-keepalives-count"), Field(ge=1, le=127)] = 3
+    """Unanswered keepalive probes after which a database connection counts as dead (at most 127, Linux's limit)."""
 
-    tcp_user_timeout: Annotated[int, Knob(flag="postgres-tcp-user-timeout"), Field(ge=1)] = 60
+    tcp_user_timeout: Annotated[int, Knob(flag="postgres-tcp-user-timeout"), Field(ge=1, le=3600)] = 60
     """Seconds data sent to a database may stay unacknowledged before the connection counts as dead (libpq's
     tcp_user_timeout). With the keepalives, a server that vanishes mid-query fails the query instead of hanging."""
 
-    session_end_timeout: Annotated[float, Knob(flag="freeze-session-end-timeout"), Field(ge=0)] = 10.0
+    session_end_timeout: Annotated[float, Knob(flag="freeze-session-end-timeout"), Field(ge=0, le=HOUR)] = 10.0
     """Seconds freeze waits for each ended session to be gone (its open transaction rolled back)."""
 
     dump_compression: Annotated[int, Knob(flag="snapshot-compression"), Field(ge=0, le=9)] = 0
@@ -124,7 +145,7 @@ class DataActivitySettings:
     """Sessions that gather the target's planner statistics at once after a restore (ANALYZE, while writes are
     stopped): ANALYZE mostly waits on the pages it samples, so a few sessions overlap those waits."""
 
-    upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1)] = 4
+    upload_concurrency: Annotated[int, Knob(flag="snapshot-upload-concurrency"), Field(ge=1, le=64)] = 4
     """Parts uploaded at once while pg_dump goes on writing the next ones; each is held in memory."""
 
     upload_memory: Annotated[int, Knob(flag="snapshot-memory-mib", unit=MIB, unit_name="MiB"), Field(ge=10 * MIB)] = (
@@ -141,25 +162,27 @@ class DataActivitySettings:
     """The largest object the snapshot store takes (S3's limit is 5 TiB; some stores allow less). The
     precheck refuses a source larger than this before anything changes."""
 
-    s3_connect_timeout: Annotated[float, Knob(flag="s3-connect-timeout"), Field(gt=0)] = 10.0
+    s3_connect_timeout: Annotated[float, Knob(flag="s3-connect-timeout"), Field(gt=0, le=HOUR)] = 10.0
     """Seconds to wait for the S3 endpoint to accept a connection."""
 
-    s3_read_timeout: Annotated[float, Knob(flag="s3-read-timeout"), Field(gt=0)] = 60.0
+    s3_read_timeout: Annotated[float, Knob(flag="s3-read-timeout"), Field(gt=0, le=HOUR)] = 60.0
     """Seconds to wait for S3's answer once a request (or a part) is sent: an endpoint that accepts connections
     and never answers fails the request after this long, instead of keeping the source frozen."""
 
-    s3_attempts: Annotated[int, Knob(flag="s3-attempts"), Field(ge=1)] = 3
+    s3_attempts: Annotated[int, Knob(flag="s3-attempts"), Field(ge=1, le=100)] = 3
     """Attempts of one S3 request (botocore's own retries) before the step fails and the saga's next attempt."""
 
-    heartbeat_interval: Annotated[float, Field(gt=0)] = 5.0
-    """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query)."""
+    heartbeat_interval: HeartbeatInterval = 5.0
+    """Seconds between heartbeats while an activity is blocked (on pg_dump, pg_restore, S3 or a query); at most 15,
+    half of a step's heartbeat timeout."""
 
-    progress_interval: Annotated[float, Field(ge=0)] = 5.0
+    progress_interval: Annotated[float, Field(ge=0, le=HOUR)] = 5.0
     """Seconds between two writes of a running snapshot's, migrate's or verify's progress into its Migration's
     status.progress (bytes or rows done, throughput, time left), which `kubectl get mig -w` shows; 0 writes none."""
 
-    replication_poll_interval: Annotated[float, Field(gt=0)] = 1.0
-    """Seconds between two looks at the logical replication's progress (mode Online: replicate and catch-up)."""
+    replication_poll_interval: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """Seconds between two looks at the logical replication's progress (mode Online: replicate and catch-up), and
+    the pause before a change to the source's tables tries again for a lock; at most 60."""
 
     replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
     """Seconds the target may go without applying anything while it reports errors applying the source's changes,

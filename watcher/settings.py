@@ -22,8 +22,8 @@ class LeaseSettings:
     """Name of the Lease that elects the active watcher."""
     namespace: str = "default"
     """Namespace of that Lease (deploy/ uses the watcher's own namespace)."""
-    duration: Annotated[float, Field(gt=0)] = 15.0
-    """Seconds a leader's claim lasts without renewal; another replica takes over after it."""
+    duration: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    """Seconds a leader's claim lasts without renewal; another replica takes over after it (at most an hour)."""
     renew_deadline: Annotated[float, Field(gt=0)] = 10.0
     """Seconds a leader keeps trying to renew before it steps down (less than the duration)."""
     retry_period: Annotated[float, Field(gt=0)] = 2.0
@@ -56,14 +56,15 @@ class WatcherSettings(ComponentSettings):
     namespaces: Annotated[tuple[str, ...], BeforeValidator(_comma_separated)] = ()
     """Namespaces to watch, comma-separated; empty watches all (default: all)."""
     lease: Annotated[LeaseSettings, Group("leader election", prefix="lease-")] = Field(default_factory=LeaseSettings)
-    resync_interval: Annotated[float, Field(gt=0)] = 30.0
+    resync_interval: Annotated[float, Field(gt=0, le=86400)] = 30.0
     """Seconds between two resyncs: one query to Temporal for runs terminated or timed out from outside (their
-    Migrations become Abandoned). Nothing is relisted: the watch resumes from its resourceVersion."""
-    deletion_timeout: Annotated[float, Field(ge=0)] = 1800.0
-    """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway."""
-    concurrency: Annotated[int, Field(ge=1)] = 16
+    Migrations become Abandoned). Nothing is relisted: the watch resumes from its resourceVersion. At most a day."""
+    deletion_timeout: Annotated[float, Field(ge=0, le=30 * 86400)] = 1800.0
+    """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway (at most
+    30 days)."""
+    concurrency: Annotated[int, Field(ge=1, le=1000)] = 16
     """Migrations handled at once (the events of one Migration are always handled in order)."""
-    record_start_after: Annotated[float, Field(gt=0)] = 10.0
+    record_start_after: Annotated[float, Field(gt=0, le=3600)] = 10.0
     """Seconds after starting the workflow of a Migration that held ferry's finalizer already (set as it was
     created, by deploy/admission/finalizer) before the watcher records the start in its annotation, if no status
     names the run by then. The saga's first status write usually does, and then the watcher writes nothing."""

@@ -23,7 +23,14 @@ from temporalio.common import RetryPolicy
 
 from ferry.api.errors import NON_RETRYABLE_TYPES
 from ferry.api.migration import ApiModel, MigrationSpec
-from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, SnapshotStoreActivity, driver_activity
+from ferry.api.saga import (
+    HEARTBEAT_TIMEOUT_SECONDS,
+    DriverOperation,
+    KubeActivity,
+    MigrationRef,
+    SnapshotStoreActivity,
+    driver_activity,
+)
 from workflows.status import SagaStatus
 
 I = TypeVar("I", bound=ApiModel)  # noqa: E741 - the input, beside R for the result
@@ -32,7 +39,7 @@ U = TypeVar("U", bound=ApiModel)
 UR = TypeVar("UR", bound=ApiModel)
 G = TypeVar("G", bound=ApiModel)
 
-HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+HEARTBEAT_TIMEOUT = timedelta(seconds=HEARTBEAT_TIMEOUT_SECONDS)
 """Long activities heartbeat at least this often; a lost worker is noticed within it."""
 
 

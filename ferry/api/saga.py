@@ -107,6 +107,10 @@ class Signal(enum.StrEnum):
 
 PROGRESS_QUERY = "progress"
 
+HEARTBEAT_TIMEOUT_SECONDS = 30
+"""Every step's heartbeat timeout: a step that sends no heartbeat for this long is timed out (its worker counts as
+lost). The worker's heartbeat and poll intervals are at most half of it (activities/settings.py)."""
+
 
 class ControlRequest(ApiModel):
     """Payload of every signal: who asked, and why. All fields are optional."""

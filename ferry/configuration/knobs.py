@@ -17,8 +17,10 @@ from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-SETTINGS = ConfigDict(use_attribute_docstrings=True, extra="forbid")
-"""The pydantic configuration of every settings class: a field's docstring is its description."""
+SETTINGS = ConfigDict(use_attribute_docstrings=True, extra="forbid", allow_inf_nan=False)
+"""The pydantic configuration of every settings class: a field's docstring is its description. No setting is
+infinite or NaN: every number of seconds ends in a sleep, a wait or a timeout, where inf raises OverflowError (or
+NaN waits for ever) long after startup, naming nothing; the command refuses it at once instead."""
 
 ENV_PREFIX = "FERRY_"
 

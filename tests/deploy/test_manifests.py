@@ -312,3 +312,13 @@ def test_the_watchers_lease_is_the_one_in_its_own_namespace_that_its_role_allows
     assert loaded.lease.identity == pod_name
     named = [rule for rule in role["rules"] if rule.get("resourceNames")]
     assert [loaded.lease.name] == [name for rule in named for name in rule["resourceNames"]]
+
+
+def test_the_worker_stops_its_activities_within_its_pods_termination_grace_period() -> None:
+    """Past terminationGracePeriodSeconds the kubelet kills the worker: its activities would end without a word."""
+    deployment = _deployment("ferry-worker")
+    config = find(documents(DEPLOY / "manager"), "ConfigMap", "ferry-config")["data"]
+
+    loaded = settings(_container(deployment)["args"], config)
+
+    assert loaded.graceful_shutdown < deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

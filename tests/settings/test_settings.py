@@ -250,6 +250,88 @@ BAD_VALUES = [
 ]
 
 
+# Values that pass for numbers but break the component long after it started: an interval a step's heartbeat timeout
+# (30 s) cannot wait for, infinities and NaN (OverflowError, or a wait for ever, in a sleep or a timeout), and
+# values so large that a sleep, a timedelta or a socket option overflows, after the worker connected to Temporal.
+OUT_OF_BOUNDS = [
+    (
+        ["worker", "--heartbeat-interval=30"],
+        {},
+        "ferry worker: --heartbeat-interval (FERRY_HEARTBEAT_INTERVAL): should be at most 15 seconds, half of every "
+        "step's heartbeat timeout (30 s): a step that heartbeats less often is timed out while it waits "
+        "(got '30' from --heartbeat-interval)",
+    ),
+    (
+        ["worker"],
+        {"FERRY_POLL_INTERVAL": "45"},
+        "ferry worker: --poll-interval (FERRY_POLL_INTERVAL): should be at most 15 seconds, half of every step's "
+        "heartbeat timeout (30 s): a step that heartbeats less often is timed out while it waits "
+        "(got '45' from FERRY_POLL_INTERVAL)",
+    ),
+    (
+        ["worker", "--heartbeat-interval=inf"],
+        {},
+        "ferry worker: --heartbeat-interval (FERRY_HEARTBEAT_INTERVAL): input should be a finite number "
+        "(got 'inf' from --heartbeat-interval)",
+    ),
+    (
+        ["worker"],
+        {"FERRY_REPLICATION_POLL_INTERVAL": "inf"},
+        "ferry worker: --replication-poll-interval (FERRY_REPLICATION_POLL_INTERVAL): input should be a finite "
+        "number (got 'inf' from FERRY_REPLICATION_POLL_INTERVAL)",
+    ),
+    (
+        ["worker", "--graceful-shutdown=1e300"],
+        {},
+        "ferry worker: --graceful-shutdown (FERRY_GRACEFUL_SHUTDOWN): input should be less than or equal to 3600 "
+        "(got '1e300' from --graceful-shutdown)",
+    ),
+    (
+        ["worker"],
+        {"FERRY_GRACEFUL_SHUTDOWN": "inf"},
+        "ferry worker: --graceful-shutdown (FERRY_GRACEFUL_SHUTDOWN): input should be a finite number "
+        "(got 'inf' from FERRY_GRACEFUL_SHUTDOWN)",
+    ),
+    (
+        ["worker", "--progress-interval=nan"],
+        {},
+        "ferry worker: --progress-interval (FERRY_PROGRESS_INTERVAL): input should be a finite number "
+        "(got 'nan' from --progress-interval)",
+    ),
+    (
+        ["worker", "--postgres-keepalives-count=1000"],
+        {},
+        "ferry worker: --postgres-keepalives-count (FERRY_POSTGRES_KEEPALIVES_COUNT): input should be less than or "
+        "equal to 127 (got '1000' from --postgres-keepalives-count)",
+    ),
+    (
+        ["worker", "--max-concurrent-activities=100000000000000000000"],
+        {},
+        "ferry worker: --max-concurrent-activities (FERRY_MAX_CONCURRENT_ACTIVITIES): input should be less than or "
+        "equal to 1000 (got '100000000000000000000' from --max-concurrent-activities)",
+    ),
+    (
+        ["watcher"],
+        {"FERRY_DELETION_TIMEOUT": "1e300"},
+        "ferry watcher: --deletion-timeout (FERRY_DELETION_TIMEOUT): input should be less than or equal to 2592000 "
+        "(got '1e300' from FERRY_DELETION_TIMEOUT)",
+    ),
+    (
+        ["watcher", "--lease-duration=inf"],
+        {},
+        "ferry watcher: --lease-duration (FERRY_LEASE_DURATION): input should be a finite number "
+        "(got 'inf' from --lease-duration)",
+    ),
+    (
+        ["watcher", "--resync-interval=nan"],
+        {},
+        "ferry watcher: --resync-interval (FERRY_RESYNC_INTERVAL): input should be a finite number "
+        "(got 'nan' from --resync-interval)",
+    ),
+]
+BAD_VALUES += OUT_OF_BOUNDS
+
+
 @pytest.mark.parametrize(("argv", "environ", "message"), BAD_VALUES, ids=[" ".join([*c[0], *c[1]]) for c in BAD_VALUES])
 def test_a_bad_value_ends_the_command_with_one_line_naming_the_setting_and_exit_code_2(
     argv: list[str],
