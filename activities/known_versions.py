@@ -37,6 +37,8 @@ class KnownVersion:
     """status.steps[].attempts by step name: the attempt the progress writer says its step is at."""
     shows_progress: bool
     """Whether status.progress is there, which the progress writer removes when its step ends."""
+    transitioned_at: str | None = None
+    """status.transitionedAt as stored: mirror_status writes no status of a transition older than this."""
 
     @classmethod
     def of(cls, migration: dict[str, Any]) -> KnownVersion:
@@ -47,6 +49,7 @@ class KnownVersion:
             resource_version=migration["metadata"]["resourceVersion"],
             attempts={step["name"]: step.get("attempts") or 0 for step in steps if "name" in step},
             shows_progress="progress" in status,
+            transitioned_at=status.get("transitionedAt"),
         )
 
 

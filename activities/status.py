@@ -15,11 +15,17 @@ same name is another object, left alone. So a transition usually costs one reque
 a read and a write.
 Events get names derived from the transition they record, so a retried activity finds
 its Event already there instead of recording it twice (see activities/events.py).
+
+A write is never older than what it replaces (see `_older_than_shown`): the resourceVersion
+fences only the object, and a write that lost a 409 is tried again on a fresh read, so a
+late attempt (one held up by a slow API server while the saga went on, or a remote attempt
+of an older run) would otherwise put an earlier phase back over a later one.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -29,7 +35,7 @@ from temporalio import activity
 
 from activities import kube_calls
 from activities.events import record_event
-from activities.known_versions import KnownVersions
+from activities.known_versions import KnownVersion, KnownVersions
 from activities.settings import KubeActivitySettings
 from ferry.api.migration import (
     ACTIVITY_STATUS_FIELDS,
@@ -109,13 +115,20 @@ class StatusActivities:
         409, and the caller tries again from a read.
         """
         known = self._versions.get(ref.uid)
-        if known is not None:
-            resource_version = known.resource_version
-        else:
+        if known is None:
             migration = self._read(ref)
             if migration is None or migration["metadata"].get("uid") != ref.uid:
                 return False
-            resource_version = migration["metadata"]["resourceVersion"]
+            known = KnownVersion.of(migration)
+        if _older_than_shown(status, known):
+            activity.logger.info(
+                "Migration %s shows a later transition (%s) than this write's (%s): not written",
+                ref,
+                known.transitioned_at,
+                status.transitioned_at,
+            )
+            return True
+        resource_version = known.resource_version
         wanted: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
         for field in (*WATCHER_STATUS_FIELDS, *ACTIVITY_STATUS_FIELDS):
             wanted.pop(field, None)
@@ -169,3 +182,32 @@ class StatusActivities:
         )
         if created:
             activity.logger.info("recorded %s Event %s for Migration %s", event.type.value, event.reason, ref)
+
+
+def _older_than_shown(status: MigrationStatus, shown: KnownVersion) -> bool:
+    """Whether `status` is of a transition older than the one the Migration shows, so that writing it would go back.
+
+    The saga stamps each phase transition with transitionedAt, by the workflow's clock
+    (workflow.now(), the start of the workflow task: the same for every transition of one
+    task, later for every later task, and later for a later run of the same Migration, as
+    the undo's). So a stored transitionedAt strictly later than the write's is a later
+    transition, whichever run or worker wrote it: the write is skipped. Equal times decide
+    nothing, and the write goes ahead: they are the same transition (a write of a step's
+    start or end, an Event, within one phase, which carries the phase's time) or
+    transitions of one workflow task, which the saga writes as one. A missing time (a run
+    of version 1, or an undo before its first transition) decides nothing either.
+
+    Within one phase this cannot tell a late write from a new one: the saga stamps
+    nothing finer (a per-run sequence of its writes would).
+    """
+    if status.transitioned_at is None or shown.transitioned_at is None:
+        return False
+    try:
+        stored = datetime.fromisoformat(shown.transitioned_at)
+    except ValueError:
+        return False  # not the saga's (written by hand): it orders nothing
+    return _aware(stored) > _aware(status.transitioned_at)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -424,3 +424,54 @@ def test_a_migration_re_created_under_the_same_name_after_a_write_is_left_alone(
 
     assert result.found is False
     assert _status(kubectl, migration) == {}, "the new object (another uid) gets nothing of the earlier one's run"
+
+
+# --- a late write never goes back ------------------------------------------------------------------------------------
+
+
+RUNNING_AT = datetime(2026, 1, 5, 9, 31, tzinfo=UTC)
+SUCCEEDED_AT = datetime(2026, 1, 5, 9, 45, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("writer", ["the same worker", "another worker"])
+def test_a_late_write_of_an_earlier_transition_leaves_the_later_one(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    settings: KubeActivitySettings,
+    activity_env: ActivityEnvironment,
+    status_activities: StatusActivities,
+    migration: MigrationRef,
+    writer: str,
+) -> None:
+    """An attempt held up (a slow API server) while the saga went on, or a remote attempt of an older run, comes last:
+    its Running must not replace the Succeeded written since. Its Event is still recorded: the transition happened."""
+    succeeded = _succeeded(migration).model_copy(update={"transitioned_at": SUCCEEDED_AT})
+    running = _running(migration).model_copy(update={"transitioned_at": RUNNING_AT})
+    late = status_activities if writer == "the same worker" else StatusActivities(kube_api, settings)
+    started = EventRecord(type=EventType.NORMAL, reason="StepStarted", message="provision started", key="1.late")
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=succeeded))
+
+    result = activity_env.run(late.mirror_status, MirrorStatusInput(ref=migration, status=running, event=started))
+
+    assert result.found
+    status = _status(kubectl, migration)
+    assert (status["phase"], status["transitionedAt"]) == ("Succeeded", "2026-01-05T09:45:00Z")
+    assert [event["reason"] for event in _events(kubectl, migration)] == ["StepStarted"]
+
+
+def test_a_write_of_the_transition_shown_or_a_later_one_lands(
+    kubectl: Kubectl, activity_env: ActivityEnvironment, status_activities: StatusActivities, migration: MigrationRef
+) -> None:
+    """Equal times are the same transition (a step's start, then its end, within one phase): each write lands."""
+    running = _running(migration).model_copy(update={"transitioned_at": RUNNING_AT})
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=running))
+    ended = running.model_copy(
+        update={"steps": [StepStatus(name=StepName.PROVISION, state=StepState.SUCCEEDED, attempts=1)]}
+    )
+
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=ended))
+    assert _status(kubectl, migration)["steps"][0]["state"] == "Succeeded"
+
+    succeeded = _succeeded(migration).model_copy(update={"transitioned_at": SUCCEEDED_AT})
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=succeeded))
+    assert _status(kubectl, migration)["phase"] == "Succeeded"
