@@ -39,6 +39,10 @@ class KnownVersion:
     """Whether status.progress is there, which the progress writer removes when its step ends."""
     transitioned_at: str | None = None
     """status.transitionedAt as stored: mirror_status writes no status of a transition older than this."""
+    phase: str | None = None
+    """status.phase, and the two below: whether status.progress is left over from a step no longer running."""
+    current_step: str | None = None
+    progress_step: str | None = None
 
     @classmethod
     def of(cls, migration: dict[str, Any]) -> KnownVersion:
@@ -50,6 +54,9 @@ class KnownVersion:
             attempts={step["name"]: step.get("attempts") or 0 for step in steps if "name" in step},
             shows_progress="progress" in status,
             transitioned_at=status.get("transitionedAt"),
+            phase=status.get("phase"),
+            current_step=status.get("currentStep"),
+            progress_step=(status.get("progress") or {}).get("step"),
         )
 
 

@@ -16,6 +16,11 @@ a read and a write.
 Events get names derived from the transition they record, so a retried activity finds
 its Event already there instead of recording it twice (see activities/events.py).
 
+A write also removes status.progress when it is left over: a data activity killed
+(SIGKILL, OOM) before its progress writer removed it leaves it, and once the saga has
+moved on, to another step or to a final phase, no attempt of that step comes to replace
+it (see `_leftover_progress`).
+
 A write is never older than what it replaces (see `_older_than_shown`): the resourceVersion
 fences only the object, and a write that lost a 409 is tried again on a fresh read, so a
 late attempt (one held up by a slow API server while the saga went on, or a remote attempt
@@ -34,8 +39,10 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities import kube_calls
+from activities.api_refusals import server_message
 from activities.events import record_event
 from activities.known_versions import KnownVersion, KnownVersions
+from activities.progress_status import FIELD_MANAGER as PROGRESS_FIELD_MANAGER
 from activities.settings import KubeActivitySettings
 from ferry.api.migration import (
     ACTIVITY_STATUS_FIELDS,
@@ -44,8 +51,10 @@ from ferry.api.migration import (
     VERSION,
     WATCHER_STATUS_FIELDS,
     MigrationStatus,
+    Phase,
 )
 from ferry.api.saga import EventRecord, KubeActivity, MigrationRef, MirrorStatusInput, MirrorStatusResult
+from ferry.api.scrubbing import scrub
 from ferry.observability import metrics
 
 REPORTING_COMPONENT = "ferry.dev/saga"
@@ -90,6 +99,7 @@ class StatusActivities:
         if not found:
             activity.logger.info("Migration %s is gone: status not mirrored", ref)
             return MirrorStatusResult(found=False, conflicts=conflicts)
+        self._remove_leftover_progress(ref)
         for event in [*input.earlier_events, *([input.event] if input.event is not None else [])]:
             self._record_event(ref, event)
         return MirrorStatusResult(found=True, conflicts=conflicts)
@@ -160,6 +170,44 @@ class StatusActivities:
         self._versions.remember(written)
         return True
 
+    def _remove_leftover_progress(self, ref: MigrationRef) -> None:
+        """Removes status.progress when it is left over from a step no longer running; nothing else otherwise.
+
+        The removal is the progress writer's own (activities/progress_status.py): an apply of no field as
+        `ferry-progress`, which owns status.progress, conditional on the version that showed it left over (this
+        write's, else a read's). A progress written since costs a 409 and a read, which decides again. It is a
+        courtesy, like the progress: a failure is logged and the status write stands.
+        """
+
+        def remove() -> None:
+            known = self._versions.get(ref.uid)
+            if known is None:
+                migration = self._read(ref)
+                if migration is None or migration["metadata"].get("uid") != ref.uid:
+                    return
+                known = KnownVersion.of(migration)
+            if not _leftover_progress(known):
+                return
+            applied = kube_calls.migration_status_apply(ref, known.resource_version, None)
+            try:
+                written: dict[str, Any] = self._custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=PROGRESS_FIELD_MANAGER,
+                    force=True, _content_type=kube_calls.APPLY_PATCH,
+                )  # fmt: skip
+            except Exception as error:
+                self._versions.forget(ref.uid, known.resource_version)
+                if isinstance(error, ApiException) and kube_calls.is_not_found(error):
+                    return
+                raise
+            self._versions.remember(written)
+            activity.logger.info("removed the progress of %s left over in Migration %s", known.progress_step, ref)
+
+        try:
+            kube_calls.retry_on_conflict(remove)
+        except Exception as error:  # noqa: BLE001 - a leftover progress must not fail the status write
+            said = server_message(error) if isinstance(error, ApiException) else scrub(str(error))
+            activity.logger.warning("could not remove the progress left over in Migration %s: %s", ref, said)
+
     def _workflow_url(self, workflow: dict[str, Any]) -> str | None:
         """The run's page in the Temporal Web UI; None without a UI URL or a run ID to link to."""
         ui, run_id = self._settings.temporal_ui_url, workflow.get("runId")
@@ -211,3 +259,13 @@ def _older_than_shown(status: MigrationStatus, shown: KnownVersion) -> bool:
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _leftover_progress(shown: KnownVersion) -> bool:
+    """Whether status.progress names a step that no longer runs: the phase is final, or the saga's current step is
+    another (the next one, or one it waits before). Its own step's next attempt replaces it instead, so progress of
+    the current step stays, whatever its attempt."""
+    if shown.progress_step is None:
+        return False
+    finished = shown.phase is not None and shown.phase in {phase.value for phase in Phase if phase.finished}
+    return finished or shown.progress_step != shown.current_step

@@ -10,16 +10,22 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
+from activities import kube_calls
 from activities.known_versions import KnownVersion, KnownVersions
+from activities.progress_status import FIELD_MANAGER as PROGRESS_FIELD_MANAGER
 from activities.progress_status import ProgressWriter
 from activities.settings import KubeActivitySettings
 from activities.status import StatusActivities
 from ferry.api.migration import (
+    GROUP,
+    PLURAL,
+    VERSION,
     Condition,
     ConditionStatus,
     EventType,
     MigrationStatus,
     Phase,
+    ProgressStatus,
     StepName,
     StepState,
     StepStatus,
@@ -475,3 +481,72 @@ def test_a_write_of_the_transition_shown_or_a_later_one_lands(
     succeeded = _succeeded(migration).model_copy(update={"transitioned_at": SUCCEEDED_AT})
     activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=succeeded))
     assert _status(kubectl, migration)["phase"] == "Succeeded"
+
+
+# --- progress left over by a killed step --------------------------------------------------------------------------
+
+
+def _leave_progress(kube_api: k8s.ApiClient, ref: MigrationRef, step: StepName) -> None:
+    """What a data activity killed mid-step (SIGKILL, OOM) leaves: its progress writer's last write, never removed."""
+    progress = ProgressStatus(step=step.value, bytes_done=2**20, updated_at=STARTED, summary=f"{step.value}: 1 MiB")
+    custom = k8s.CustomObjectsApi(kube_api)
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+    shown = {"progress": progress.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    applied = kube_calls.migration_status_apply(ref, stored["metadata"]["resourceVersion"], shown)
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=PROGRESS_FIELD_MANAGER, force=True,
+        _content_type=kube_calls.APPLY_PATCH,
+    )  # fmt: skip
+
+
+LEFT_OVER = {
+    "rolled back": (Phase.ROLLED_BACK, None),
+    "failed": (Phase.FAILED, None),
+    "succeeded": (Phase.SUCCEEDED, None),
+    "on to the next step": (Phase.RUNNING, StepName.VERIFY),
+    "paused before the next step": (Phase.PAUSED, StepName.VERIFY),
+}
+
+
+@pytest.mark.parametrize("case", LEFT_OVER, ids=list(LEFT_OVER))
+def test_progress_left_by_a_killed_step_goes_once_the_saga_moved_on(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    status_activities: StatusActivities,
+    migration: MigrationRef,
+    case: str,
+) -> None:
+    """Else the Progress column says `migrate: ... ~21s left` of a RolledBack Migration for ever."""
+    phase, step = LEFT_OVER[case]
+    activity_env.run(
+        status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.MIGRATE))
+    )
+    _leave_progress(kube_api, migration, StepName.MIGRATE)
+    moved_on = _running(migration).model_copy(update={"phase": phase, "current_step": step})
+
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=moved_on))
+
+    status = _status(kubectl, migration)
+    assert status["phase"] == phase.value
+    assert "progress" not in status
+
+
+def test_progress_of_the_step_running_stays_whatever_the_saga_writes(
+    kubectl: Kubectl,
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    status_activities: StatusActivities,
+    migration: MigrationRef,
+) -> None:
+    """A step's next attempt replaces its progress; a write of that step's retry must not take it away meanwhile."""
+    activity_env.run(
+        status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration, StepName.MIGRATE))
+    )
+    _leave_progress(kube_api, migration, StepName.MIGRATE)
+    retrying = _running(migration, StepName.MIGRATE, attempts=2)
+
+    activity_env.run(status_activities.mirror_status, MirrorStatusInput(ref=migration, status=retrying))
+
+    status = _status(kubectl, migration)
+    assert (status["progress"]["step"], status["steps"][0]["attempts"]) == ("migrate", 2)
