@@ -171,7 +171,8 @@ class MigrationWorkflow:
         request = request or ControlRequest()
         if self._controls.is_repeat(request):
             return
-        self._observe(request)
+        # A signal's generation is not taken in: the watcher sends this saga updates, and a generation sent by hand
+        # (tctl, temporal CLI) above the Migration's would make the watcher ignore every later spec.paused.
         refusal = self._controls.refusal(control)
         sender = f"{control} (signal{f' from {request.by}' if request.by else ''})"
         if refusal is not None:

@@ -172,11 +172,16 @@ async def test_resume_after_a_failure_under_the_pause_policy_says_to_retry_or_ro
     saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
     await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
 
-    assert await refusal(saga, Signal.RESUME) == (
-        "resume refused: verify failed and waits for a decision: send retry to run it again, or rollback to undo "
-        "the started steps"
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="erin"))
+
+    await saga.wait_for("the resume's Event", lambda: "ControlIgnored" in {e.reason for e in saga.fakes.events})
+    [ignored] = [event for event in saga.fakes.events if event.reason == "ControlIgnored"]
+    assert ignored.message == (
+        "resume (signal from erin) ignored: resume refused: verify failed and waits for a decision: send retry to "
+        "run it again, or rollback to undo the started steps"
     )
     await update(saga, Signal.RETRY)
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
 
 
 async def test_a_signal_carrying_a_generation_no_migration_can_have_is_dropped(run_saga: Run) -> None:
@@ -191,6 +196,22 @@ async def test_a_signal_carrying_a_generation_no_migration_can_have_is_dropped(r
 
     assert {status.observed_generation for status in saga.fakes.statuses} == {1}
     assert "ControlIgnored" not in {event.reason for event in saga.fakes.events}
+    saga.fakes.release()
+    await saga.wait_for("the pause", phase=Phase.PAUSED.value)
+    await saga.handle.signal(Signal.RESUME.value)
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_a_generation_a_signal_carries_is_not_taken_as_seen(run_saga: Run) -> None:
+    """The watcher sends updates: a generation sent by hand, above the Migration's, would make it ignore every later
+    spec.paused."""
+    saga = await run_saga(FakeSaga(hold={PROVISION}))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="tctl-user", generation=50))
+
+    await saga.wait_for("the pause's Event", lambda: "ControlReceived" in {e.reason for e in saga.fakes.events})
+    assert (await saga.progress()).observed_generation == 1
     saga.fakes.release()
     await saga.wait_for("the pause", phase=Phase.PAUSED.value)
     await saga.handle.signal(Signal.RESUME.value)
