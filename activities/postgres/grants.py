@@ -68,6 +68,29 @@ def revoke(conn: Connection) -> list[str]:
     return revoked
 
 
+def unrestorable(conn: Connection) -> list[Grant]:
+    """The database's CONNECT entries that `restore` could not give back as the current user: granted by a role other
+    than the owner (with the grant option the owner gave it) that the current user may not act as (SET ROLE needs a
+    superuser, or membership of the role, with its SET option since PostgreSQL 16). The freeze's REVOKE ... CASCADE
+    takes them away all the same, so the undo would leave those grantees unable to connect."""
+    row = conn.execute(
+        "select rolsuper, current_setting('server_version_num')::int >= 160000 from pg_roles "
+        "where rolname = current_user"
+    ).fetchone()
+    if row is None or row[0]:
+        return []
+    option = "SET" if row[1] else "MEMBER"
+    owner = _owner(conn)
+    found = []
+    for grant in _connect_grants(conn, current(conn)):
+        if grant.grantor == owner:
+            continue
+        acts_as = conn.execute("select pg_has_role(current_user, %s, %s)", (grant.grantor, option)).fetchone()
+        if not (acts_as and acts_as[0]):
+            found.append(grant)
+    return found
+
+
 def can_connect(conn: Connection) -> list[str]:
     """Roles other than the current user that may still log into the database: superusers and holders of CONNECT."""
     rows = conn.execute(

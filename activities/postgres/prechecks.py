@@ -22,7 +22,7 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, replication_checks, restoring, throughput, tls, tools
+from activities.postgres import database_settings, grants, replication_checks, restoring, throughput, tls, tools
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -242,6 +242,16 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
                 "back, or unfreeze it by hand as the README's section Recovery says."
             )
         _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
+        stuck = grants.unrestorable(conn)
+        if stuck:
+            given = ", ".join(f"{grant.grantee} (granted by {grant.grantor})" for grant in stuck)
+            grantors = ", ".join(sorted({grant.grantor for grant in stuck}))
+            problems.append(
+                f"CONNECT on {db.describe()} was granted to {given} by roles the user in Secret {db.secret} may not "
+                "act as: the freeze takes those grants away, and its undo could not give them back, so those roles "
+                "could not connect after a rollback. As the owner, GRANT CONNECT to them yourself (then REVOKE the "
+                f"others' grants ... GRANTED BY {grantors}), or GRANT {grantors} TO {db.username}, or use a superuser."
+            )
         tables = conn.execute(ROW_SECURITY).fetchall()
         hidden = [name for name, _, applies in tables if applies and not server.bypasses_rls]
         if hidden:

@@ -395,6 +395,41 @@ def test_precheck_names_the_roles_whose_writes_to_the_target_the_statistics_do_n
     assert "the check that nothing is written to the target before traffic goes back would see nothing" in problem
 
 
+def test_precheck_names_connect_grants_the_owner_could_not_give_back_after_the_freeze(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The freeze revokes CONNECT with CASCADE, which also takes away what a role granted on with its grant option;
+    giving that back needs to act as that role, which the owner (no superuser) may not."""
+    suffix = uuid.uuid4().hex[:8]
+    lead, app = f"lead_{suffix}", f"app_{suffix}"
+    database = databases.source.database
+    with database_owner(databases.source) as owner:
+        with connect(databases.source) as conn:
+            conn.execute(f'create role "{lead}"')
+            conn.execute(f'create role "{app}" login')
+            conn.execute(f'grant connect on database "{database}" to "{lead}" with grant option')
+            conn.execute(f'set role "{lead}"')
+            conn.execute(f'grant connect on database "{database}" to "{app}"')
+            conn.execute("reset role")
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+        try:
+            (problem,) = _problems(_with(steps, source=OTHER))
+            as_superuser = _with(steps).precheck()
+        finally:
+            with connect(databases.source) as conn:
+                conn.execute(f'revoke connect on database "{database}" from "{lead}" cascade')
+                conn.execute(f'drop role "{app}"')
+                conn.execute(f'drop role "{lead}"')
+
+    assert problem.startswith(f"CONNECT on database '{database}'"), problem
+    assert (
+        f"was granted to {app} (granted by {lead}) by roles the user in Secret {namespace}/{OTHER} may not act as"
+        in (problem)
+    )
+    assert problem.endswith(f"or GRANT {lead} TO {owner.user}, or use a superuser.")
+    assert as_superuser.source_version.startswith("15.")
+
+
 def test_precheck_names_tables_whose_rows_row_level_security_would_hide_from_the_users(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
