@@ -6,7 +6,9 @@ claim (ferry/api/integrity.py) to each activity they schedule; before any activi
 this gate reads the Migration the claim names and lets the activity through only when
 
 - the run is one of that Migration's own (its saga, its undo or its retention cleanup, by ID),
-- the Migration exists with the claim's UID, and
+- the Migration exists with the claim's UID,
+- a run of its undo or its retention cleanup acts only once its deletion was asked for
+  (the watcher starts them then, and only then), and
 - the digest of its live spec equals the claim's (the plan it was started with).
 
 Otherwise the activity fails at once, non-retryable, before it reads a Secret or changes
@@ -170,6 +172,12 @@ class _Gate(ActivityInboundInterceptor):
             what = "does not exist" if live is None else f"is another object now (uid {uid})"
             raise self._refuse(info, f"Migration {ref} with uid {ref.uid} {what}")
         assert live is not None
+        if info.workflow_id != workflow_id(ref) and not _being_deleted(live):
+            raise self._refuse(
+                info,
+                f"run {info.workflow_id} undoes or cleans up after Migration {ref}, which ferry does only once the "
+                "Migration is being deleted, and it is not",
+            )
         if _unheld_deletion(live) and not _takes_back(info.activity_type):
             raise self._refuse(
                 info,
@@ -195,6 +203,13 @@ class _Gate(ActivityInboundInterceptor):
     def _refuse(info: activity.Info, why: str) -> ApplicationError:
         log.warning("refused activity %s of workflow %s: %s", info.activity_type, info.workflow_id, why)
         return refusal(why)
+
+
+def _being_deleted(live: dict[str, Any]) -> bool:
+    """The watcher starts the undo and the retention cleanup of a Migration (their own workflow IDs) only once its
+    deletion was asked for: a run of either while it lives was started by someone else, and must not take back a
+    migration that is done and serving."""
+    return (live.get("metadata") or {}).get("deletionTimestamp") is not None
 
 
 def _unheld_deletion(live: dict[str, Any]) -> bool:

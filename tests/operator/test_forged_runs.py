@@ -23,7 +23,15 @@ from devstack.stack.kube import AUDIT_LOG
 from devstack.stack.stack import StackInfo
 from ferry.api.integrity import NOT_BACKED
 from ferry.api.migration import MigrationSpec
-from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
+from ferry.api.saga import (
+    UNDO_WORKFLOW_NAME,
+    WORKFLOW_NAME,
+    MigrationInput,
+    MigrationRef,
+    UndoMigrationInput,
+    undo_workflow_id,
+    workflow_id,
+)
 from tests.cluster import SOURCE
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest
@@ -98,6 +106,37 @@ async def test_a_run_started_by_hand_with_a_forged_input_fails_at_once_and_chang
         30,
     )
     assert [read for read in _secret_reads(stack, namespace) if CANARY not in read] == []
+
+
+async def test_an_undo_started_by_hand_for_a_migration_that_is_not_being_deleted_is_refused_and_changes_nothing(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, binaries: Binaries,
+    kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The real input of the real Migration, under the undo's own workflow ID: the watcher starts that run only once
+    the Migration is being deleted, so anyone else's would take back a migration that is done and serving."""
+    manifest = migration_manifest(stack, bucket)
+    real = apply_migration(kubectl, namespace, manifest)
+    service_before = k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector
+    undo = UndoMigrationInput(
+        ref=real, generation=1, spec=MigrationSpec.model_validate(manifest["spec"]), reason="started by hand"
+    ).model_dump_json()
+
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(binaries.temporal), "workflow", "start", f"--address={stack.temporal_address}",
+            f"--type={UNDO_WORKFLOW_NAME}", f"--task-queue={task_queue}", f"--workflow-id={undo_workflow_id(real)}",
+            f"--input={undo}",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(temporal_client.get_workflow_handle(undo_workflow_id(real)).result(), timeout=120)
+    said = _causes(failed.value)
+    assert NOT_BACKED in said, said
+    assert "which ferry does only once the Migration is being deleted" in said, said
+    assert k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector == service_before
 
 
 def _causes(error: BaseException | None) -> str:
