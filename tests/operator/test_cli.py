@@ -86,7 +86,7 @@ async def test_pause_and_resume_with_the_temporal_cli_hold_the_migration_before_
     await _signal(binaries, stack, ref, "approve", '{"by": "dave"}')
 
     paused = await wait_phase(kubectl, ref, "Paused")
-    assert paused["message"] == "paused before scale-down-old; send resume to go on"
+    assert paused["message"] == "paused before freeze; send resume to go on"  # given while awaiting approval
     await _signal(binaries, stack, ref, "resume")
     await wait_phase(kubectl, ref, "Succeeded")
 

@@ -94,7 +94,7 @@ async def test_tctl_finds_the_run_reads_its_progress_and_pauses_approves_and_res
     await _tctl(stack, "workflow", "signal", "-w", run, "-n", "approve", "-i", '{"by":"alice"}')
     paused = await wait_phase(kubectl, ref, "Paused")
     assert paused["approvedBy"] == "alice"
-    assert paused["message"] == "paused before scale-down-old; send resume to go on"
+    assert paused["message"] == "paused before freeze; send resume to go on"  # given while awaiting approval
 
     await _tctl(stack, "workflow", "signal", "-w", run, "-n", "resume")
     await wait_phase(kubectl, ref, "Succeeded")
