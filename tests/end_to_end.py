@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from kubernetes import client as k8s
+from pydantic import SecretStr
 from temporalio.client import Client, WorkflowHandle
 
 from activities.settings import DataActivitySettings, KubeActivitySettings
@@ -36,6 +37,9 @@ from watcher.settings import LeaseSettings, WatcherSettings
 from worker import runner
 from worker.settings import WorkerSettings
 
+CLAIM_KEY = "ferry-tests-claim-key-8d1f5c0a9e2b4f7d"
+"""The claim key of the workers the tests run in this process (worker_settings): they sign and check claims as
+deployed workers do."""
 SOURCE_SECRET = "orders-db-source"
 TARGET_SECRET = "orders-db-target"
 S3_SECRET = "snapshot-credentials"
@@ -169,6 +173,7 @@ def worker_settings(stack: StackInfo, task_queue: str) -> WorkerSettings:
         kubeconfig=stack.kubeconfig,
         kube_activities=KubeActivitySettings(poll_interval=0.2, temporal_ui_url=stack.temporal_ui_url),
         data_activities=DataActivitySettings(postgres_bindir=stack.postgres_bindir),
+        claim_key=SecretStr(CLAIM_KEY),
     )
 
 

@@ -5,6 +5,11 @@ reaches its frontend, so a workflow's input proves nothing. ferry's workflows at
 claim (ferry/api/integrity.py) to each activity they schedule; before any activity runs,
 this gate reads the Migration the claim names and lets the activity through only when
 
+- the claim is signed with the workers' claim key (--claim-key) for this run and this
+  activity: the headers of an activity are whatever its scheduler says, and anyone who can
+  reach Temporal can run a workflow of their own, on a worker of their own, that schedules
+  ferry's activities on ferry's task queue with a claim they made up (only the signature
+  is beyond them; without a key, claims go unsigned and this check is off),
 - the run is one of that Migration's own (its saga, its undo or its retention cleanup, by ID),
 - the Migration exists with the claim's UID,
 - a run of its undo or its retention cleanup acts only once its deletion was asked for
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import hmac
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,7 +65,16 @@ from temporalio.worker import (
 )
 
 from activities.known_versions import KnownVersions
-from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, claim_of, digest, is_undo, workflow_ids
+from ferry.api.integrity import (
+    CLAIM_HEADER,
+    NOT_BACKED,
+    Claim,
+    claim_of,
+    digest,
+    is_undo,
+    signature,
+    workflow_ids,
+)
 from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
 from worker.headers import AddsHeaders
@@ -115,25 +130,34 @@ def _from_headers(headers: Any) -> Claim | None:
 
 
 class _Claiming(AddsHeaders):
-    def __init__(self, next: WorkflowOutboundInterceptor, claim: list[Claim | None]) -> None:
+    def __init__(self, next: WorkflowOutboundInterceptor, claim: list[Claim | None], key: bytes | None) -> None:
         super().__init__(next)
         self._claim = claim
+        self._key = key
 
-    def add(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
+    def add(self, headers: Mapping[str, Payload], activity: str) -> Mapping[str, Payload]:
         claim = self._claim[0]
         if claim is None:
             return headers
         vouched = bool(getattr(workflow.instance(), VOUCHED_ATTRIBUTE, False))
-        return {**headers, CLAIM_HEADER: _to_payload(claim.model_copy(update={"vouched": vouched}))}
+        claim = claim.model_copy(update={"vouched": vouched})
+        if self._key is not None:
+            info = workflow.info()
+            signed = signature(self._key, claim, info.workflow_id, info.run_id, activity)
+            claim = claim.model_copy(update={"signature": signed})
+        return {**headers, CLAIM_HEADER: _to_payload(claim)}
 
 
 class _ClaimingWorkflow(WorkflowInboundInterceptor):
+    key: bytes | None = None
+    """The workers' claim key (a subclass per worker sets it: see MigrationGate.workflow_interceptor_class)."""
+
     def __init__(self, next: WorkflowInboundInterceptor) -> None:
         super().__init__(next)
         self._claim: list[Claim | None] = [None]
 
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_Claiming(outbound, self._claim))
+        super().init(_Claiming(outbound, self._claim, self.key))
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         self._claim[0] = claim_of(input.args[0]) if input.args else None
@@ -153,6 +177,16 @@ class _Gate(ActivityInboundInterceptor):
         claim = _from_headers(input.headers)
         if claim is None:
             raise self._refuse(info, "the call carries no claim of a Migration (it was not scheduled by ferry's saga)")
+        key = self._gate.key
+        if key is not None and not hmac.compare_digest(
+            claim.signature,
+            signature(key, claim, info.workflow_id or "", info.workflow_run_id or "", info.activity_type),
+        ):
+            raise self._refuse(
+                info,
+                "the call's claim is not signed with the workers' claim key (--claim-key): it was not scheduled by "
+                "ferry's saga on a worker of this deployment",
+            )
         ref = claim.ref
         if info.workflow_id not in workflow_ids(ref):
             raise self._refuse(info, f"run {info.workflow_id} is not a run of Migration {ref} ({workflow_id(ref)})")
@@ -260,10 +294,16 @@ class MigrationGate(Interceptor):
         *,
         executor: concurrent.futures.Executor | None = None,
         versions: KnownVersions | None = None,
+        key: bytes | None = None,
     ) -> None:
         """`executor` runs the reads: the worker's activity executor, a thread per slot (None: asyncio's default,
         for tests only); `versions`, the worker's status writers' cache, learns each read's version."""
         self.read = read
+        self.key = key
+        """The claim key: claims are signed with it, and a call whose claim is not is refused. None: unsigned."""
+        self._claiming: type[WorkflowInboundInterceptor] = type(
+            "_SignedClaimingWorkflow", (_ClaimingWorkflow,), {"key": key}
+        )
         self.passed = PassedRuns()
         self.executor = executor
         self.versions = versions
@@ -272,4 +312,4 @@ class MigrationGate(Interceptor):
         return _Gate(next, self)
 
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
-        return _ClaimingWorkflow
+        return self._claiming

@@ -14,13 +14,14 @@ class AddsHeaders(WorkflowOutboundInterceptor):
     """Gives every activity and local activity (the status writes) the workflow starts the headers of `add`."""
 
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self.add(input.headers)
+        input.headers = self.add(input.headers, input.activity)
         return self.next.start_activity(input)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
-        input.headers = self.add(input.headers)
+        input.headers = self.add(input.headers, input.activity)
         return self.next.start_local_activity(input)
 
-    def add(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
-        """`headers` with this interceptor's own added; deterministic, since it runs in workflow code."""
+    def add(self, headers: Mapping[str, Payload], activity: str) -> Mapping[str, Payload]:
+        """`headers` of a call of `activity` with this interceptor's own added; deterministic, since it runs in
+        workflow code."""
         raise NotImplementedError

@@ -78,7 +78,7 @@ class _WorkflowOutbound(AddsHeaders):
         super().__init__(next)
         self._generation = generation
 
-    def add(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
+    def add(self, headers: Mapping[str, Payload], activity: str) -> Mapping[str, Payload]:
         if self._generation[0] is None:
             return headers
         payload = default_converter().payload_converter.to_payload(self._generation[0])

@@ -114,10 +114,23 @@ def build_worker(
         interceptors=[
             LogContextInterceptor(),
             # The gate's reads run on `executor` too, before the activity takes its thread (see worker/gate.py).
-            MigrationGate(read_migration(api), executor=executor, versions=versions),
+            MigrationGate(read_migration(api), executor=executor, versions=versions, key=claim_key(settings)),
         ],
         identity=identity(settings),
     )
+
+
+def claim_key(settings: WorkerSettings) -> bytes | None:
+    """The key the saga signs its claims with and the gate checks them by (worker/gate.py); None, with a warning."""
+    if settings.claim_key is None:
+        log.warning(
+            "no --claim-key: the claims of ferry's runs are not signed, so anyone who can run a workflow in Temporal "
+            "namespace %s could schedule this worker's activities with a claim of their own; set FERRY_CLAIM_KEY "
+            "from a Secret shared by every worker process",
+            settings.temporal.namespace,
+        )
+        return None
+    return settings.claim_key.get_secret_value().encode()
 
 
 def identity(settings: WorkerSettings) -> str:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, SecretStr
 from pydantic.dataclasses import dataclass
 
 from activities.settings import DataActivitySettings, KubeActivitySettings
 from ferry.components import ComponentSettings
-from ferry.configuration.knobs import SETTINGS, Group
+from ferry.configuration.knobs import SETTINGS, Group, Knob
+
+CLAIM_KEY_LENGTH = 32
+
+
+def _long_enough(key: SecretStr | None) -> SecretStr | None:
+    if key is not None and len(key.get_secret_value()) < CLAIM_KEY_LENGTH:
+        raise ValueError(
+            f"the claim key must be at least {CLAIM_KEY_LENGTH} characters, e.g. the output of `openssl rand -hex 32`"
+        )
+    return key
 
 
 @dataclass(frozen=True, config=SETTINGS)
@@ -33,6 +43,12 @@ class WorkerSettings(ComponentSettings):
     the pod's terminationGracePeriodSeconds (60 in deploy/manager/worker.yaml and the chart's
     worker.terminationGracePeriodSeconds), with time to spare for the cancelled activities to stop their tools and
     report: the kubelet kills the worker at the end of that period, whatever this says."""
+    claim_key: Annotated[SecretStr | None, AfterValidator(_long_enough), Knob(secret=True)] = None
+    """A secret of at least 32 characters that every worker process of this deployment shares (pass it from a
+    Secret). The saga signs the claim each activity carries with it, and the gate refuses a call whose claim is not
+    signed with it: without it, anyone who can run a workflow in the Temporal namespace could schedule ferry's
+    activities with a claim of their own making (worker/gate.py). Unset: claims are not signed, and a warning says so
+    at startup."""
     kube_activities: Annotated[KubeActivitySettings, Group("Kubernetes")] = Field(default_factory=KubeActivitySettings)
     data_activities: Annotated[DataActivitySettings, Group("PostgreSQL and snapshots")] = Field(
         default_factory=DataActivitySettings

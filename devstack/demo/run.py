@@ -15,6 +15,7 @@ import faulthandler
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from urllib.parse import quote
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from pydantic import SecretStr
 from temporalio.client import Client
 
 from activities.settings import DataActivitySettings, KubeActivitySettings
@@ -101,6 +103,7 @@ def component_settings(info: StackInfo, binaries: Binaries) -> tuple[WorkerSetti
         kubeconfig=info.kubeconfig,
         kube_activities=KubeActivitySettings(poll_interval=0.5, temporal_ui_url=info.temporal_ui_url),
         data_activities=DataActivitySettings(postgres_bindir=binaries.postgres_bindir),
+        claim_key=SecretStr(secrets.token_hex(32)),  # one process signs and checks: any key of its own will do
     )
     watcher = WatcherSettings(
         temporal=temporal,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import json
 from typing import Any
 
@@ -49,6 +50,24 @@ class Claim(ApiModel):
     vouched: bool = False
     """The run has already found its Migration alive and matching (an earlier call passed the gate): its undos may
     still run once the Migration is gone, to take back what it did. A run never vouched for acts on nothing."""
+    signature: str = ""
+    """HMAC-SHA256, under the workers' claim key, of the rest of the claim and of the run and activity it was made for
+    (`signature`); empty where no key is configured."""
+
+
+def signature(key: bytes, claim: Claim, workflow_id: str, run_id: str, activity: str) -> str:
+    """What a claim made by one of ferry's workflows carries, so the gate knows ferry's own code made it: the headers
+    of an activity are whatever its scheduler says, and anyone who can reach Temporal can run a workflow of their own
+    that schedules activities on ferry's task queue. Bound to the run (its ID is the server's) and the activity, a
+    claim read from a history is worth nothing in another run."""
+    message = {
+        "claim": claim.model_dump(mode="json", exclude={"signature"}),
+        "workflow": workflow_id,
+        "run": run_id,
+        "activity": activity,
+    }
+    canonical = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
 
 
 def _sha256(value: Any) -> str:

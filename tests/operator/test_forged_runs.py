@@ -12,22 +12,38 @@ import asyncio
 import json
 import subprocess
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.common import RetryPolicy
+from temporalio.converter import default as default_converter
+from temporalio.exceptions import ActivityError
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 from devstack.stack.install import Binaries
 from devstack.stack.kube import AUDIT_LOG
 from devstack.stack.stack import StackInfo
-from ferry.api.integrity import NOT_BACKED
+from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, Scope, plan_digest
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import (
     UNDO_WORKFLOW_NAME,
     WORKFLOW_NAME,
+    KubeActivity,
     MigrationInput,
     MigrationRef,
+    ProvisionInput,
     UndoMigrationInput,
     undo_workflow_id,
     workflow_id,
@@ -145,3 +161,67 @@ def _causes(error: BaseException | None) -> str:
         said.append(f"{type(error).__name__}: {error} ({getattr(error, 'type', '')})")
         error = error.__cause__
     return " <- ".join(said)
+
+
+class _ForgedClaims(Interceptor):
+    """The attacker's own worker: every activity its workflows schedule carries a claim it made up, as ferry's saga
+    would make it for the real Migration (the right ref, the live plan's digest, vouched)."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        claim = self.claim
+
+        class Outbound(WorkflowOutboundInterceptor):
+            def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+                payload = default_converter().payload_converter.to_payload(claim.model_dump(mode="json"))
+                input.headers = {**input.headers, CLAIM_HEADER: payload}
+                return self.next.start_activity(input)
+
+        class Inbound(WorkflowInboundInterceptor):
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(Outbound(outbound))
+
+        return Inbound
+
+
+@workflow.defn(name="Forger", sandboxed=False)
+class _Forger:
+    """Runs on the attacker's own task queue and schedules one of ferry's activities on ferry's."""
+
+    @workflow.run
+    async def run(self, queue: str, call: ProvisionInput) -> str:
+        try:
+            await workflow.execute_activity(
+                KubeActivity.CHECK_CLUSTER.value, call, task_queue=queue,
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=RetryPolicy(maximum_attempts=1),
+            )  # fmt: skip
+        except ActivityError as error:
+            return f"refused: {error.cause}"
+        return "ran"
+
+
+async def test_an_activity_scheduled_by_a_workflow_of_someone_elses_worker_with_a_claim_of_its_own_is_refused(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str,
+    temporal_client: Client, task_queue: str, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """Everything a claim says is public (the Migration, its spec): what the attacker's worker cannot make is the
+    signature, under the claim key only ferry's workers hold."""
+    manifest = migration_manifest(stack, bucket)
+    real = apply_migration(kubectl, namespace, manifest)  # no watcher: the saga's own workflow ID is free
+    spec = MigrationSpec.model_validate(manifest["spec"])
+    claim = Claim(ref=real, scope=Scope.PLAN, digest=plan_digest(spec), vouched=True)
+    attackers = f"attacker-{uuid.uuid4()}"
+
+    async with Worker(
+        temporal_client, task_queue=attackers, workflows=[_Forger], interceptors=[_ForgedClaims(claim)],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):  # fmt: skip
+        outcome = await temporal_client.execute_workflow(
+            "Forger", args=[task_queue, ProvisionInput(ref=real, spec=spec)], id=workflow_id(real),
+            task_queue=attackers, result_type=str,
+        )  # fmt: skip
+
+    assert outcome.startswith("refused: "), outcome
+    assert "not signed with the workers' claim key" in outcome, outcome

@@ -5,12 +5,14 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from pydantic import SecretStr, ValidationError
 
-from ferry.api.integrity import Scope, claim_of, digest, is_undo, plan_digest, workflow_ids
+from ferry.api.integrity import Scope, claim_of, digest, is_undo, plan_digest, signature, workflow_ids
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import DeleteSnapshotInput, MigrationInput, MigrationRef, SnapshotResult, workflow_id
 from tests import samples
 from worker.gate import PassedRuns
+from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +61,23 @@ def test_the_gate_remembers_a_bounded_number_of_runs_newest_kept() -> None:
     assert not passed.seen(("a", "d"))
     assert passed.seen(("b", "d"))
     assert passed.seen(("c", "d"))
+
+
+def test_a_claims_signature_is_bound_to_its_key_its_run_its_activity_and_all_it_says() -> None:
+    claim = claim_of(MigrationInput(ref=REF, generation=1, spec=SPEC))
+    assert claim is not None
+    key = b"k" * 32
+    signed = signature(key, claim, workflow_id(REF), "run-1", "provision")
+
+    assert signed == signature(
+        key, claim.model_copy(update={"signature": "anything"}), workflow_id(REF), "run-1", "provision"
+    )
+    assert signed != signature(b"x" * 32, claim, workflow_id(REF), "run-1", "provision")
+    assert signed != signature(key, claim, workflow_id(REF), "run-2", "provision")
+    assert signed != signature(key, claim, workflow_id(REF), "run-1", "undo_provision")
+    assert signed != signature(key, claim.model_copy(update={"vouched": True}), workflow_id(REF), "run-1", "provision")
+
+
+def test_a_claim_key_shorter_than_32_characters_is_refused() -> None:
+    with pytest.raises(ValidationError, match="at least 32 characters"):
+        WorkerSettings(claim_key=SecretStr("short"))

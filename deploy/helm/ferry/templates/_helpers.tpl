@@ -55,6 +55,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{- define "ferry.claimSecret" -}}
+{{- default (printf "%s-claim-key" (include "ferry.fullname" .)) .Values.claimKey.secretName -}}
+{{- end -}}
+
+{{- define "ferry.claimEnv" -}}
+{{- if .Values.claimKey.enabled }}
+- name: FERRY_CLAIM_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ferry.claimSecret" . }}
+      key: key
+{{- end }}
+{{- end -}}
+
 {{- define "ferry.leaseName" -}}
 {{- default (printf "%s-watcher" (include "ferry.fullname" .)) .Values.watcher.leaseName -}}
 {{- end -}}
