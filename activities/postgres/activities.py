@@ -499,7 +499,11 @@ class PostgresActivities:
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
-        with self._connect(db) as conn:  # one session reads the target and prepares it with what it read
+        # Heartbeats from the start: connecting may take a few tries, longer than the heartbeat timeout.
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            self._connect(db) as conn,  # one session reads the target and prepares it with what it read
+        ):
             found = restoring.find(conn)
             if artifact.restored and found.holds_restore(owner(input.ref)):
                 tables = restoring.count_tables(conn)
@@ -511,10 +515,7 @@ class PostgresActivities:
                 )
                 return MigrateResult(tables=tables, bytes_restored=artifact.total_bytes, during_snapshot=True)
             credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
-            with (
-                Heartbeats(self._settings.heartbeat_interval) as heartbeats,
-                self._progress(input.ref, StepName.MIGRATE) as progress,
-            ):
+            with self._progress(input.ref, StepName.MIGRATE) as progress:
                 with privileged(db, "drop and create schemas"):
                     restoring.prepare_target(conn, db, owner(input.ref), found, complete=not artifact.streams)
                 freeze = self._freezable(input.ref, input.driver, conn.info.server_version)

@@ -12,6 +12,7 @@ import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -25,6 +26,7 @@ from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import DatabaseUnreachable
+from ferry.api.saga import SnapshotResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
 
@@ -125,6 +127,36 @@ def test_a_database_that_takes_the_connection_and_never_answers_is_unreachable_n
     assert "in 2 attempts" in message
     assert "(each attempt waits at most 2s for the server's answer)" in message
     assert "silent-password-1f2e" not in message
+
+
+@pytest.mark.timeout(120)
+def test_migrate_heartbeats_while_it_tries_to_reach_a_target_that_never_answers(
+    steps: Steps,
+    silent: SilentServer,
+    quick: DataActivitySettings,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+    heartbeats: list[dict[str, Any]],
+) -> None:
+    """Its tries to connect can outlast the heartbeat timeout: without heartbeats then, Temporal would take the
+    attempt for dead and start another while it went on."""
+    create_secret(
+        kube_api,
+        namespace,
+        SILENT_DB,
+        {"host": "127.0.0.1", "port": str(silent.port), "username": "postgres", "password": "p", "database": "d"},
+    )
+    hung = dataclasses.replace(
+        steps,
+        postgres=PostgresActivities(kube_api, dataclasses.replace(quick, heartbeat_interval=0.2)),
+        driver=steps.driver.model_copy(update={"target_secret": SILENT_DB}),
+    )
+    artifact = SnapshotResult(bucket="b", key="k", sha256="ab" * 32, size_bytes=1)
+
+    with pytest.raises(DatabaseUnreachable):
+        hung.migrate(artifact)
+
+    assert len(heartbeats) >= 5, heartbeats
 
 
 @pytest.mark.timeout(120)
