@@ -179,8 +179,8 @@ class _Gate(ActivityInboundInterceptor):
             raise self._refuse(info, "the call carries no claim of a Migration (it was not scheduled by ferry's saga)")
         key = self._gate.key
         if key is not None and not hmac.compare_digest(
-            claim.signature,
-            signature(key, claim, info.workflow_id or "", info.workflow_run_id or "", info.activity_type),
+            claim.signature.encode(),  # bytes: compare_digest raises on a str that is not ASCII
+            signature(key, claim, info.workflow_id or "", info.workflow_run_id or "", info.activity_type).encode(),
         ):
             raise self._refuse(
                 info,

@@ -146,21 +146,27 @@ class MigrationWorkflow:
     def _validate(self, control: Signal, request: ControlRequest) -> None:
         if request.request_id and request.request_id in self._controls.seen:
             return  # a repeat: accepted again, and acted on once
+        refusal = self._update_refusal(control)
+        if refusal is not None and not request.of_spec:
+            raise ApplicationError(refusal, type="ControlRefused", non_retryable=True)
+
+    def _update_refusal(self, control: Signal) -> str | None:
+        """Why an update cannot apply now: the rules of `Controls.refusal`, and one more. Accepted once a rollback was
+        asked for, a control would be answered as if the saga went on, while it stops its step to roll back. (Here,
+        not in `refusal`: the signal handlers, which replay, keep the rules their histories were recorded with; the
+        update handlers apply this only to spec.paused, whose updates came with it.)"""
         refusal = self._controls.refusal(control)
         if refusal is None and control is not Signal.ROLLBACK and self._controls.rollback is not None:
-            # Accepted, it would be answered as if the saga went on, while it stops its step to roll back. (Here, not
-            # in `refusal`: the signal handlers, which replay, keep the rules their histories were recorded with.)
             refusal = (
                 f"{control} refused: a rollback was asked for; the running step is stopped and the started steps undone"
             )
-        if refusal is not None and not request.of_spec:
-            raise ApplicationError(refusal, type="ControlRefused", non_retryable=True)
+        return refusal
 
     def _accept(self, control: Signal, request: ControlRequest) -> ControlOutcome:
         if self._controls.is_repeat(request):
             return ControlOutcome(control=control.value, message=f"{control} was already acted on")
         self._observe(request)
-        refusal = self._controls.refusal(control) if request.of_spec else None
+        refusal = self._update_refusal(control) if request.of_spec else None
         if refusal is not None:
             # The spec's state, taken in although it cannot apply: the generation is seen, nothing else changes.
             return ControlOutcome(control=control.value, message=f"{refusal}; nothing to do for this spec")

@@ -519,10 +519,11 @@ class Saga:
                 raise asyncio.CancelledError(f"the workflow was cancelled while {failed.name}'s failure was undone")
         else:
             await self._undo_back(back, first, reason)
+        left = f"; not undone: {self._leftovers()}, and a retry may fail on what is left" if self.leftovers else ""
         await self._await_decision(
             failed.name,
             f"{error}; the source takes writes again (undone back to before {restart.name}), so retry runs again from "
-            f"{restart.name}",
+            f"{restart.name}{left}",
             attempt,
         )
         return restart

@@ -315,7 +315,8 @@ class Restore:
         self._writer: threading.Thread | None = None
 
     def __enter__(self) -> Restore:
-        self._guarded("restore into the target")  # before a stream's TRUNCATE could lock a table that takes traffic
+        with self._guarded("restore into the target"):  # before a stream's TRUNCATE could lock a table taking traffic
+            pass
         bindir = find_bindir(self._settings.postgres_bindir)
         dbname, options = f"--dbname={conninfo(self._db, self._settings)}", ["--no-owner", "--no-privileges"]
         pg_restore = [str(bindir / "pg_restore"), "--format=custom", "--single-transaction", *options]

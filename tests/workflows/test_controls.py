@@ -216,3 +216,20 @@ async def test_a_generation_a_signal_carries_is_not_taken_as_seen(run_saga: Run)
     await saga.wait_for("the pause", phase=Phase.PAUSED.value)
     await saga.handle.signal(Signal.RESUME.value)
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+
+
+async def test_a_change_of_spec_paused_after_a_rollback_was_accepted_is_taken_in_without_pausing(run_saga: Run) -> None:
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT}))
+    await saga.wait_for("snapshot to start", lambda: saga.fakes.started(SNAPSHOT))
+    await update(saga, Signal.ROLLBACK)
+
+    spec_paused = ControlRequest(by="spec.paused", generation=2, request_id="spec.paused=true@2", of_spec=True)
+    outcome: ControlOutcome = await saga.handle.execute_update(
+        Signal.PAUSE.value, spec_paused, result_type=ControlOutcome
+    )
+
+    assert outcome.message.startswith("pause refused: "), outcome.message
+    assert outcome.message.endswith("; nothing to do for this spec")
+    saga.fakes.release()
+    assert (await saga.handle.result()).phase is Phase.ROLLED_BACK
+    assert (await saga.progress()).observed_generation == 2
