@@ -124,12 +124,9 @@ class StatusActivities:
         it lands on that very object: after another write in between the API server answers
         409, and the caller tries again from a read.
         """
-        known = self._versions.get(ref.uid)
+        known = self._known(ref)
         if known is None:
-            migration = self._read(ref)
-            if migration is None or migration["metadata"].get("uid") != ref.uid:
-                return False
-            known = KnownVersion.of(migration)
+            return False
         if _older_than_shown(status, known):
             activity.logger.info(
                 "Migration %s shows a later transition (%s) than this write's (%s): not written",
@@ -148,18 +145,26 @@ class StatusActivities:
             if url is not None:
                 workflow["url"] = url
         applied = kube_calls.migration_status_apply(ref, resource_version, wanted)
+        return self._apply(ref, resource_version, applied, SAGA_FIELD_MANAGER)
+
+    def _known(self, ref: MigrationRef) -> KnownVersion | None:
+        """The Migration's version this worker last wrote or read, else a read's; None when it is gone or another."""
+        known = self._versions.get(ref.uid)
+        if known is not None:
+            return known
+        migration = self._read(ref)
+        if migration is None or migration["metadata"].get("uid") != ref.uid:
+            return None
+        return KnownVersion.of(migration)
+
+    def _apply(self, ref: MigrationRef, resource_version: str, applied: dict[str, Any], manager: str) -> bool:
+        """Applies `applied` (conditional on `resource_version`) to the status as `manager`; False when the Migration
+        is gone. The version it wrote is remembered."""
         try:
             written: dict[str, Any] = self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                ref.namespace,
-                PLURAL,
-                ref.name,
-                applied,
-                field_manager=SAGA_FIELD_MANAGER,
-                force=True,
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=manager, force=True,
                 _content_type=kube_calls.APPLY_PATCH,
-            )
+            )  # fmt: skip
         except Exception as error:
             # It may have landed all the same (a timeout): the version it carried, then stale, would cost a 409 and a
             # read, to this activity or to the progress writer; forgotten, it costs the read alone.
@@ -180,27 +185,12 @@ class StatusActivities:
         """
 
         def remove() -> None:
-            known = self._versions.get(ref.uid)
-            if known is None:
-                migration = self._read(ref)
-                if migration is None or migration["metadata"].get("uid") != ref.uid:
-                    return
-                known = KnownVersion.of(migration)
-            if not _leftover_progress(known):
+            known = self._known(ref)
+            if known is None or not _leftover_progress(known):
                 return
             applied = kube_calls.migration_status_apply(ref, known.resource_version, None)
-            try:
-                written: dict[str, Any] = self._custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=PROGRESS_FIELD_MANAGER,
-                    force=True, _content_type=kube_calls.APPLY_PATCH,
-                )  # fmt: skip
-            except Exception as error:
-                self._versions.forget(ref.uid, known.resource_version)
-                if isinstance(error, ApiException) and kube_calls.is_not_found(error):
-                    return
-                raise
-            self._versions.remember(written)
-            activity.logger.info("removed the progress of %s left over in Migration %s", known.progress_step, ref)
+            if self._apply(ref, known.resource_version, applied, PROGRESS_FIELD_MANAGER):
+                activity.logger.info("removed the progress of %s left over in Migration %s", known.progress_step, ref)
 
         try:
             kube_calls.retry_on_conflict(remove)

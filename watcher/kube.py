@@ -196,18 +196,7 @@ class Kube:
         return await asyncio.to_thread(self._patch, ref, patch)
 
     def _patch(self, ref: MigrationRef, patch: Mapping[str, Any]) -> Migration | None:
-        try:
-            raw = self._custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name, patch,
-                field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            if error.status == 409:
-                raise Conflict(f"Migration {ref} changed since it was read") from error
-            raise
-        return _parse(raw)
+        return self._merge_patch(self._custom.patch_namespaced_custom_object, ref, patch)
 
     async def patch_status(
         self, ref: MigrationRef, status: Mapping[str, Any], resource_version: str
@@ -219,10 +208,15 @@ class Kube:
     def _patch_status(self, ref: MigrationRef, status: Mapping[str, Any], resource_version: str) -> Migration | None:
         # A uid in the patch would not do: the status subresource takes only the status from a write.
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return self._merge_patch(self._custom.patch_namespaced_custom_object_status, ref, body)
+
+    def _merge_patch(self, call: Callable[..., Any], ref: MigrationRef, body: Mapping[str, Any]) -> Migration | None:
+        """`call` (a patch of the object or of its status) with `body` as the watcher; None when the Migration is
+        gone; Conflict on 409."""
         try:
-            raw = self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name, body,
-                field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH,
+            raw = call(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, body, field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
             )  # fmt: skip
         except ApiException as error:
             if error.status == 404:
