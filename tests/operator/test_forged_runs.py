@@ -94,18 +94,7 @@ async def test_a_run_started_by_hand_with_a_forged_input_fails_at_once_and_chang
     service_before = k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector
 
     forged = MigrationInput(ref=ref, generation=1, spec=spec).model_dump_json()
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            str(binaries.temporal), "workflow", "start", f"--address={stack.temporal_address}",
-            f"--type={WORKFLOW_NAME}", f"--task-queue={task_queue}", f"--workflow-id={forged_id}", f"--input={forged}",
-        ],
-        check=True, capture_output=True,
-    )  # fmt: skip
-
-    with pytest.raises(WorkflowFailureError) as failed:
-        await asyncio.wait_for(temporal_client.get_workflow_handle(forged_id).result(), timeout=120)
-    said = _causes(failed.value)
+    said = await _started_by_hand(binaries, stack, temporal_client, WORKFLOW_NAME, task_queue, forged_id, forged)
     assert NOT_BACKED in said, said
     assert "refused" in said, said
 
@@ -137,22 +126,29 @@ async def test_an_undo_started_by_hand_for_a_migration_that_is_not_being_deleted
         ref=real, generation=1, spec=MigrationSpec.model_validate(manifest["spec"]), reason="started by hand"
     ).model_dump_json()
 
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            str(binaries.temporal), "workflow", "start", f"--address={stack.temporal_address}",
-            f"--type={UNDO_WORKFLOW_NAME}", f"--task-queue={task_queue}", f"--workflow-id={undo_workflow_id(real)}",
-            f"--input={undo}",
-        ],
-        check=True, capture_output=True,
-    )  # fmt: skip
-
-    with pytest.raises(WorkflowFailureError) as failed:
-        await asyncio.wait_for(temporal_client.get_workflow_handle(undo_workflow_id(real)).result(), timeout=120)
-    said = _causes(failed.value)
+    said = await _started_by_hand(
+        binaries, stack, temporal_client, UNDO_WORKFLOW_NAME, task_queue, undo_workflow_id(real), undo
+    )
     assert NOT_BACKED in said, said
     assert "which ferry does only once the Migration is being deleted" in said, said
     assert k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector == service_before
+
+
+async def _started_by_hand(
+    binaries: Binaries, stack: StackInfo, client: Client, kind: str, task_queue: str, started_id: str, input: str
+) -> str:
+    """Starts a run as a person with the temporal CLI would, against ferry's worker; the causes of its failure."""
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(binaries.temporal), "workflow", "start", f"--address={stack.temporal_address}", f"--type={kind}",
+            f"--task-queue={task_queue}", f"--workflow-id={started_id}", f"--input={input}",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(client.get_workflow_handle(started_id).result(), timeout=120)
+    return _causes(failed.value)
 
 
 def _causes(error: BaseException | None) -> str:

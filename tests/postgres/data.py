@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -149,6 +150,16 @@ def database_settings(endpoint: PostgresEndpoint) -> list[str]:
             "and setdatabase = (select oid from pg_database where datname = current_database())"
         ).fetchone()
     return sorted(row[0]) if row is not None and row[0] else []
+
+
+def verified_mark(endpoint: PostgresEndpoint) -> dict[str, object] | None:
+    """verify's mark in the database (the setting ferry.verified_mark, as JSON); None when it has none."""
+    for entry in database_settings(endpoint):
+        name, _, value = entry.partition("=")
+        if name == "ferry.verified_mark":
+            found: dict[str, object] = json.loads(value)
+            return found
+    return None
 
 
 def as_new(endpoint: PostgresEndpoint) -> bool:

@@ -12,7 +12,6 @@ late attempt does next is called on the target verify marked.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 
 import pytest
@@ -31,23 +30,12 @@ from ferry.api.saga import FenceMark
 from tests.cluster import eventually
 from tests.end_to_end import TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_bulky, create_shop, database_settings
-
-MARK = "ferry.verified_mark"
+from tests.postgres.data import connect, contents, create_bulky, create_shop, verified_mark
 
 
 @pytest.fixture
 def target(steps: Steps, kube_api: k8s.ApiClient) -> DatabaseConnection:
     return SecretReader(kube_api).database(steps.ref.namespace, TARGET_SECRET, "spec.driver.targetSecret")
-
-
-def _mark(databases: Databases) -> dict[str, object] | None:
-    for entry in database_settings(databases.target):
-        name, _, value = entry.partition("=")
-        if name == MARK:
-            found: dict[str, object] = json.loads(value)
-            return found
-    return None
 
 
 def _clients_write(databases: Databases) -> None:
@@ -64,7 +52,7 @@ def test_a_late_snapshot_attempt_refuses_to_empty_a_verified_target_which_keeps_
     steps.freeze()
     steps.migrate(steps.snapshot(restore=True))
     steps.verify()
-    mark = _mark(databases)
+    mark = verified_mark(databases.target)
     _clients_write(databases)
     before = contents(databases.target)
 
@@ -72,7 +60,7 @@ def test_a_late_snapshot_attempt_refuses_to_empty_a_verified_target_which_keeps_
         steps.snapshot(restore=True)  # the late attempt, going on from where it connected to the target
 
     assert contents(databases.target) == before, "nothing dropped: the clients' write is there"
-    assert _mark(databases) == mark, "verify's mark stays, so check_unwritten still guards the way back"
+    assert verified_mark(databases.target) == mark, "verify's mark stays, so check_unwritten still guards the way back"
 
 
 def test_a_late_migrate_from_the_store_refuses_to_empty_a_verified_target(steps: Steps, databases: Databases) -> None:
@@ -161,10 +149,10 @@ def test_verify_marks_a_target_only_once_a_restore_that_found_it_unmarked_has_co
             marking = threading.Thread(target=unwritten.record, args=(verify, owner(steps.ref), fence))
             marking.start()
             eventually("verify's marking to wait for the lock", lambda: _waiting_for_advisory_lock(databases))
-            assert _mark(databases) is None
+            assert verified_mark(databases.target) is None
         marking.join(10)
         assert not marking.is_alive()
-        assert _mark(databases) is not None
+        assert verified_mark(databases.target) is not None
 
         with pytest.raises(TargetVerified), restore.transaction():
             unwritten.refuse_if_verified(restore, target, "empty the target")

@@ -18,9 +18,7 @@ from ferry.api.errors import WritesOnTarget
 from ferry.api.saga import VerifyResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_shop, database_settings
-
-MARKER = "ferry.verified_mark"
+from tests.postgres.data import connect, contents, create_shop, database_settings, verified_mark
 
 
 @pytest.fixture
@@ -32,21 +30,12 @@ def verified(steps: Steps, databases: Databases) -> VerifyResult:
     return steps.verify()
 
 
-def _marker(databases: Databases) -> dict[str, object] | None:
-    for entry in database_settings(databases.target):
-        name, _, value = entry.partition("=")
-        if name == MARKER:
-            found: dict[str, object] = json.loads(value)
-            return found
-    return None
-
-
 def test_verify_marks_the_target_and_keeps_the_mark_in_it(
     steps: Steps, databases: Databases, verified: VerifyResult
 ) -> None:
     assert verified.target_fence is not None
     assert verified.target_fence.writes >= 1_100, "the restore's rows are counted in the mark"
-    assert _marker(databases) == {
+    assert verified_mark(databases.target) == {
         "migration": f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}",
         "fence": verified.target_fence.model_dump(mode="json"),
     }
@@ -150,7 +139,7 @@ def test_a_mark_of_another_migration_is_not_this_ones(steps: Steps, databases: D
 def test_undo_migrate_removes_the_mark_with_the_restore(
     steps: Steps, databases: Databases, verified: VerifyResult
 ) -> None:
-    assert _marker(databases) is not None
+    assert verified_mark(databases.target) is not None
 
     assert steps.undo_migrate().removed
 
