@@ -30,7 +30,7 @@ from ferry.codec.encryption import EncryptionCodec
 from ferry.codec.keys import CodecKeys, load_keys
 from ferry.configuration.knobs import SETTINGS, Knob
 from ferry.failures import ScrubbingFailureConverter
-from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts
+from ferry.kube_requests import DEFAULT_TIMEOUTS, BoundedApiClient, RequestTimeouts, request_retries
 
 
 @dataclass(frozen=True, config=SETTINGS)
@@ -151,4 +151,5 @@ def kubernetes_client(
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = connections
+    configuration.retries = request_retries()
     return BoundedApiClient(configuration, timeouts)

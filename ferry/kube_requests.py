@@ -12,10 +12,15 @@ ends a watch after its timeoutSeconds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s
+from urllib3 import BaseHTTPResponse
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import ReadTimeoutError
+from urllib3.util.retry import Retry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +34,37 @@ class RequestTimeouts:
 
 
 DEFAULT_TIMEOUTS = RequestTimeouts()
+
+
+class ReadTimeoutsNotRetried(Retry):
+    """urllib3's retries, except that a read that timed out is not tried again.
+
+    By default urllib3 tries an idempotent request (every GET) three more times after a
+    read timeout, so a hung API server held a read for four read timeouts (two minutes)
+    instead of one. An activity that does not heartbeat then outlives its heartbeat
+    timeout and Temporal starts a second attempt beside it. A read timeout means the
+    server took the request and did not answer: asking again at once rarely helps, and
+    the caller (the step's next attempt, the watcher's next pass) tries again anyway.
+    Connections refused or dropped before an answer are still retried, as before.
+    """
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, ReadTimeoutError):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
+def request_retries() -> Retry:
+    """The retries every Kubernetes API client of ferry makes: urllib3's default count, read timeouts excepted."""
+    return ReadTimeoutsNotRetried(Retry.DEFAULT.total)
 
 
 def _streams(url: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +54,18 @@ def test_a_request_the_api_server_refuses_ends_provision_as_one_sentence_and_cre
     assert absent(k8s.CoreV1Api(kube_api).read_namespaced_service, TARGET, ref.namespace), "checked before writing"
 
 
-@pytest.fixture
-def silent_server(tmp_path: Path) -> Iterator[Path]:
-    """A kubeconfig for an "API server" that accepts connections and never answers, like a hung one."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        host, port = server.getsockname()
+class SilentServer:
+    """An "API server" that accepts connections and never answers: it holds them, like a hung one, or drops them.
+
+    It counts the connections it got: one per request sent, since none is answered.
+    """
+
+    def __init__(self, tmp_path: Path, *, drop: bool = False) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._drop = drop
+        self._held: list[socket.socket] = []
+        self.connections = 0
+        host, port = self._listener.getsockname()
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -66,18 +74,69 @@ def silent_server(tmp_path: Path) -> Iterator[Path]:
             "contexts": [{"name": "silent", "context": {"cluster": "silent", "user": "nobody"}}],
             "current-context": "silent",
         }
-        path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump(kubeconfig))
-        yield path
+        self.kubeconfig = tmp_path / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed at the test's end
+            while True:
+                connection, _ = self._listener.accept()
+                self.connections += 1
+                if self._drop:
+                    connection.recv(65536)  # the request, then the connection closes without an answer
+                    connection.close()
+                else:
+                    self._held.append(connection)
+
+    def wait_for_a_connection(self) -> None:
+        """Until the accepting thread has counted the connection the client made (it may lag on a busy machine)."""
+        deadline = time.monotonic() + 30
+        while self.connections == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._listener.close()
+        for connection in self._held:
+            connection.close()
 
 
-def test_a_call_to_an_api_server_that_never_answers_fails_after_the_read_timeout(silent_server: Path) -> None:
-    with contextlib.closing(kubernetes_client(silent_server, timeouts=RequestTimeouts(read=0.5))) as api:
-        started = time.monotonic()
-        with pytest.raises(urllib3.exceptions.HTTPError):
+@pytest.fixture
+def silent_server(tmp_path: Path) -> Iterator[SilentServer]:
+    server = SilentServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_read_from_an_api_server_that_never_answers_fails_after_one_read_timeout_not_four(
+    silent_server: SilentServer,
+) -> None:
+    # urllib3 by default asks again three times after a read timeout: two minutes at the 30 s default, longer
+    # than an activity's heartbeat timeout. ferry's clients give up after the first.
+    with (
+        contextlib.closing(kubernetes_client(silent_server.kubeconfig, timeouts=RequestTimeouts(read=0.5))) as api,
+        pytest.raises(urllib3.exceptions.ReadTimeoutError),
+    ):
+        k8s.CoreV1Api(api).list_namespace()
+
+    silent_server.wait_for_a_connection()
+    assert silent_server.connections == 1, "the request was sent once, not again after its read timeout"
+
+
+def test_a_connection_dropped_before_an_answer_is_still_tried_again(tmp_path: Path) -> None:
+    server = SilentServer(tmp_path, drop=True)
+    try:
+        with (
+            contextlib.closing(kubernetes_client(server.kubeconfig)) as api,
+            pytest.raises(urllib3.exceptions.HTTPError),
+        ):
             k8s.CoreV1Api(api).list_namespace()
+    finally:
+        server.close()
 
-    assert time.monotonic() - started < 10, "a few read timeouts (urllib3 retries reads), not forever"
+    assert server.connections == 4, "urllib3's three retries after a dropped connection stay"
 
 
 def test_a_watch_stays_open_longer_than_the_read_timeout(stack: StackInfo, namespace: str) -> None:
