@@ -19,9 +19,10 @@ this gate reads the Migration the claim names and lets the activity through only
 Otherwise the activity fails at once, non-retryable, before it reads a Secret or changes
 anything. Two exceptions keep legitimate runs whole when their Migration goes away under
 them (a finalizer removed by hand, a deletion given up at its deadline): if the run had
-already passed the gate once (`vouched`), its undos go on, so it takes back what it did, and
-so do its status writes (which write only to an object with the claim's UID, and report the
-Migration gone, which makes the run undo what it started). A run that never found its
+already passed the gate once (`vouched`), its undos go on, with the check that guards
+switch-traffic's undo, so it takes back what it did, and so do its status writes (which
+write only to an object with the claim's UID, and report the Migration gone, which makes
+the run undo what it started). A run that never found its
 Migration acts on nothing. A Migration being deleted without ferry's finalizer (its deletion
 came between the workflow's start and the watcher's first write) lets its run take back
 what it did, and nothing more. One read of the Migration per activity attempt is the price;
@@ -200,7 +201,7 @@ class _Gate(ActivityInboundInterceptor):
         live = await asyncio.get_running_loop().run_in_executor(self._gate.executor, self._gate.read, ref)
         uid = (live or {}).get("metadata", {}).get("uid")
         if uid != ref.uid:
-            if claim.vouched and (is_undo(info.activity_type) or info.activity_type == KubeActivity.MIRROR_STATUS):
+            if claim.vouched and _takes_back(info.activity_type):
                 log.info("Migration %s is gone; its run passed the gate before, so %s goes on", ref, info.activity_type)
                 return await self.next.execute_activity(input)
             what = "does not exist" if live is None else f"is another object now (uid {uid})"

@@ -1,17 +1,40 @@
-"""The claim a run carries: what its digest covers, and which runs the gate remembers."""
+"""The claim a run carries: what its digest covers, which runs the gate remembers, and what it lets a run do once
+its Migration is gone."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
 
-from ferry.api.integrity import Scope, claim_of, digest, is_undo, plan_digest, signature, workflow_ids
+from ferry.api.integrity import (
+    CLAIM_HEADER,
+    Claim,
+    Scope,
+    claim_of,
+    digest,
+    is_undo,
+    plan_digest,
+    signature,
+    workflow_ids,
+)
 from ferry.api.migration import MigrationSpec
-from ferry.api.saga import DeleteSnapshotInput, MigrationInput, MigrationRef, SnapshotResult, workflow_id
+from ferry.api.saga import (
+    DeleteSnapshotInput,
+    KubeActivity,
+    MigrationInput,
+    MigrationRef,
+    SnapshotResult,
+    workflow_id,
+)
 from tests import samples
-from worker.gate import PassedRuns
+from worker.gate import MigrationGate, PassedRuns, _Gate, _to_payload
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
@@ -81,3 +104,59 @@ def test_a_claims_signature_is_bound_to_its_key_its_run_its_activity_and_all_it_
 def test_a_claim_key_shorter_than_32_characters_is_refused() -> None:
     with pytest.raises(ValidationError, match="at least 32 characters"):
         WorkerSettings(claim_key=SecretStr("short"))
+
+
+class _Ran(ActivityInboundInterceptor):
+    """What the gate lets through reaches this; it records the call instead of running an activity."""
+
+    def __init__(self) -> None:
+        self.ran = False
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        self.ran = True
+        return None
+
+
+async def _through_the_gate(activity_type: str, claim: Claim, live: dict[str, Any] | None) -> bool:
+    """Whether the gate lets `activity_type` of the Migration's own saga through, the Migration read being `live`."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, workflow_id=workflow_id(REF), workflow_run_id="run-1", activity_type=activity_type
+    )
+    ran = _Ran()
+    gate = _Gate(ran, MigrationGate(lambda ref: live))
+    call = ExecuteActivityInput(fn=lambda: None, args=[], executor=None, headers={CLAIM_HEADER: _to_payload(claim)})
+    try:
+        await env.run(gate.execute_activity, call)
+    except ApplicationError as refused:
+        if not refused.non_retryable:
+            raise
+        return False
+    return ran.ran
+
+
+@pytest.mark.parametrize(
+    "activity_type",
+    ["undo_switch_traffic", "postgresql.undo_freeze", "postgresql.check_unwritten", KubeActivity.MIRROR_STATUS.value],
+)
+async def test_a_run_that_passed_the_gate_takes_back_what_it_did_once_its_migration_is_gone(activity_type: str) -> None:
+    """A finalizer removed by hand, or a deletion given up at its deadline: the run's undos go on, and so does the
+    check that guards switch-traffic's undo, without which the rollback stopped there with traffic on the target
+    and the source frozen."""
+    vouched = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+
+    assert await _through_the_gate(activity_type, vouched, live=None)
+
+
+@pytest.mark.parametrize("activity_type", ["provision", "postgresql.snapshot", "switch_traffic"])
+async def test_a_run_whose_migration_is_gone_takes_no_step_forward(activity_type: str) -> None:
+    vouched = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+
+    assert not await _through_the_gate(activity_type, vouched, live=None)
+
+
+async def test_a_run_that_never_found_its_migration_takes_nothing_back() -> None:
+    never_passed = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=False)
+
+    assert not await _through_the_gate("postgresql.check_unwritten", never_passed, live=None)
+    assert not await _through_the_gate("postgresql.undo_freeze", never_passed, live=None)
