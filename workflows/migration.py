@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows import plan
     from workflows.controls import Controls
-    from workflows.saga import RollbackRequested, Saga, StepFailed
+    from workflows.saga import FINISHED_IGNORES_CANCEL, RollbackRequested, Saga, StepFailed
     from workflows.status import SagaStatus
     from workflows.steps import Step
 
@@ -199,7 +199,10 @@ class MigrationWorkflow:
     async def run(self, input: MigrationInput) -> MigrationResult:
         saga = self._saga
         try:
-            result = await saga.succeed() if await saga.forward() else await saga.planned()
+            finished = await saga.forward()
+            if finished and workflow.patched(FINISHED_IGNORES_CANCEL):
+                return await self._finish()
+            result = await saga.succeed() if finished else await saga.planned()
         except RollbackRequested as requested:
             result = await saga.shielded_roll_back(str(requested))
         except StepFailed as failed:
@@ -217,3 +220,28 @@ class MigrationWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         await saga.mirrored()  # what the handlers recorded
         return result
+
+    async def _finish(self) -> MigrationResult:
+        """Ends a run whose every step is done: Succeeded, whatever comes meanwhile.
+
+        A cancellation of the workflow now finds nothing to stop: the migration is done and
+        serving, and its status may already say so. So it is not taken as a rollback; the
+        run completes Succeeded, and an Event says the cancel came too late.
+        """
+        result, cancelled = await self._saga.shielded(self._succeed(), "end of a finished run")
+        if cancelled:
+            message = (
+                "cancel ignored: every step was done and the migration had finished; delete the Migration to undo it"
+            )
+            await self._saga.shielded(self._recorded(message), "end of a finished run")
+        return result
+
+    async def _succeed(self) -> MigrationResult:
+        result = await self._saga.succeed()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._saga.mirrored()  # what the handlers recorded
+        return result
+
+    async def _recorded(self, message: str) -> None:
+        await self._saga.record(message, "CancelIgnored", EventType.WARNING)
+        await self._saga.mirrored()

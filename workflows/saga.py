@@ -102,6 +102,10 @@ left the source frozen until a person came."""
 PAUSE_AFTER_WAITS = "pause-after-approval-and-soak"
 """Patch: a pause given while the saga awaits approval or soaks holds it once the wait ends, before the step; it was
 forgotten, and the step (the freeze, or scale-down-old) ran against it."""
+FINISHED_IGNORES_CANCEL = "finished-ignores-cancel"
+"""Patch: once every step is done, a cancellation of the workflow is ignored: the retention's deletion, the status
+write that says Succeeded and the handlers' last writes run to their end, and the run completes Succeeded. A cancel
+then (after `kubectl wait` saw Succeeded) rolled the finished migration back, or closed the run Canceled."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -608,6 +612,10 @@ class Saga:
         self.status.snapshot = snapshot.model_copy(update={"deleted": True})
 
     # --- the way back -------------------------------------------------------------------------
+
+    async def shielded(self, work: Coroutine[Any, Any, T], what: str) -> tuple[T, bool]:
+        """Runs `work` to its end even if the workflow is cancelled meanwhile: its result, and whether it was."""
+        return await self._shielded(work, what)
 
     async def shielded_roll_back(self, reason: str) -> MigrationResult:
         """Runs the rollback to its end even if the workflow is cancelled meanwhile."""

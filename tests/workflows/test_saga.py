@@ -243,6 +243,38 @@ async def test_a_rollback_asked_for_once_every_step_is_done_is_refused_and_the_r
     ]
 
 
+@pytest.mark.parametrize("held", ["the snapshot's deletion", "the status write that says Succeeded"])
+async def test_a_cancel_that_comes_once_every_step_is_done_is_ignored_and_the_run_succeeds(
+    run_saga: Run, held: str
+) -> None:
+    """Once the last step is done the migration has finished: the retention's deletion and the status write that
+    says Succeeded are all that is left. A cancel then (a person who saw Succeeded and took the run for lingering, or
+    a watcher acting on what it saw) must not undo a finished migration: traffic back to the source, the target
+    emptied, after `kubectl wait` returned."""
+    spec = migration_input().spec.model_dump(by_alias=True)
+    spec["snapshot"]["retention"]["afterSuccess"] = "Delete"
+    fakes = FakeSaga(hold={DELETE_SNAPSHOT})
+    saga = await run_saga(fakes, migration_input(snapshot=spec["snapshot"]))
+    await saga.wait_for("the snapshot's deletion to start", lambda: fakes.started(DELETE_SNAPSHOT))
+    if held == "the status write that says Succeeded":
+        fakes.mirrors_held = True
+        fakes.release()
+        await saga.wait_for("the status write to start", lambda: fakes.mirrors_waiting > 0)
+
+    await saga.handle.cancel()
+    fakes.release()
+    fakes.release_mirrors()
+
+    result = await saga.handle.result()
+    assert result.phase is Phase.SUCCEEDED
+    assert fakes.undo_calls == []
+    assert Phase.ROLLING_BACK not in {status.phase for status in fakes.statuses}
+    assert fakes.statuses[-1].phase is Phase.SUCCEEDED
+    assert [e.reason for e in fakes.events if e.reason in ("CancelIgnored", "RollingBack")] == ["CancelIgnored"]
+    if held == "the snapshot's deletion":
+        await record_history(saga, "cancel-ignored-after-success")
+
+
 def _a_workflow_task_after_the_cancel(events: list[HistoryEvent]) -> bool:
     kinds = [e.event_type for e in events]
     if EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in kinds:
