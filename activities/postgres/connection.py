@@ -58,6 +58,7 @@ MARKERS = (
     "ferry.connect_before",
     "ferry.restored_by",
     "ferry.verified_mark",
+    "ferry.replication_ended",
 )
 """The database settings where ferry keeps what it must remember (see database_settings)."""
 

@@ -11,7 +11,10 @@ changes:
   may clean out what an earlier attempt restored;
 - `ferry.verified_mark` on a target: where its writes stood when verify had compared
   it with the source, before traffic moved to it (see unwritten), so that an undo with
-  no step results can still tell whether the target took writes since.
+  no step results can still tell whether the target took writes since;
+- `ferry.replication_ended` on a source of mode Online: which Migrations' replications
+  were ended for good, and by which activity, so that a late attempt of replicate
+  creates nothing after the end (see replication_ended).
 
 PostgreSQL accepts such dotted placeholder settings (extensions use them); they cost
 nothing, and no snapshot carries them, because pg_dump writes a database's settings
@@ -27,7 +30,7 @@ from psycopg import sql
 from activities.postgres.connection import MARKERS, Connection
 
 READ_ONLY = "default_transaction_read_only"
-FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK = MARKERS
+FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK, REPLICATION_ENDED = MARKERS
 UNSET = "unset"
 """The recorded previous value of a setting the database did not have: undo resets it."""
 

@@ -14,7 +14,10 @@ on the target without touching the source (see subscription), drop this replicat
 slots on the source (the subscription's and any table synchronization slot the record
 names), give tables their replica identity back, and drop the publication last, with the
 record. Interrupted anywhere, it finds what is left the next time, so no slot survives a
-completed undo: a slot left behind would keep the source's WAL forever.
+completed undo: a slot left behind would keep the source's WAL forever. Where it ends the
+replication for good (catch-up, the undos), it first records so on the source, and a
+late attempt of replicate, scheduled before that, makes nothing after it (see
+replication_ended).
 
 Like the other driver activities, they read the Secrets when they start, and are defined
 with `no_thread_cancel_exception`: a cancellation reaches them through `Heartbeats`,
@@ -25,13 +28,23 @@ the waits look at the cancellation between two polls.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psycopg
 from kubernetes import client as k8s
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import ahead, checksums, replication, restoring, schema_copy, sequences, subscription
+from activities.postgres import (
+    ahead,
+    checksums,
+    replication,
+    replication_ended,
+    restoring,
+    schema_copy,
+    sequences,
+    subscription,
+)
 from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
@@ -109,6 +122,8 @@ class ReplicationActivities:
         subscription); one that finds the subscription without its slot ends that
         replication and starts again; one that finds none starts from an empty target
         (see restoring.prepare_target: an earlier attempt's schema is removed first).
+        An attempt scheduled before the activity that ended the replication for good (an
+        undo, catch-up) is late: it fails with ReplicationEnded and makes nothing.
         """
         ref, driver = input.ref, input.driver
         source, target = self._databases(ref, driver.source_secret, driver.target_secret)
@@ -118,11 +133,13 @@ class ReplicationActivities:
             self._connect(source) as src,
             self._connect(target) as tgt,
         ):
-            _lacking_identity(src, source, driver.allow_replica_identity_full)  # refused before anything is made
+            # Refused before anything is made, the target included (checked again where the slot is made).
+            replication_ended.refuse_if_ended(src, source, ref.uid, "replicate")
+            _lacking_identity(src, source, driver.allow_replica_identity_full)
             found = subscription.find(tgt, name)
             if found is not None and not replication.has_slot(src, name):
                 activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
-                self._end(src, tgt, source, target, name, heartbeats)
+                self._end(src, tgt, source, target, ref, heartbeats)
                 found = None
             schema_copied = found is None
             if found is None:
@@ -132,13 +149,9 @@ class ReplicationActivities:
                 activity.logger.info(
                     "copied the schema of %s into %s (%d bytes)", source.describe(), target.describe(), size
                 )
-            full = self._publish(src, source, name, ref, input.driver.allow_replica_identity_full, heartbeats)
-            with privileged(target, "create a subscription"):
-                if found is None:
-                    found = subscription.create(tgt, name, source, self._settings)
-                elif not found.enabled:
-                    subscription.enable(tgt, name)
-            self._record_subscription(src, tgt, name, found)
+            full, found = self._create(
+                src, tgt, source, target, ref, found, driver.allow_replica_identity_full, heartbeats
+            )
             progress, lag = self._wait_until_close(
                 src, tgt, target, name, found, quantity_bytes(driver.max_lag), heartbeats
             )
@@ -186,6 +199,34 @@ class ReplicationActivities:
             activity.logger.warning("could not compare the tables before the freeze; verify will: %s", error)
             return None
         return ahead.compare(source_marks, target_marks, source_tables, target_tables)
+
+    def _create(
+        self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection,
+        ref: MigrationRef, found: subscription.Subscription | None, allow_full: bool, heartbeats: Heartbeats,
+    ) -> tuple[list[str], subscription.Subscription]:  # fmt: skip
+        """Publishes the source, makes the slot and the subscription (or enables it): what of them is missing. Returns
+        the tables given FULL, and the subscription.
+
+        Refused with ReplicationEnded, before anything is made, once an activity scheduled after this attempt ended the
+        replication (see replication_ended): all of it runs under the Migration's lock on the source, which the end
+        takes before it records itself, and the subscription commits on the target only after the source said again,
+        through the session holding that lock, that nothing ended the replication.
+        """
+        name = replication.name(ref.uid)
+        between_tries = self._between_tries(heartbeats)
+        with replication_ended.holding(src, ref.uid, between_tries):
+            replication_ended.refuse_if_ended(src, source, ref.uid, "publish the source and make a replication slot")
+            full = self._publish(src, source, name, ref, allow_full, heartbeats)
+            with privileged(target, "create a subscription"), tgt.transaction():
+                replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
+                if found is None:
+                    found = subscription.create(tgt, name, source, self._settings)
+                elif not found.enabled:
+                    subscription.enable(tgt, name)
+                # Raises as well when the source's session, and with it the lock, was ended meanwhile.
+                replication_ended.refuse_if_ended(src, source, ref.uid, "create the subscription")
+            self._record_subscription(src, tgt, name, found)
+        return full, found
 
     def _publish(
         self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,
@@ -274,7 +315,7 @@ class ReplicationActivities:
                 waited = time.monotonic() - started
             with privileged(target, "set the sequences"):
                 copied = sequences.copy(src, tgt)
-            self._end(src, tgt, source, target, name, heartbeats)
+            self._end(src, tgt, source, target, ref, heartbeats, ended_by="catch-up")
         activity.logger.info(
             "%s has every change up to %s (it waited %.1fs); set %d sequences; the replication ended",
             target.describe(), frozen, waited, copied,
@@ -315,13 +356,12 @@ class ReplicationActivities:
         Migration's marker (see restoring.remove).
         """
         source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
-        name = replication.name(input.ref.uid)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._connect(source) as src,
             self._connect(target) as tgt,
         ):
-            ended = self._end(src, tgt, source, target, name, heartbeats)
+            ended = self._end(src, tgt, source, target, input.ref, heartbeats, ended_by="undo_replicate")
             with privileged(target, "drop schemas and change the database's settings"):
                 retry = self._lock_retry(heartbeats, "emptying the target")
                 emptied = restoring.remove(tgt, target, owner(input.ref), retry=retry)
@@ -335,22 +375,40 @@ class ReplicationActivities:
         Idempotent: nothing left of the replication means nothing to do.
         """
         source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
-        name = replication.name(input.ref.uid)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._connect(source) as src,
             self._connect(target) as tgt,
         ):
-            ended = self._end(src, tgt, source, target, name, heartbeats)
+            ended = self._end(src, tgt, source, target, input.ref, heartbeats, ended_by="undo_catch_up")
         activity.logger.info("undid catch-up: replication %s", _done(ended))
         return EndReplicationResult(ended=ended)
 
     def _end(
+        self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection,
+        ref: MigrationRef, heartbeats: Heartbeats, *, ended_by: str | None = None,
+    ) -> bool:  # fmt: skip
+        """Ends this Migration's replication, in an order that leaves an interrupted end something to find; True when
+        anything of it was there.
+
+        With `ended_by` (the activity ending it for good, not replicate starting again), first records on the source
+        that it has ended, so that no late attempt of replicate makes any of it again (see replication_ended), and
+        holds the Migration's lock on both sides until it has ended.
+        """
+        if ended_by is None:
+            return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)
+        between_tries = self._between_tries(heartbeats)
+        with (
+            replication_ended.holding(src, ref.uid, between_tries),
+            replication_ended.holding(tgt, ref.uid, between_tries),
+        ):
+            replication_ended.record(src, source, ref.uid, owner(ref), ended_by)
+            return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)
+
+    def _end_now(
         self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection, name: str,
         heartbeats: Heartbeats,
     ) -> bool:  # fmt: skip
-        """Ends this Migration's replication, in an order that leaves an interrupted end something to find; True when
-        anything of it was there."""
         record = replication.read_record(src, name)
         found = subscription.find(tgt, name)
         ended = False
@@ -383,6 +441,15 @@ class ReplicationActivities:
         raises once the activity is cancelled."""
 
         return replication.lock_retry(heartbeats, doing, self._settings.replication_poll_interval)
+
+    def _between_tries(self, heartbeats: Heartbeats) -> Callable[[], None]:
+        """What waiting for a late attempt's lock does between two tries (its session is being ended meanwhile)."""
+
+        def between() -> None:
+            heartbeats.progress(waiting_for="the lock of a late attempt of replicate")
+            heartbeats.raise_if_cancelled("waiting for the lock of a late attempt of replicate")
+
+        return between
 
     def _pause(self, heartbeats: Heartbeats, doing: str) -> None:
         activity.wait_for_cancelled_sync(self._settings.replication_poll_interval)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from activities.postgres import replication
 from activities.postgres.connection import Connection, connect
+from activities.postgres.database_settings import REPLICATION_ENDED
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError
@@ -77,6 +78,14 @@ select pubname, obj_description(oid, 'pg_publication') from pg_publication
 where pubname like 'ferry\\_%%' and pubname <> %(slot)s order by 1
 """
 """ferry's publications on the source other than this Migration's: replications of other Migrations."""
+
+
+def _may_set(conn: Connection, parameter: str) -> bool:
+    """Whether the current user may set `parameter` for a database; before PostgreSQL 15 anyone could."""
+    if conn.info.server_version < 150000:
+        return True
+    row = conn.execute("select has_parameter_privilege(current_user, %s, 'SET')", (parameter,)).fetchone()
+    return bool(row and row[0])
 
 
 def _owner(comment: str | None) -> str:
@@ -151,6 +160,13 @@ def check_source(
                 f"{db.describe()} by name, which needs their owner; it does not own {listed(not_owned)}. Use a "
                 "superuser (who may publish every table), or the tables' owner."
             )
+    if not superuser and not _may_set(conn, REPLICATION_ENDED):
+        problems.append(
+            f"the user in Secret {db.secret} may not record in {db.describe()} that a replication has ended "
+            f"({REPLICATION_ENDED}, which keeps a late attempt of replicate from making a slot again after a "
+            "rollback): since PostgreSQL 15 only superusers may set custom parameters. As a superuser, GRANT SET ON "
+            f"PARAMETER {REPLICATION_ENDED} TO {db.username}, or use a superuser."
+        )
     others = conn.execute(OTHER_REPLICATIONS, {"slot": slot}).fetchall()
     if others:
         whose = ", ".join(f"{name} (Migration {_owner(comment)})" for name, comment in others)

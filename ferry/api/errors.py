@@ -67,6 +67,11 @@ class TargetVerified(PermanentError):
     may be taking traffic, and only the undo (which checks for writes first) may empty it."""
 
 
+class ReplicationEnded(PermanentError):
+    """A late attempt of replicate would publish the source or make a slot or subscription after the rollback (or
+    catch-up) ended this Migration's replication: a slot nobody drops would keep the source's WAL forever."""
+
+
 class ReplicationBroken(PermanentError):
     """Mode Online: the target keeps failing to apply the source's changes, e.g. after a schema change on the source."""
 
@@ -86,5 +91,6 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     TargetVerified,
     TlsMismatch,
     ReplicationBroken,
+    ReplicationEnded,
 )
 NON_RETRYABLE_TYPES: tuple[str, ...] = tuple(error.__name__ for error in NON_RETRYABLE)

@@ -142,7 +142,11 @@ async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollba
     assert "index shop.orders_by_total (missing in the target)" in verify["lastError"]
     assert leftovers(databases) == NOTHING
     assert _target_is_empty(databases)
-    assert database_settings(databases.source) == [], "the source is unfrozen"
+    kept = database_settings(databases.source)
+    ended = [setting for setting in kept if setting.startswith("ferry.replication_ended=")]
+    assert [setting for setting in kept if setting not in ended] == [], "the source is unfrozen"
+    assert len(ended) == 1, "and records that the replication has ended, for a late attempt of replicate"
+    assert f'"{ref.uid}"' in ended[0]
     with connect(databases.source) as conn:
         conn.execute("insert into shop.customers (email, created_at) values ('after@example.com', now())")
 

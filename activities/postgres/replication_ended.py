@@ -1,0 +1,222 @@
+"""The source's record that a Migration's replication was ended for good, which a late attempt of replicate cannot pass.
+
+CREATE SUBSCRIPTION uses a logical slot on the source, and a slot nobody reads keeps the
+source's WAL forever: it fills the disk of the very database being migrated. An attempt
+of replicate whose worker stood still (SIGSTOP, a frozen VM) or lost Temporal can outlive
+the saga's decision that it failed: the saga ends the replication (undo_replicate,
+undo_catch_up, or catch-up once the target has caught up), and the attempt, going on,
+would publish the source and make the slot and the subscription again, after the end.
+Nothing would ever drop them.
+
+So whatever ends a replication for good first records it on the source, in the
+database setting ferry.replication_ended: a JSON object with an entry per Migration uid
+saying which activity ended it (`Attempt`: its workflow run, its activity id, when
+Temporal scheduled it). An attempt of replicate refuses, with ReplicationEnded, to
+create the publication, the slot or the subscription when the entry of its Migration
+names an activity scheduled after it (`Attempt.before`): it is a late attempt of a step
+the saga has moved past. An attempt scheduled after the end (failurePolicy Pause undoes
+back to replicate, and retry runs replicate again in the same run) goes on, and so does
+any retry of a replicate nothing ended, and any other Migration of the same source. The
+setting lives on the source, so it outlives the target; it keeps the newest KEPT entries,
+so it stays small, and no snapshot carries it (pg_dump writes no database settings
+without --create).
+
+The record and the creation do not interleave. Both take LOCK for the Migration on the
+source, a session-level advisory lock: the creation from its check until the subscription
+is committed, the end from before its record until the replication is ended. The
+subscription is created in a transaction on the target that holds the same lock there
+and checks the source again (through the session holding the source's lock) before it
+commits. So an attempt either created everything before the record, and the end finds
+and drops it, or finds the record and creates nothing. A holder of the lock that stands
+still would hold it forever, so whoever takes the lock ends the other sessions holding
+it (`holding`): they are attempts of this Migration the saga has written off, ending
+their session rolls back what they had not committed, and a late attempt whose source
+session was ended fails at its next query of the source, before its subscription
+commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+import psycopg
+from temporalio import activity
+
+from activities.postgres import database_settings
+from activities.postgres.connection import Connection
+from activities.postgres.database_settings import REPLICATION_ENDED
+from activities.secrets import DatabaseConnection
+from ferry.api.errors import ReplicationEnded
+
+KEPT = 32
+"""How many Migrations' entries the setting keeps, the newest: one entry is a hundred-odd bytes."""
+SETTING_LOCK = 0x6665727279_656E
+"""The advisory lock (transaction-level) under which the setting is read and written, whichever Migration's entry."""
+POLL = 0.2
+"""Seconds between two tries to take LOCK while other sessions hold it and are being ended."""
+KEY = "select hashtextextended('ferry replication ' || %s, 0)"
+"""A Migration's LOCK: a bigint made from its uid, the same on every server."""
+HOLDERS = """
+select pid from pg_locks
+where locktype = 'advisory' and objsubid = 1 and granted and pid <> pg_backend_pid()
+and database = (select oid from pg_database where datname = current_database())
+and classid = ((%(key)s >> 32) & 4294967295)::oid and objid = (%(key)s & 4294967295)::oid
+"""
+"""The other sessions of this database holding the advisory lock `key` (a bigint's is classid:objid, objsubid 1)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """Which activity an attempt belongs to, as Temporal scheduled it: its retries share all three."""
+
+    run: str
+    """The workflow run that scheduled it."""
+    activity: str
+    """Its activity id: the run's sequence number of the command that scheduled it (the SDK's default)."""
+    scheduled: datetime
+    """When Temporal scheduled it (its first attempt)."""
+
+    @staticmethod
+    def current() -> Attempt:
+        info = activity.info()
+        return Attempt(run=info.workflow_run_id or "", activity=info.activity_id, scheduled=info.scheduled_time)
+
+    def before(self, other: Attempt) -> bool:
+        """Whether this activity was scheduled before `other`: by the run's sequence when both are of one run (exact),
+        else by the Temporal server's clock (a reset's new run schedules later than the run it replaces)."""
+        if self.run == other.run and self.activity.isdigit() and other.activity.isdigit():
+            return int(self.activity) < int(other.activity)
+        return self.scheduled < other.scheduled
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """A Migration's entry in the setting."""
+
+    owner: str
+    """The Migration (namespace/name/uid)."""
+    by: str
+    """What ended its replication: undo_replicate, undo_catch_up (a rollback), or catch-up."""
+    attempt: Attempt
+    """The activity that ended it."""
+    at: str
+    """When, by the source's clock."""
+
+
+def key(conn: Connection, uid: str) -> int:
+    row = conn.execute(KEY, (uid,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@contextlib.contextmanager
+def holding(conn: Connection, uid: str, between_tries: Callable[[], None]) -> Iterator[None]:
+    """Holds the Migration's LOCK on `conn`'s server for the block (session-level), ending the sessions that hold it
+    meanwhile; `between_tries` heartbeats (and raises once the activity is cancelled)."""
+    lock = key(conn, uid)
+    _take(conn, lock, "select pg_try_advisory_lock(%s)", between_tries)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("select pg_advisory_unlock(%s)", (lock,))
+
+
+def hold_in_transaction(conn: Connection, uid: str, between_tries: Callable[[], None]) -> None:
+    """Takes the Migration's LOCK in the transaction open on `conn`, ending the sessions that hold it meanwhile."""
+    _take(conn, key(conn, uid), "select pg_try_advisory_xact_lock(%s)", between_tries)
+
+
+def _take(conn: Connection, lock: int, statement: str, between_tries: Callable[[], None]) -> None:
+    while True:
+        row = conn.execute(statement, (lock,)).fetchone()
+        if row is not None and row[0]:
+            return
+        for (pid,) in conn.execute(HOLDERS, {"key": lock}).fetchall():
+            activity.logger.warning("ending session %s, which holds the lock of a late attempt of replicate", pid)
+            conn.execute("select pg_terminate_backend(%s, 5000)", (pid,))
+        between_tries()
+        time.sleep(POLL)
+
+
+def read(conn: Connection) -> dict[str, Ended]:
+    """The entries of the setting, by Migration uid; an unreadable one is left out (it refuses nothing)."""
+    value = database_settings.read(conn).get(REPLICATION_ENDED)
+    entries: dict[str, Ended] = {}
+    try:
+        fields = json.loads(value) if value else {}
+        for uid, entry in fields.items():
+            attempt = entry["attempt"]
+            entries[uid] = Ended(
+                owner=str(entry["owner"]),
+                by=str(entry["by"]),
+                attempt=Attempt(
+                    run=str(attempt["run"]),
+                    activity=str(attempt["activity"]),
+                    scheduled=datetime.fromisoformat(attempt["scheduled"]),
+                ),
+                at=str(entry["at"]),
+            )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        activity.logger.warning("the setting %s of the source is not ferry's: %r", REPLICATION_ENDED, value)
+    return entries
+
+
+def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: str) -> bool:
+    """Records on the source that the current activity, `by`, ends `owner`'s replication; False when the Secret's user
+    may not set the setting (then a late attempt is not refused: see the warning logged).
+
+    The caller holds the Migration's LOCK (`holding`), from before this until the replication is ended.
+    """
+    attempt = Attempt.current()
+    try:
+        with conn.transaction():
+            conn.execute("select pg_advisory_xact_lock(%s)", (SETTING_LOCK,))
+            entries = read(conn)
+            now = conn.execute("select now()::text").fetchone()
+            entries[uid] = Ended(owner=owner, by=by, attempt=attempt, at=str(now[0]) if now else "")
+            kept = sorted(entries.items(), key=lambda item: item[1].at)[-KEPT:]
+            value = {
+                uid: {
+                    "owner": ended.owner,
+                    "by": ended.by,
+                    "attempt": {
+                        "run": ended.attempt.run,
+                        "activity": ended.attempt.activity,
+                        "scheduled": ended.attempt.scheduled.isoformat(),
+                    },
+                    "at": ended.at,
+                }
+                for uid, ended in kept
+            }
+            database_settings.change(conn, REPLICATION_ENDED, json.dumps(value, sort_keys=True))
+    except psycopg.errors.InsufficientPrivilege as error:
+        activity.logger.warning(
+            "could not record on %s that the replication of Migration %s has ended (%s): a late attempt of its "
+            "replicate would not be refused. As a superuser, GRANT SET ON PARAMETER %s TO %s.",
+            db.describe(), owner, str(error).strip(), REPLICATION_ENDED, db.username,
+        )  # fmt: skip
+        return False
+    return True
+
+
+def refuse_if_ended(conn: Connection, db: DatabaseConnection, uid: str, doing: str) -> None:
+    """Raises ReplicationEnded when the source records that the current attempt's Migration's replication was ended by
+    an activity scheduled after this attempt. Under the Migration's LOCK, nothing ends it until the lock is let go."""
+    ended = read(conn).get(uid)
+    attempt = Attempt.current()
+    if ended is None or not attempt.before(ended.attempt):
+        return
+    how = "by catch-up, once the target had caught up" if ended.by == "catch-up" else f"by the rollback ({ended.by})"
+    raise ReplicationEnded(
+        f"refused to {doing} on {db.describe()} for Migration {ended.owner}: its replication was ended {how} at "
+        f"{ended.at}, after this attempt of replicate was scheduled. This is a late attempt of a step the saga has "
+        "moved past (its worker stood still or lost Temporal past its heartbeat timeout); it created no publication, "
+        "slot or subscription, and there is nothing to do. The saga schedules a new attempt if it replicates again."
+    )
