@@ -45,18 +45,30 @@ def gone(what: str, remaining: list[Any]) -> Progress:
     return Progress(done=not remaining, waiting_for=f"{what} to be gone", counts={"remaining": len(remaining)})
 
 
-def endpoints_only_of(slices: list[Any], stateful_set: str, *, service: str, require_ready: bool) -> Progress:
-    """The Service's EndpointSlices list Pods of `stateful_set` and nothing else.
+def endpoints_only_of(
+    slices: list[Any],
+    stateful_set: str,
+    *,
+    service: str,
+    require_ready: bool,
+    tolerated: frozenset[str] = frozenset(),
+) -> Progress:
+    """The Service's EndpointSlices list Pods of `stateful_set` and, besides them, only Pods named in `tolerated`.
 
-    With `require_ready`, at least one such Pod must be listed and every one ready;
-    without, an empty list also counts (traffic is off everything else).
+    With `require_ready`, at least one such Pod of `stateful_set` must be listed and every
+    one ready; without, an empty list also counts (traffic is off everything else).
+    `tolerated` are Pods the Service's selector matches and always matched (a restored
+    selector's exporter or pooler): waiting for them to go would never end.
     """
     pods: set[str] = set()
-    others = not_ready = 0
+    others = also = not_ready = 0
     for endpoint_slice in slices:
         for endpoint in endpoint_slice.endpoints or []:
             ref = endpoint.target_ref
             name = ref.name if ref is not None and ref.kind == "Pod" else None
+            if name is not None and name in tolerated and not is_pod_of(stateful_set, name):
+                also += 1
+                continue
             if name is None or not is_pod_of(stateful_set, name):
                 others += 1
                 continue
@@ -65,9 +77,10 @@ def endpoints_only_of(slices: list[Any], stateful_set: str, *, service: str, req
             if endpoint.conditions is not None and endpoint.conditions.ready is False:
                 not_ready += 1
     done = others == 0 and (not require_ready or (bool(pods) and not_ready == 0))
+    besides = " (and Pods its selector always matched)" if tolerated else ""
     return Progress(
         done=done,
-        waiting_for=f"Service {service} to list only Pods of StatefulSet {stateful_set}",
-        counts={"pods": len(pods), "not_ready": not_ready, "others": others},
+        waiting_for=f"Service {service} to list only Pods of StatefulSet {stateful_set}{besides}",
+        counts={"pods": len(pods), "not_ready": not_ready, "others": others, "also_selected": also},
         names=tuple(sorted(pods)),
     )

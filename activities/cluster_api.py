@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from activities import checks, kube_calls, kube_objects
+from activities.ownership import belongs_to
 from activities.settings import KubeActivitySettings
 from activities.waiting import Progress, wait_for
 from ferry.api.errors import InvalidSpec
@@ -50,12 +51,34 @@ class ClusterApi:
         return [pod for pod in pods if any(owner.uid == uid for owner in pod.metadata.owner_references or [])]
 
     def _wait_for_endpoints(
-        self, ref: MigrationRef, service: str, stateful_set: str, *, require_ready: bool
+        self,
+        ref: MigrationRef,
+        service: str,
+        stateful_set: str,
+        *,
+        require_ready: bool,
+        selector: dict[str, str] | None = None,
     ) -> Progress:
+        """Waits until the Service's EndpointSlices list the Pods of `stateful_set` (see checks.endpoints_only_of).
+
+        With `selector` (the Service's own, put back by an undo), the other Pods it matches are
+        tolerated: they were listed before the switch too (an exporter, a pooler, a backup Job's
+        Pod labelled like the database). This Migration's Pods never are, whatever their labels.
+        """
+
         def listed() -> Progress:
             slices = self._discovery.list_namespaced_endpoint_slice(
                 ref.namespace, label_selector=f"kubernetes.io/service-name={service}"
             ).items
-            return checks.endpoints_only_of(slices, stateful_set, service=service, require_ready=require_ready)
+            tolerated = frozenset(self._also_selected(ref, selector)) if selector else frozenset[str]()
+            return checks.endpoints_only_of(
+                slices, stateful_set, service=service, require_ready=require_ready, tolerated=tolerated
+            )
 
         return self._wait(listed)
+
+    def _also_selected(self, ref: MigrationRef, selector: dict[str, str]) -> list[str]:
+        """The Pods `selector` matches that are not this Migration's."""
+        label_selector = kube_objects.label_selector(selector)
+        pods = self._core.list_namespaced_pod(ref.namespace, label_selector=label_selector).items
+        return [pod.metadata.name for pod in pods if not belongs_to(pod, ref)]

@@ -79,6 +79,10 @@ class TrafficSwitching(ClusterApi):
     def undo_switch_traffic(self, input: UndoSwitchTrafficInput) -> None:
         """Puts the stable Service's selector from before this Migration's switch back, and waits for the source's Pods.
 
+        The wait ends once the EndpointSlices list the source's Pods (Ready) and, besides
+        them, only Pods the restored selector matches that are not this Migration's (an
+        exporter or a pooler labelled like the database, listed before the switch too).
+
         With previous_selector None, the selector comes from the Service's record, and
         only a record of this Migration's uid counts: with no record, or another
         Migration's, the switch never happened or is not this Migration's, and nothing
@@ -97,7 +101,8 @@ class TrafficSwitching(ClusterApi):
         )
         # A source scaled to zero has no Pods to wait for: then it is enough that the target's are off the list.
         source_serves = source is not None and (source.spec.replicas is None or source.spec.replicas > 0)
-        self._wait_for_endpoints(ref, name, input.source_stateful_set, require_ready=source_serves)
+        # Other Pods the restored selector matches (an exporter, a pooler) were listed before the switch too.
+        self._wait_for_endpoints(ref, name, input.source_stateful_set, require_ready=source_serves, selector=restored)
         kube_calls.retry_on_conflict(lambda: self._forget_selector_record(ref, name))
         activity.logger.info("Service %s/%s selects %s again", ref.namespace, name, restored)
 

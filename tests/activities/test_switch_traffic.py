@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 
 import pytest
@@ -31,6 +32,9 @@ from tests.activities.conftest import TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually
 
 ORIGINAL_SELECTOR = {"app": SOURCE}
+EXPORTER = f"{SOURCE}-exporter"
+UNDO_DEADLINE = 30.0
+"""Seconds after which a test stops an undo that would otherwise wait for ever (it takes a few)."""
 TARGET_SELECTOR = {STATEFULSET_LABEL: TARGET}
 RECORD = "ferry.dev/previous-selector"
 
@@ -53,6 +57,33 @@ def _serves_the_source_again(kube_api: k8s.ApiClient, namespace: str) -> None:
         "the stable Service to list the source's Pods",
         lambda: endpoint_pods(kube_api, namespace, SOURCE) == SOURCE_PODS,
     )
+
+
+def _exporter_labelled_like_the_source(kube_api: k8s.ApiClient, namespace: str) -> list[str]:
+    """A Deployment whose Pods the stable Service's selector matches too (a metrics exporter); its Pods' names."""
+    labels = {**ORIGINAL_SELECTOR, "component": "exporter"}
+    container = k8s.V1Container(
+        name="exporter", image="postgres-exporter:0.15", ports=[k8s.V1ContainerPort(container_port=9187)]
+    )
+    deployment = k8s.V1Deployment(
+        metadata=k8s.V1ObjectMeta(name=EXPORTER),
+        spec=k8s.V1DeploymentSpec(
+            replicas=1,
+            selector=k8s.V1LabelSelector(match_labels=labels),
+            template=k8s.V1PodTemplateSpec(
+                metadata=k8s.V1ObjectMeta(labels=labels), spec=k8s.V1PodSpec(containers=[container])
+            ),
+        ),
+    )
+    k8s.AppsV1Api(kube_api).create_namespaced_deployment(namespace, deployment)
+    listed: list[str] = []
+
+    def listed_beside_the_source() -> bool:
+        listed[:] = [pod for pod in endpoint_pods(kube_api, namespace, SOURCE) if pod.startswith(f"{EXPORTER}-")]
+        return len(listed) == 1
+
+    eventually("the stable Service to list the exporter's Pod", listed_beside_the_source)
+    return listed
 
 
 def _serves_the_target(kube_api: k8s.ApiClient, namespace: str) -> None:
@@ -265,3 +296,27 @@ def test_switch_traffic_ignores_a_previous_selector_left_by_an_earlier_migration
     switched = activity_env.run(cluster.switch_traffic, _switch(ref))
 
     assert switched.previous_selector == ORIGINAL_SELECTOR
+
+
+def test_undo_switch_traffic_ends_when_the_restored_selector_also_matches_pods_other_than_the_sources(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    exporter = _exporter_labelled_like_the_source(kube_api, ref.namespace)
+    switched = activity_env.run(cluster.switch_traffic, _switch(ref))
+    assert set(switched.endpoints) <= set(TARGET_PODS), "ferry's selector matches the target's Pods alone"
+    undo_env, deadline = ActivityEnvironment(), time.monotonic() + UNDO_DEADLINE
+    undo_env.on_heartbeat = lambda *_: undo_env.cancel() if time.monotonic() > deadline else None
+
+    try:
+        undo_env.run(cluster.undo_switch_traffic, _undo(ref))
+    except CancelledError as error:
+        pytest.fail(f"the undo was still waiting after {UNDO_DEADLINE:.0f}s: {error}")
+
+    service = stable_service(kube_api, ref.namespace)
+    assert service.spec.selector == ORIGINAL_SELECTOR
+    assert RECORD not in (service.metadata.annotations or {})
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == sorted([*SOURCE_PODS, *exporter])
