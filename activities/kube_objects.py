@@ -2,8 +2,9 @@
 
 Pure functions from what was read to what is applied, so the rules read in one place:
 what is copied from the source, which labels the target's objects carry (the owning
-Migration's uid, see ownership.py; and on Pods none that the stable Service selects,
-so it cannot send them traffic before switch-traffic), and which requests are refused.
+Migration's uid, see ownership.py; and on Pods none that the stable Service or any other
+Service selecting the source's Pods uses, so none can send them traffic before
+switch-traffic), and which requests are refused.
 Manifests are plain dicts, as the API server sends and server-side apply takes them;
 objects are read as raw JSON (see kube_calls).
 """
@@ -11,6 +12,7 @@ objects are read as raw JSON (see kube_calls).
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from activities.ownership import object_labels
@@ -19,6 +21,8 @@ from ferry.api.migration import MIGRATION_LABEL, MIGRATION_UID_LABEL, STATEFULSE
 from ferry.api.saga import MigrationRef
 
 MAX_LABEL_VALUE = 63
+PER_POD_LABELS = frozenset({"apps.kubernetes.io/pod-index"})
+"""Labels the StatefulSet controller gives each Pod whose values the target's Pods share with the source's."""
 
 
 def is_pod_of(stateful_set: str, pod: str) -> bool:
@@ -42,12 +46,36 @@ def target_pod_labels(ref: MigrationRef, target: str) -> dict[str, str]:
     return {STATEFULSET_LABEL: target, MIGRATION_LABEL: ref.name, MIGRATION_UID_LABEL: ref.uid}
 
 
+def services_selecting(labels: Mapping[str, str], selectors: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The names of the Services (`selectors`: each one's selector by name) that select Pods labelled `labels`.
+
+    Only Services selecting by at least one of `labels` count: one selecting by the
+    controller's per-Pod labels alone selects every StatefulSet's Pods, and no label
+    ferry leaves out would keep it off the target's.
+    """
+    return sorted(
+        name
+        for name, selector in selectors.items()
+        if any(key in labels for key in selector)
+        and all(labels.get(key) == value for key, value in selector.items() if key not in PER_POD_LABELS)
+    )
+
+
 def target_stateful_set(
-    source: dict[str, Any], service: dict[str, Any], ref: MigrationRef, target: TargetSpec
+    source: dict[str, Any],
+    service: dict[str, Any],
+    ref: MigrationRef,
+    target: TargetSpec,
+    selectors: Mapping[str, Mapping[str, str]],
 ) -> dict[str, Any]:
     """The target StatefulSet: the source's Pod template with the new image, resources and storage.
 
-    No ownerReference points at the Migration: the target must outlive it.
+    Its Pods carry the source template's labels but those the stable Service (`service`)
+    selects by and those any Service of `selectors` (every Service's selector in the
+    namespace, by name) selecting the source's Pods selects by: until switch-traffic
+    points the stable Service at them, no Service may send them traffic (a read-only
+    Service, the source's governing headless one). ferry's own labels stay. No
+    ownerReference points at the Migration: the target must outlive it.
     """
     source_spec = source["spec"]
     template = copy.deepcopy(source_spec["template"])
@@ -55,13 +83,12 @@ def target_stateful_set(
     _set_image_and_resources(pod_spec["containers"], source["metadata"]["name"], target)
 
     own = target_pod_labels(ref, target.stateful_set)
-    selected_by_stable_service = set(service["spec"].get("selector") or {})
     source_template_metadata = template.get("metadata") or {}
-    pod_labels = {
-        key: value
-        for key, value in (source_template_metadata.get("labels") or {}).items()
-        if key not in selected_by_stable_service
-    }
+    source_labels: dict[str, str] = source_template_metadata.get("labels") or {}
+    left_out = set(service["spec"].get("selector") or {})
+    for name in services_selecting(source_labels, selectors):
+        left_out.update(selectors[name])
+    pod_labels = {key: value for key, value in source_labels.items() if key not in left_out}
     pod_metadata: dict[str, Any] = {"labels": {**pod_labels, **own}}
     if source_template_metadata.get("annotations"):
         pod_metadata["annotations"] = source_template_metadata["annotations"]

@@ -23,14 +23,19 @@ from temporalio.exceptions import ApplicationError
 from activities import checks, kube_calls, kube_objects, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
+from activities.events import record_event
 from activities.ownership import belongs_to, own_selector, owner
+from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
+from ferry.api.migration import STATEFULSET_LABEL, EventType, MigrationSpec
 from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
 
 TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
 """Error type of an undo_provision that will not delete a target some Service still sends traffic to."""
+SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
+"""Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
+OTHER_PODS_SHOWN = 5
 
 
 class Provisioning(ClusterApi):
@@ -70,9 +75,12 @@ class Provisioning(ClusterApi):
         """What provision checks before its first write, run by the precheck: a Migration that cannot work on this
         cluster (a live or foreign target, a missing source or StorageClass) ends before anything changes.
 
-        Reads only (the API server's dry run stores nothing), so it is idempotent.
+        Names, in a Warning Event, the Pods the stable Service selects beside the source's,
+        which switch-traffic takes its traffic from. Reads only otherwise (the API server's
+        dry run stores nothing); the Event is recorded once per Migration, so it is idempotent.
         """
         self._checked_manifests(input.ref, input.spec)
+        self._name_other_pods_selected(input.ref, input.spec)
         activity.logger.info("the cluster has what Migration %s needs", input.ref)
 
     @activity.defn(name=KubeActivity.UNDO_PROVISION.value)
@@ -153,7 +161,8 @@ class Provisioning(ClusterApi):
                 f"spec.source.service: Service {ref.namespace}/{spec.source.service} has no selector, and ferry "
                 "moves traffic by changing it. Migrate only StatefulSets whose clients use a Service with a selector."
             )
-        stateful_set = kube_objects.target_stateful_set(source, service, ref, spec.target)
+        selectors = self._service_selectors(ref, source)
+        stateful_set = kube_objects.target_stateful_set(source, service, ref, spec.target, selectors)
         headless = kube_objects.headless_service(service, ref, spec.target)
 
         target = spec.target.stateful_set
@@ -177,6 +186,63 @@ class Provisioning(ClusterApi):
             self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager, dry_run=True
         )
         return headless, stateful_set
+
+    def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:
+        """A Warning Event naming the Pods the stable Service selects beside the source's: they lose its traffic.
+
+        switch-traffic points the Service at the target's Pods alone; an exporter or a pooler
+        labelled like the database gets none of its traffic until a rollback points it back.
+        Recorded once per Migration (events.py), so the precheck's retries add nothing.
+        """
+        service, source = spec.source.service, spec.source.stateful_set
+        selector = self._core.read_namespaced_service(service, ref.namespace).spec.selector or {}
+        pods = self._core.list_namespaced_pod(ref.namespace, label_selector=kube_objects.label_selector(selector))
+        others = sorted(
+            pod.metadata.name
+            for pod in pods.items
+            if not kube_objects.is_pod_of(source, pod.metadata.name) and not belongs_to(pod, ref)
+        )
+        if not others:
+            return
+        shown = ", ".join(others[:OTHER_PODS_SHOWN]) + (
+            f" and {len(others) - OTHER_PODS_SHOWN} more" if len(others) > OTHER_PODS_SHOWN else ""
+        )
+        message = (
+            f"Service {ref.namespace}/{service} also selects Pods that are not StatefulSet {source}'s: {shown}. "
+            "switch-traffic points it at the target's Pods alone, so from then on they get none of its traffic "
+            "(a rollback gives it back). If they must keep it, give them a Service of their own before the switch."
+        )
+        activity.logger.warning("%s", message)
+        record_event(
+            self._core,
+            ref,
+            type=EventType.WARNING,
+            reason=SERVICE_SELECTS_OTHER_PODS,
+            message=message,
+            key="precheck.service-selects-other-pods",
+            component=REPORTING_COMPONENT,
+            instance=self._settings.reporting_instance,
+        )
+
+    def _service_selectors(self, ref: MigrationRef, source: dict[str, Any]) -> dict[str, dict[str, str]]:
+        """Every Service's selector in the namespace, by name; logs those that select the source's Pods.
+
+        Read on every attempt: a Service created between two attempts of provision changes
+        the target's Pod labels, and the StatefulSet controller rolls its Pods (empty still).
+        """
+        selectors = {
+            item.metadata.name: dict(item.spec.selector)
+            for item in self._core.list_namespaced_service(ref.namespace).items
+            if item.spec is not None and item.spec.selector
+        }
+        labels = ((source["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+        selecting = kube_objects.services_selecting(labels, selectors)
+        if selecting:
+            activity.logger.info(
+                "the target's Pods leave out the labels that Services %s select the source's Pods by: %s",
+                ", ".join(selecting), ", ".join(sorted({key for name in selecting for key in selectors[name]})),
+            )  # fmt: skip
+        return selectors
 
     def _refuse_live(
         self, ref: MigrationRef, service: dict[str, Any], existing: dict[str, Any] | None, manifest: dict[str, Any]

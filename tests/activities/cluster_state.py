@@ -59,7 +59,10 @@ def provision_as_an_older_ferry(kube_api: k8s.ApiClient, ref: MigrationRef, spec
     apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
     source = kube_calls.read_json(apps.read_namespaced_stateful_set, SOURCE, ref.namespace)
     service = kube_calls.read_json(core.read_namespaced_service, SOURCE, ref.namespace)
-    stateful_set = _without_uid(kube_objects.target_stateful_set(source, service, ref, spec.target))
+    services = core.list_namespaced_service(ref.namespace).items
+    selectors = {s.metadata.name: s.spec.selector for s in services if s.spec.selector}
+    manifest = kube_objects.target_stateful_set(source, service, ref, spec.target, selectors)
+    stateful_set = _without_uid(manifest)
     headless = _without_uid(kube_objects.headless_service(service, ref, spec.target))
     kube_calls.apply(core.patch_namespaced_service, headless, "ferry")
     kube_calls.apply(apps.patch_namespaced_stateful_set, stateful_set, "ferry")

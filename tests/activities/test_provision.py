@@ -11,6 +11,7 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
+from devstack.demo.sample import source_objects
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import (
     MANAGED_BY_LABEL,
@@ -23,6 +24,16 @@ from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoPr
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
+
+SOURCE_LABELS = {"app": SOURCE}
+READ_ONLY = f"{SOURCE}-ro"
+FIRST_REPLICA = f"{SOURCE}-replica-0"
+OTHER_SERVICES = {
+    READ_ONLY: {"tier": "database"},
+    FIRST_REPLICA: {"team": "payments", "apps.kubernetes.io/pod-index": "0"},
+    "billing-db": {"owner": "dba", "app": "billing-db"},
+}
+"""Services beside the stable one: two select the source's Pods (one by the controller's per-Pod label too), one not."""
 
 
 def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_the_stable_service_does_not_select(
@@ -68,6 +79,53 @@ def test_provision_creates_a_ready_target_with_the_new_image_and_storage_that_th
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS, "no traffic reaches the target yet"
     assert heartbeats, "provision heartbeats while it waits"
     assert heartbeats[-1][0]["ready"] == heartbeats[-1][0]["desired"] == 2
+
+
+def _labelled_source_and_other_services(kube_api: k8s.ApiClient, namespace: str) -> None:
+    """orders-db with Pod labels beyond the stable Service's `app`, and Services selecting its Pods by them."""
+    service, stateful_set = source_objects(replicas=2)
+    stateful_set.spec.template.metadata.labels = {
+        **SOURCE_LABELS,
+        "tier": "database",
+        "team": "payments",
+        "owner": "dba",
+    }
+    core = k8s.CoreV1Api(kube_api)
+    core.create_namespaced_service(namespace, service)
+    k8s.AppsV1Api(kube_api).create_namespaced_stateful_set(namespace, stateful_set)
+    for name, selector in OTHER_SERVICES.items():
+        port = k8s.V1ServicePort(name="postgres", port=5432)
+        other = k8s.V1Service(
+            metadata=k8s.V1ObjectMeta(name=name), spec=k8s.V1ServiceSpec(selector=selector, ports=[port])
+        )
+        core.create_namespaced_service(namespace, other)
+    eventually("the source to be Ready", lambda: ready_replicas(kube_api, namespace, SOURCE) == 2)
+    eventually(
+        "orders-db-ro to list the source's Pods", lambda: endpoint_pods(kube_api, namespace, READ_ONLY) == SOURCE_PODS
+    )
+
+
+def test_provision_gives_the_target_no_label_another_service_selects_the_sources_pods_by(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+) -> None:
+    _labelled_source_and_other_services(kube_api, ref.namespace)
+
+    activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    labels = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(TARGET, ref.namespace).spec.template.metadata.labels
+    own = {STATEFULSET_LABEL: TARGET, MIGRATION_LABEL: MIGRATION, MIGRATION_UID_LABEL: ref.uid}
+    assert labels == {**own, "owner": "dba"}, "app, tier and team select the source's Pods; billing-db selects others"
+    eventually(
+        "the target's Pods to be listed by their headless Service",
+        lambda: endpoint_pods(kube_api, ref.namespace, TARGET) == TARGET_PODS,
+    )
+    assert endpoint_pods(kube_api, ref.namespace, READ_ONLY) == SOURCE_PODS, "no read-only traffic reaches the target"
+    assert endpoint_pods(kube_api, ref.namespace, FIRST_REPLICA) == ["orders-db-0"], "nor the first replica's"
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
 
 
 def test_provision_run_again_changes_nothing(

@@ -19,9 +19,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import STATEFULSET_LABEL
+from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import (
     MigrationRef,
+    ProvisionInput,
     ProvisionResult,
     ScaleDownOldInput,
     SwitchTrafficInput,
@@ -320,3 +321,24 @@ def test_undo_switch_traffic_ends_when_the_restored_selector_also_matches_pods_o
     assert service.spec.selector == ORIGINAL_SELECTOR
     assert RECORD not in (service.metadata.annotations or {})
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == sorted([*SOURCE_PODS, *exporter])
+
+
+def test_the_precheck_names_the_pods_the_stable_service_selects_beside_the_sources_once(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    exporter = _exporter_labelled_like_the_source(kube_api, ref.namespace)
+
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+
+    events = k8s.CoreV1Api(kube_api).list_namespaced_event(ref.namespace).items
+    warnings = [event for event in events if event.reason == "ServiceSelectsOtherPods"]
+    assert len(warnings) == 1, "recorded once however often the precheck runs"
+    assert warnings[0].type == "Warning"
+    assert warnings[0].involved_object.uid == ref.uid
+    assert f"also selects Pods that are not StatefulSet {SOURCE}'s: {exporter[0]}." in warnings[0].message
