@@ -12,7 +12,10 @@ uid on the objects it changes, the uid label on those it creates), never in the
 worker. Every undo is safe whether its step did all, part or none of its work, and
 acts only on what its own Migration (by uid, see ownership.py) did. Writes to objects
 ferry does not own are conditional on the resourceVersion they were computed from
-(see kube_calls), so a concurrent change is re-read, never overwritten. Refusals by
+(see kube_calls), so a concurrent change is re-read, never overwritten, and carry the
+writing activity's fence, so a late attempt never writes over a later action of its
+Migration (fences.py; provision, whose objects the undo deletes, checks the fence its
+undo leaves on the source). Refusals by
 the API server end a step as a sentence, not retried (api_refusals.py).
 """
 

@@ -28,6 +28,7 @@ class ClusterApi:
         self._core = k8s.CoreV1Api(api_client)
         self._discovery = k8s.DiscoveryV1Api(api_client)
         self._storage = k8s.StorageV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
         self._settings = settings
 
     def _wait(self, check: Callable[[], Progress]) -> Progress:

@@ -119,21 +119,6 @@ def set_value(path: str, value: Any) -> dict[str, Any]:
     return {"op": "add", "path": path, "value": value}
 
 
-def set_annotation(read_object: dict[str, Any], key: str, value: str) -> dict[str, Any]:
-    """A JSON Patch operation setting one annotation of `read_object`, keeping the others as read.
-
-    It writes the whole map: an operation on one key fails with 422 (not 409) when a
-    concurrent change removed the map, and 422 is a refusal that is not retried. Under
-    the resourceVersion guard, a concurrent change is a 409 either way.
-    """
-    return set_value("/metadata/annotations", {**annotations_of(read_object), key: value})
-
-
-def remove_annotation(read_object: dict[str, Any], key: str) -> dict[str, Any]:
-    """A JSON Patch operation removing one annotation of `read_object`, keeping the others (see set_annotation)."""
-    return set_value("/metadata/annotations", {k: v for k, v in annotations_of(read_object).items() if k != key})
-
-
 def annotations_of(read_object: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = read_object["metadata"].get("annotations") or {}
     return found

@@ -7,6 +7,15 @@ under the target's names (StatefulSet, Service, claims) belongs to anyone but th
 Migration (ownership.py: by uid). undo_provision deletes what carries this Migration's
 uid, whatever provision got to do (nothing, the Service alone, everything), and
 nothing else.
+
+A late attempt of provision (its worker stood still past its timeout, then went on after
+the rollback) would create the target again after undo_provision deleted it. The objects
+it creates cannot carry a fence, since the undo deletes them, so undo_provision fences
+the source StatefulSet (fences.py), found through the Migration of its uid, before it
+deletes anything, and provision reads the source's fence right before its applies and
+refuses (Overtaken) when a later action of its Migration wrote it. Kubernetes has no
+write conditional on another object, so an attempt that stands still between that read
+and its applies still gets through: the check narrows the window to those two calls.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import checks, kube_calls, kube_objects, records
+from activities import checks, fences, kube_calls, kube_objects, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
@@ -28,7 +37,7 @@ from activities.ownership import belongs_to, own_selector, owner
 from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import STATEFULSET_LABEL, EventType, MigrationSpec
+from ferry.api.migration import GROUP, PLURAL, STATEFULSET_LABEL, VERSION, EventType, MigrationSpec
 from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
 
 TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
@@ -53,10 +62,12 @@ class Provisioning(ClusterApi):
         target's names exists unless it carries this Migration's uid; the StorageClass
         exists; and the API server accepts both objects in a dry run. Idempotent: both
         objects are server-side applied from the same source and spec, labelled with the
-        Migration's uid, so a retry finds them its own and applies the same manifests again.
+        Migration's uid, so a retry finds them its own and applies the same manifests again. Refuses (Overtaken,
+        writing nothing) when the source carries the fence of a later action of this Migration (see above).
         """
         ref, target = input.ref, input.spec.target.stateful_set
         headless, stateful_set = self._checked_manifests(ref, input.spec)
+        self._refuse_if_overtaken(ref, input.spec.source.stateful_set)
 
         kube_calls.apply(self._core.patch_namespaced_service, headless, self._settings.field_manager)
         kube_calls.apply(self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager)
@@ -95,9 +106,11 @@ class Provisioning(ClusterApi):
         traffic to (its undo_switch_traffic has not run or failed) is not deleted: the
         activity fails, retryably, saying so. Idempotent: deletions are conditional on
         the object as read (uid and resourceVersion), NotFound counts as deleted, and a
-        second run finds nothing of this Migration's left.
+        second run finds nothing of this Migration's left. First it fences the source
+        StatefulSet (see above), even when there is nothing to delete.
         """
         ref, target = input.ref, input.stateful_set
+        self._fence_source(ref)
         own_target = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
         if own_target is not None and belongs_to(own_target, ref):
             self._refuse_while_serving(ref, target)
@@ -305,7 +318,52 @@ class Provisioning(ClusterApi):
             raise
         return True
 
+    def _refuse_if_overtaken(self, ref: MigrationRef, source_name: str) -> None:
+        """Refuses (Overtaken) once a later action of this Migration fenced the source: an undo_provision, which
+        deleted the target this attempt would now create again, or a later step. Read right before the applies, to
+        leave a late attempt the least time between this check and its writes (see the module's docstring)."""
+        source = self._read_named_in_spec(
+            self._apps.read_namespaced_stateful_set, source_name, ref, "spec.source.statefulSet"
+        )
+        fences.refuse_if_overtaken(source, ref, "create the target")
+
     # --- undo_provision's parts --------------------------------------------------------------
+
+    def _fence_source(self, ref: MigrationRef) -> None:
+        """Writes this undo's fence on the source StatefulSet, which a late provision checks before it creates.
+
+        The source is the Migration's spec.source.statefulSet, read from the Migration of this uid; with no such
+        Migration (deleted, or created again under its name) nothing is fenced.
+        """
+        source_name = self._source_of(ref)
+        if source_name is None:
+            activity.logger.warning(
+                "Migration %s (uid %s) is gone: its source is not fenced against a late provision", ref, ref.uid
+            )
+            return
+
+        def fence() -> None:
+            source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
+            if source is None or fences.is_fenced(source, ref):
+                return
+            operation = fences.fenced_annotations(source, ref, "remove the target")
+            kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])
+
+        kube_calls.retry_on_conflict(fence)
+
+    def _source_of(self, ref: MigrationRef) -> str | None:
+        try:
+            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return None
+            raise
+        if migration["metadata"].get("uid") != ref.uid:
+            return None
+        source: str = migration["spec"]["source"]["statefulSet"]
+        return source
 
     def _refuse_while_serving(self, ref: MigrationRef, target: str) -> None:
         """Fails (retryably) while a Service other than this Migration's still selects the target by ferry's label."""

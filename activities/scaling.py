@@ -4,14 +4,17 @@ The source StatefulSet is not ferry's: it changes only through writes conditiona
 the resourceVersion they were computed from. Its replicas from before the scale-down
 are recorded on it with the Migration's uid, in the same write that sets zero
 (records.py), so a retry and an undo without the step's result both know the count,
-and an undo acts only on its own Migration's scale-down.
+and an undo acts only on its own Migration's scale-down. Every write also carries the
+writing activity's fence (fences.py), and the undo writes it even when it has nothing
+to scale back, so a late attempt of the scale-down, going on after the rollback, changes
+nothing.
 """
 
 from __future__ import annotations
 
 from temporalio import activity
 
-from activities import checks, kube_calls, records
+from activities import checks, fences, kube_calls, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.waiting import Progress
@@ -38,7 +41,9 @@ class Scaling(ClusterApi):
         the recorded count, not 0. A source already at 0 without such a record was not
         scaled down by this Migration: nothing is recorded and the result is 0, so the
         undo leaves it at 0. A record next to other replicas is left over from before,
-        and is overwritten.
+        and is overwritten. Refuses (Overtaken, changing nothing) a source fenced by a
+        later action of this Migration (fences.py): this is then a late attempt, and its
+        undo has run.
         """
         ref, name = input.ref, input.stateful_set
 
@@ -46,6 +51,7 @@ class Scaling(ClusterApi):
             source = self._read_named_in_spec(
                 self._apps.read_namespaced_stateful_set, name, ref, "spec.source.statefulSet"
             )
+            fences.refuse_if_overtaken(source, ref, "scale the source to zero")
             record = records.replicas_record(kube_calls.annotations_of(source))
             current: int = source["spec"].get("replicas", 1)
             if current == 0:
@@ -58,8 +64,11 @@ class Scaling(ClusterApi):
                 )  # fmt: skip
                 return 0
             operations = [
-                kube_calls.set_annotation(
-                    source, records.PREVIOUS_REPLICAS_ANNOTATION, records.encode_replicas(ref, current)
+                fences.fenced_annotations(
+                    source,
+                    ref,
+                    "scale the source to zero",
+                    {records.PREVIOUS_REPLICAS_ANNOTATION: records.encode_replicas(ref, current)},
                 ),
                 kube_calls.set_value("/spec/replicas", 0),
             ]
@@ -87,7 +96,9 @@ class Scaling(ClusterApi):
         An explicit count (runs from before the record had a uid) is restored unless
         the record names another Migration. Idempotent: replicas are set only when they
         differ, and the record is removed only after the source is Ready again, so a
-        retry after a crash in between still finds it.
+        retry after a crash in between still finds it. Its fence goes on the source even
+        when nothing changes (unless another Migration's record is there), so a late
+        scale-down of this Migration is refused; a late attempt of this undo is refused the same way.
         """
         ref, name = input.ref, input.stateful_set
         wanted, _ = kube_calls.retry_on_conflict(lambda: self._scale_back(input))
@@ -115,9 +126,16 @@ class Scaling(ClusterApi):
             )
         record = records.replicas_record(kube_calls.annotations_of(source))
         wanted = self._replicas_to_restore(ref, name, input.replicas, record)
-        if wanted is not None and source["spec"].get("replicas") != wanted:
-            operation = kube_calls.set_value("/spec/replicas", wanted)
-            kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])
+        changes = wanted is not None and source["spec"].get("replicas") != wanted
+        # The fence goes on even when nothing changes, for a late scale-down of this Migration to find; not on a
+        # source another Migration scaled down, which stays exactly as it is (and which this Migration's scale-down
+        # leaves at zero).
+        foreign = record is not None and record.is_of_another(ref)
+        if changes or not (foreign or fences.is_fenced(source, ref)):
+            operations = [fences.fenced_annotations(source, ref, "scale the source back")]
+            if changes:
+                operations.append(kube_calls.set_value("/spec/replicas", wanted))
+            kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, operations)
         return wanted
 
     def _replicas_to_restore(
@@ -143,5 +161,6 @@ class Scaling(ClusterApi):
         record = records.replicas_record(kube_calls.annotations_of(source))
         if record is not None and record.is_of_another(ref):
             return
-        operation = kube_calls.remove_annotation(source, records.PREVIOUS_REPLICAS_ANNOTATION)
+        doing = "remove the record of the source's replicas"
+        operation = fences.fenced_annotations(source, ref, doing, {records.PREVIOUS_REPLICAS_ANNOTATION: None})
         kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])

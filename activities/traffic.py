@@ -5,7 +5,9 @@ resourceVersion they were computed from. The selector from before the switch is
 recorded on the Service with the switching Migration's uid, in the same write that
 changes the selector (records.py), so a retry and an undo without the step's result
 both know what to restore, and an undo acts only on its own Migration's switch. The
-Service is never left selecting nothing.
+Service is never left selecting nothing. Every write also carries the writing
+activity's fence (fences.py), and the undo writes it even when it has nothing to put
+back, so a late attempt of the switch, going on after the rollback, changes nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities import kube_calls, records
+from activities import fences, kube_calls, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.ownership import belongs_to, labels_of, owner
@@ -44,6 +46,8 @@ class TrafficSwitching(ClusterApi):
         selector. Idempotent: a retry finds the target's selector with this Migration's
         record and returns the recorded selector, never the target's. A record next to
         any other selector is left over from an earlier migration, and is overwritten.
+        Refuses (Overtaken, changing nothing) a Service fenced by a later action of this
+        Migration (fences.py): this is then a late attempt, and its undo has run.
         """
         ref, name, target = input.ref, input.service, input.target_stateful_set
         target_selector = {STATEFULSET_LABEL: target}
@@ -51,6 +55,7 @@ class TrafficSwitching(ClusterApi):
 
         def point_at_target() -> dict[str, str]:
             service = self._read_named_in_spec(self._core.read_namespaced_service, name, ref, "spec.source.service")
+            fences.refuse_if_overtaken(service, ref, "point the Service at the target")
             record = records.selector_record(kube_calls.annotations_of(service))
             current: dict[str, str] = service["spec"].get("selector") or {}
             if current == target_selector:
@@ -62,8 +67,11 @@ class TrafficSwitching(ClusterApi):
                 )
             operations = [
                 kube_calls.set_value("/spec/selector", target_selector),
-                kube_calls.set_annotation(
-                    service, records.PREVIOUS_SELECTOR_ANNOTATION, records.encode_selector(ref, current)
+                fences.fenced_annotations(
+                    service,
+                    ref,
+                    "point the Service at the target",
+                    {records.PREVIOUS_SELECTOR_ANNOTATION: records.encode_selector(ref, current)},
                 ),
             ]
             kube_calls.patch_if_unchanged(self._core.patch_namespaced_service, service, operations)
@@ -90,7 +98,9 @@ class TrafficSwitching(ClusterApi):
         is restored unless the record names another Migration. A selector that would
         select nothing is never set. Idempotent: the selector is set only when it
         differs, and the record is removed only after the endpoints are back, so a
-        retry after a crash in between still finds it.
+        retry after a crash in between still finds it. Its fence goes on the Service
+        even when nothing changes (unless another Migration's record is there), so a late
+        switch of this Migration is refused; a late attempt of this undo is refused the same way.
         """
         ref, name = input.ref, input.service
         restored, _ = kube_calls.retry_on_conflict(lambda: self._point_back(input))
@@ -155,11 +165,15 @@ class TrafficSwitching(ClusterApi):
             return None
         record = records.selector_record(kube_calls.annotations_of(service))
         wanted = self._selector_to_restore(ref, name, input.previous_selector, record)
-        if wanted is None:
-            return None
-        if (service["spec"].get("selector") or {}) != wanted:
-            operation = kube_calls.set_value("/spec/selector", wanted)
-            kube_calls.patch_if_unchanged(self._core.patch_namespaced_service, service, [operation])
+        changes = wanted is not None and (service["spec"].get("selector") or {}) != wanted
+        # The fence goes on even when nothing changes, for a late switch of this Migration to find; not on a Service
+        # another Migration switched, which stays exactly as it is (and which this Migration's switch refuses).
+        foreign = record is not None and record.is_of_another(ref)
+        if changes or not (foreign or fences.is_fenced(service, ref)):
+            operations = [fences.fenced_annotations(service, ref, "point the Service back")]
+            if changes:
+                operations.insert(0, kube_calls.set_value("/spec/selector", wanted))
+            kube_calls.patch_if_unchanged(self._core.patch_namespaced_service, service, operations)
         return wanted
 
     def _selector_to_restore(
@@ -192,5 +206,6 @@ class TrafficSwitching(ClusterApi):
         record = records.selector_record(kube_calls.annotations_of(service))
         if record is not None and record.is_of_another(ref):
             return
-        operation = kube_calls.remove_annotation(service, records.PREVIOUS_SELECTOR_ANNOTATION)
+        doing = "remove the record of the Service's selector"
+        operation = fences.fenced_annotations(service, ref, doing, {records.PREVIOUS_SELECTOR_ANNOTATION: None})
         kube_calls.patch_if_unchanged(self._core.patch_namespaced_service, service, [operation])

@@ -72,6 +72,11 @@ class ReplicationEnded(PermanentError):
     catch-up) ended this Migration's replication: a slot nobody drops would keep the source's WAL forever."""
 
 
+class Overtaken(PermanentError):
+    """A late attempt of a Kubernetes step or undo found its object written by a later action of the same Migration
+    (activities/fences.py): it changed nothing, since what it was about to do is no longer what the saga wants."""
+
+
 class ReplicationBroken(PermanentError):
     """Mode Online: the target keeps failing to apply the source's changes, e.g. after a schema change on the source."""
 
@@ -89,6 +94,7 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     WritesAfterFreeze,
     WritesOnTarget,
     TargetVerified,
+    Overtaken,
     TlsMismatch,
     ReplicationBroken,
     ReplicationEnded,

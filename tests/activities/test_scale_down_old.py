@@ -21,6 +21,7 @@ from tests.activities.cluster_state import source_stateful_set
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
 
 RECORD = "ferry.dev/previous-replicas"
+FENCE = "ferry.dev/fence"
 
 
 def _source_pods(kube_api: k8s.ApiClient, namespace: str) -> list[str]:
@@ -121,7 +122,7 @@ def test_undo_scale_down_old_after_scale_down_old_was_cancelled_while_waiting_sc
     _back_at_two_ready_replicas(kube_api, ref.namespace)
 
 
-def test_undo_scale_down_old_when_scale_down_old_never_ran_changes_nothing(
+def test_undo_scale_down_old_when_scale_down_old_never_ran_changes_nothing_but_leaves_its_fence(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
     cluster: ClusterActivities,
@@ -133,7 +134,10 @@ def test_undo_scale_down_old_when_scale_down_old_never_ran_changes_nothing(
     activity_env.run(cluster.undo_scale_down_old, _undo(ref))
 
     after = source_stateful_set(kube_api, ref.namespace).metadata
-    assert (after.generation, after.annotations) == (before.generation, before.annotations)
+    annotations = dict(after.annotations)
+    fence = json.loads(annotations.pop(FENCE))
+    assert (after.generation, annotations) == (before.generation, before.annotations or {})
+    assert fence == {ref.uid: activity_env.info.scheduled_time.isoformat()}, "for a late scale-down to find"
     assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2
 
 

@@ -38,6 +38,7 @@ UNDO_DEADLINE = 30.0
 """Seconds after which a test stops an undo that would otherwise wait for ever (it takes a few)."""
 TARGET_SELECTOR = {STATEFULSET_LABEL: TARGET}
 RECORD = "ferry.dev/previous-selector"
+FENCE = "ferry.dev/fence"
 
 
 def _switch(ref: MigrationRef) -> SwitchTrafficInput:
@@ -159,18 +160,23 @@ def test_undo_switch_traffic_after_switch_traffic_was_cancelled_while_waiting_po
     _serves_the_source_again(kube_api, ref.namespace)
 
 
-def test_undo_switch_traffic_when_switch_traffic_never_ran_changes_nothing(
+def test_undo_switch_traffic_when_switch_traffic_never_ran_changes_nothing_but_leaves_its_fence(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
     cluster: ClusterActivities,
     ref: MigrationRef,
     provisioned: ProvisionResult,
 ) -> None:
-    version = stable_service(kube_api, ref.namespace).metadata.resource_version
+    before = stable_service(kube_api, ref.namespace)
 
     activity_env.run(cluster.undo_switch_traffic, _undo(ref))
 
-    assert stable_service(kube_api, ref.namespace).metadata.resource_version == version
+    after = stable_service(kube_api, ref.namespace)
+    assert after.spec.selector == before.spec.selector == ORIGINAL_SELECTOR
+    annotations = dict(after.metadata.annotations)
+    fence = json.loads(annotations.pop(FENCE))
+    assert annotations == (before.metadata.annotations or {})
+    assert fence == {ref.uid: activity_env.info.scheduled_time.isoformat()}, "for a late switch to find"
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
 
 
