@@ -13,6 +13,7 @@ import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -234,3 +235,31 @@ def test_a_late_provision_after_its_undo_removed_the_target_is_refused(
 
     _nothing_of_the_target(kube_api, migration.namespace)
     assert ready_replicas(kube_api, migration.namespace, SOURCE) == 2
+
+
+def test_a_scale_down_old_that_stood_still_between_its_read_and_its_write_is_refused_after_the_409(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    source: str,
+) -> None:
+    # A fake, to stand the attempt still between its read and its write, which the real worker cannot be made to do
+    # on demand: its first patch waits for the saga's undo to run, then goes to the real API server.
+    patch, undone = cluster._apps.patch_namespaced_stateful_set, []
+
+    def after_the_undo(*args: Any, **kwargs: Any) -> Any:
+        if not undone:
+            undone.append(True)
+            undo = UndoScaleDownOldInput(ref=ref, stateful_set=SOURCE, replicas=None)
+            _scheduled(ActivityEnvironment(), UNDO).run(cluster.undo_scale_down_old, undo)
+        return patch(*args, **kwargs)
+
+    cluster._apps.patch_namespaced_stateful_set = after_the_undo  # type: ignore[method-assign]
+
+    with pytest.raises(Overtaken, match="overtaken by a later action of the same Migration"):
+        _scheduled(activity_env, STEP).run(cluster.scale_down_old, ScaleDownOldInput(ref=ref, stateful_set=SOURCE))
+
+    assert undone, "the undo ran while the attempt stood still"
+    assert source_stateful_set(kube_api, ref.namespace).spec.replicas == 2, "its 409 and read again wrote nothing"
+    assert ready_replicas(kube_api, ref.namespace, SOURCE) == 2
