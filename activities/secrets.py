@@ -12,19 +12,33 @@ cert-manager writes). With a CA the default is verify-full, which checks the cer
 and the host name; without one, libpq's own default, prefer. Both are read and checked
 here, so that a typo is refused by the precheck, naming the Secret and the key, instead
 of surfacing as a connection error.
+
+The Secrets a Migration names are protected while ferry may still need them, the way
+Kubernetes protects a claim a Pod uses: the precheck puts the Migration's own finalizer
+(`secret_finalizer`) on each (SecretProtection), and the watcher takes it off when it
+releases the Migration (watcher/deletion.py). A Secret deleted meanwhile, e.g. with its
+Migration by `kubectl delete -k`, stays readable until then, so the undos can still
+connect. An undo that cannot read a Secret all the same (a run that passed its precheck
+before ferry did this, a finalizer removed by hand) fails with SecretUnreadable, which
+is retried: the rollback waits for a person to create the Secret again instead of
+stopping at its first attempt with the source frozen.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from activities import kube_calls
-from ferry.api.errors import InvalidSpec, MissingSecret
+from activities.api_refusals import server_message
+from ferry.api.errors import InvalidSpec, MissingSecret, PermissionDenied
+from ferry.api.migration import secret_finalizer
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
 SSLMODE_KEY = "sslmode"
@@ -40,6 +54,14 @@ REPLICATION_KEYS = ("replicationHost", "replicationPort")
 Online), when that is not where the worker reaches it, e.g. the source's Service in the cluster."""
 S3_KEYS = ("accessKeyId", "secretAccessKey")
 REDACTED = "[redacted]"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+"""A Secret's finalizers merge under this patch (their patch strategy is merge): one finalizer is added or removed
+without a read, and the others, another Migration's or another controller's, stay as they are."""
+
+
+class SecretUnreadable(Exception):
+    """An undo could not read a Secret the Migration names. Not a PermanentError, so retried: a person can create
+    the Secret again, and the rollback goes on from there instead of stopping with the source frozen."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +182,55 @@ class SecretReader:
                 f"Add {'it' if len(missing) == 1 else 'them'}; the Secret needs {', '.join(keys)}."
             )
         return {key: base64.b64decode(encoded[key]).decode() for key in (*keys, *optional) if key in encoded}
+
+
+@contextlib.contextmanager
+def retried_until_readable(what: str) -> Iterator[None]:
+    """Turns a Secret that cannot be read (MissingSecret) into SecretUnreadable, which is retried, inside `what`,
+    an undo or the check before one: there it is no reason to stop the rollback for good."""
+    try:
+        yield
+    except MissingSecret as error:
+        raise SecretUnreadable(
+            f"{error} {what} needs it and tries again until it can read it; the rollback waits for it."
+        ) from None
+
+
+class SecretProtection:
+    """Puts the Migration's finalizer on the Secrets it names, so that none goes while ferry may still need it."""
+
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._core = k8s.CoreV1Api(api_client)
+
+    def protect(self, namespace: str, uid: str, secrets: Mapping[str, str]) -> None:
+        """Adds `secret_finalizer(uid)` to each Secret of `secrets` (name to the field naming it).
+
+        Idempotent: the finalizer merges into the Secret's list, once. A Secret that does not exist is left to the
+        precheck, which names the keys it needs; one being deleted cannot take a new finalizer and is refused here.
+        """
+        finalizer = secret_finalizer(uid)
+        for name, field in secrets.items():
+            patch = {"metadata": {"finalizers": [finalizer]}}
+            try:
+                self._core.patch_namespaced_secret(name, namespace, patch, _content_type=STRATEGIC_MERGE_PATCH)
+            except ApiException as error:
+                if kube_calls.is_not_found(error):
+                    continue
+                raise _not_protected(error, namespace, name, field) from None
+
+
+def _not_protected(error: ApiException, namespace: str, name: str, field: str) -> Exception:
+    if error.status == 403:
+        return PermissionDenied(
+            f"{field}: ferry's worker may read Secret {namespace}/{name} but not mark it in use (patch): the grant of "
+            f"`ferry rbac` (or the chart's worker secret access) gives both; render and apply it again."
+        )
+    if error.status == 422:
+        return MissingSecret(
+            f"{field}: Secret {namespace}/{name} is being deleted ({server_message(error)}). Wait until it is gone, "
+            "create it again, then create the Migration again."
+        )
+    return RuntimeError(f"could not mark Secret {namespace}/{name} in use: {error.status} {error.reason}")
 
 
 def _replication_port(value: str | None, secret: str, field: str) -> int | None:

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities import s3 as snapshot_store
-from activities.secrets import Secrets, secrets_from
+from activities.secrets import Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.migration import SnapshotSpec
 from ferry.api.saga import (
@@ -62,7 +62,8 @@ class SnapshotStoreActivities:
         Returns whether nothing is left there.
         """
         location = f"s3://{bucket}/{key}"
-        credentials = self._secrets.s3_credentials(ref.namespace, spec.credentials_secret)
+        with retried_until_readable(f"deleting {location}"):
+            credentials = self._secrets.s3_credentials(ref.namespace, spec.credentials_secret)
         s3 = snapshot_store.client(spec, credentials, self._settings)
         with snapshot_store.permanent_failures(s3, bucket, credentials):
             try:

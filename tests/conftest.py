@@ -115,7 +115,21 @@ def namespace(request: pytest.FixtureRequest, kube_api: k8s.ApiClient) -> Iterat
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels)))
     yield name
     _release_migrations(kube_api, name)
+    _release_secrets(kube_api, name)
     core.delete_namespace(name)
+
+
+def _release_secrets(kube_api: k8s.ApiClient, namespace: str) -> None:
+    """Drops the finalizers Migrations put on a test's Secrets (a run started without a watcher to release them)."""
+    core = k8s.CoreV1Api(kube_api)
+    for secret in core.list_namespaced_secret(namespace).items:
+        held = [f for f in secret.metadata.finalizers or [] if f.startswith("ferry.dev/")]
+        if held:
+            with contextlib.suppress(ApiException):
+                core.patch_namespaced_secret(
+                    secret.metadata.name, namespace, {"metadata": {"$deleteFromPrimitiveList/finalizers": held}},
+                    _content_type="application/strategic-merge-patch+json",
+                )  # fmt: skip
 
 
 def _release_migrations(kube_api: k8s.ApiClient, namespace: str) -> None:

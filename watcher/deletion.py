@@ -39,12 +39,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import FINALIZER, AfterSuccess, DeletionStatus, EventType, Migration, MigrationStatus, Phase
+from ferry.api.migration import (
+    FINALIZER,
+    AfterSuccess,
+    DeletionStatus,
+    EventType,
+    Migration,
+    MigrationStatus,
+    Phase,
+    secret_finalizer,
+)
 from ferry.api.saga import (
     CLEANUP_WORKFLOW_NAME,
     UNDO_WORKFLOW_NAME,
@@ -63,6 +73,13 @@ from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
 log = logging.getLogger("ferry.watcher.deletion")
+
+_ENDED_WELL = (
+    WorkflowExecutionStatus.COMPLETED,
+    WorkflowExecutionStatus.CANCELED,
+    WorkflowExecutionStatus.CONTINUED_AS_NEW,
+)
+"""How a run ends with nothing of it left to undo: done, rolled back, or (cancelled) rolled back."""
 
 Resubmit = Callable[[MigrationRef], None]
 
@@ -117,6 +134,14 @@ class DeletionHandler:
                 why = "deleting the snapshot (retention) before deletion"
                 await self._wait_for(migration, cleanup_handle, deadline, why)
                 return
+            await self._check_cleanup(migration, cleanup)
+        elif described.status not in _ENDED_WELL:
+            message = (
+                f"its workflow {handle.id} ended {_state(described)}, so what it did may not all be undone: "
+                f"{migration.status.message or 'its status says no more'}. Check the source, the target and the "
+                "Service by hand"
+            )
+            await self._writer.event(ref, EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
         await self._release(migration, f"its workflow has finished ({_state(described)})")
 
     async def cancel_unheld(self, migration: Migration) -> None:
@@ -227,6 +252,21 @@ class DeletionHandler:
         except WorkflowAlreadyStartedError:
             return None
 
+    async def _check_cleanup(self, migration: Migration, cleanup: DeleteSnapshotInput) -> None:
+        """Records a Warning Event when the retention cleanup (which has closed) did not delete the snapshot."""
+        ref = ref_of(migration)
+        handle = self._client.get_workflow_handle(cleanup_workflow_id(ref))
+        ran = await _describe(handle)
+        if ran is not None and ran.status is WorkflowExecutionStatus.COMPLETED:
+            return
+        message = (
+            f"the retention cleanup (workflow {handle.id}) ended {_state(ran)}: the snapshot "
+            f"{cleanup.artifact.location} and the objects beside it (.tables-N.dump) are left in S3. Delete them by "
+            "hand (the workflow's history says why it failed)"
+        )
+        await self._writer.event(ref, EventType.WARNING, "RetentionCleanupFailed", message, "cleanup-failed")
+        log.warning("Migration %s: %s", ref, message)
+
     async def close(self) -> None:
         """Stops waiting for runs (the next leader looks at these Migrations again)."""
         for task in self._waiting.values():
@@ -236,8 +276,35 @@ class DeletionHandler:
                 await task
 
     async def _release(self, migration: Migration, why: str) -> None:
+        """Lets the Secrets the Migration names go, then the Migration: in this order, so that a watcher that stops
+        in between finds the Migration still held and does it all again (each removal is idempotent)."""
+        await self.release_secrets(migration)
         await self._writer.remove_finalizer(migration)
         log.info("Migration %s released for deletion: %s", ref_of(migration), why)
+
+    async def release_secrets(self, migration: Migration) -> None:
+        """Takes the Migration's finalizer (secret_finalizer) off the Secrets its spec names, where the precheck put
+        it; another Migration's stays. A Secret being deleted goes once no finalizer is left."""
+        if migration.spec is None:
+            return  # a spec that does not parse never ran, so never had its Secrets marked
+        ref = ref_of(migration)
+        finalizer = secret_finalizer(ref.uid)
+        refused: list[str] = []
+        for name in migration.spec.secrets():
+            try:
+                await self._writer.remove_secret_finalizer(ref.namespace, name, finalizer)
+            except ApiException as error:
+                if error.status != 403:
+                    raise
+                refused.append(name)
+        if refused:
+            message = (
+                f"ferry's watcher may not patch Secrets {', '.join(refused)} (`ferry rbac` or the chart grants it), "
+                f"which keep the finalizer {finalizer}: remove it by hand, e.g. kubectl patch secret {refused[0]} -n "
+                f'{ref.namespace} -p \'{{"metadata":{{"$deleteFromPrimitiveList/finalizers":["{finalizer}"]}}}}\''
+            )
+            await self._writer.event(ref, EventType.WARNING, "SecretsNotReleased", message, "secrets-not-released")
+            log.warning("Migration %s: %s", ref, message)
 
 
 def _message(why: str, deadline: datetime) -> str:

@@ -33,6 +33,9 @@ from ferry.kube_requests import DEFAULT_TIMEOUTS
 log = logging.getLogger("ferry.watcher.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""Accept header that asks the API server to answer with an object's metadata alone."""
 FIELD_MANAGER = "ferry-watcher"
 """The watcher's field manager: it owns status.controls and status.deletion (the saga owns the rest)."""
 COMPONENT = "ferry.dev/watcher"
@@ -94,6 +97,7 @@ class Kube:
         self._custom = k8s.CustomObjectsApi(api)
         self._events = _EventsApi(api)
         self._coordination = k8s.CoordinationV1Api(api)
+        self._secrets = _SecretsApi(api)
         self._identity = identity
 
     def close(self) -> None:
@@ -226,6 +230,21 @@ class Kube:
             raise
         return _parse(raw)
 
+    async def remove_secret_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        """Removes `finalizer` from the Secret, and only it (a strategic merge patch: no read, no conflict). Idempotent:
+        a Secret without it, or gone, is left as it is. The answer is asked for as the object's metadata alone, so
+        the Secret's data never reaches the watcher."""
+        await asyncio.to_thread(self._remove_secret_finalizer, namespace, name, finalizer)
+
+    def _remove_secret_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+        try:
+            self._secrets.patch_metadata(namespace, name, patch)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+
     async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
         """Records a watcher Event once per key (a second pass finds it there and records nothing)."""
         await asyncio.to_thread(
@@ -305,6 +324,27 @@ class _EventsApi:
         request = self._api.param_serialize(
             method="POST", resource_path="/api/v1/namespaces/{namespace}/events", path_params={"namespace": namespace},
             header_params=json_only, body=body, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self._api.call_api(*request)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=response.data.decode(errors="replace"), data=None)
+
+
+class _SecretsApi:
+    """The one call the watcher makes on Secrets, posted through the ApiClient itself (as _EventsApi, and for the
+    same reason): a strategic merge patch of a Secret's metadata, whose answer is its metadata alone
+    (PartialObjectMetadata), never its data."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self._api = api
+
+    def patch_metadata(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        headers = {"Accept": METADATA_ONLY, "Content-Type": STRATEGIC_MERGE_PATCH}
+        request = self._api.param_serialize(
+            method="PATCH", resource_path="/api/v1/namespaces/{namespace}/secrets/{name}",
+            path_params={"namespace": namespace, "name": name}, header_params=headers, body=patch,
+            auth_settings=["BearerToken"],
         )  # fmt: skip
         response = self._api.call_api(*request)
         response.read()

@@ -99,6 +99,11 @@ class MigrationWriter:
             return True
         raise RuntimeError(f"Migration {ref} kept changing; could not update its finalizers")
 
+    async def remove_secret_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        """Takes a Migration's finalizer off a Secret it names (see activities/secrets.py, SecretProtection)."""
+        await self._kube.remove_secret_finalizer(namespace, name, finalizer)
+        log.info("removed finalizer %s from Secret %s/%s (if it was there)", finalizer, namespace, name)
+
     async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
         """Merge-patches the given status fields (the watcher's own) of this very Migration; a missing one is left
         alone.

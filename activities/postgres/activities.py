@@ -47,11 +47,11 @@ from activities.postgres import (
 )
 from activities.postgres.connection import Connection, connect, privileged, said
 from activities.progress_status import ProgressWriter
-from activities.secrets import DatabaseConnection, Secrets, secrets_from
+from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from ferry.api.errors import BadCredentials, VerificationMismatch, WritesAfterFreeze, WritesOnTarget
-from ferry.api.migration import DriverSpec, DriverType, StepName
+from ferry.api.migration import DriverSpec, DriverType, StepName, named_secrets
 from ferry.api.saga import (
     AheadComparison,
     CheckFrozenInput,
@@ -124,6 +124,7 @@ class PostgresActivities:
         own.
         """
         self._secrets = secrets_from(api_client, secrets)
+        self._protection = SecretProtection(api_client) if api_client is not None and secrets is None else None
         self._api = api_client
         self._settings = settings
         self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
@@ -136,8 +137,13 @@ class PostgresActivities:
         """Checks, before anything changes, everything the later steps need; reports every problem at once.
 
         Idempotent: it reads only, but for a tiny object it writes under the Migration's
-        prefix and deletes at once (see prechecks). Raises PrecheckFailed listing the problems.
+        prefix and deletes at once (see prechecks), and for the Migration's finalizer it puts
+        on the Secrets it names, once (see SecretProtection): from here on, they stay until
+        the watcher releases the Migration. Raises PrecheckFailed listing the problems.
         """
+        if self._protection is not None:
+            secrets = named_secrets(input.driver, input.snapshot)
+            self._protection.protect(input.ref.namespace, input.ref.uid, secrets)
         with Heartbeats(self._settings.heartbeat_interval):
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
         activity.logger.info(
@@ -205,7 +211,7 @@ class PostgresActivities:
         setting and grants are back and the read-only sessions ended; a run that finds
         no marker of this Migration has nothing to do.
         """
-        db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+        db = self._database_to_undo(input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the unfreeze")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             self._undo(conn, db, input.ref, input.previous_setting, heartbeats)
 
@@ -566,7 +572,9 @@ class PostgresActivities:
         heartbeats throughout: a lock another session holds is waited for a second at a
         time (replication.briefly_locked), the transaction tried again in between.
         """
-        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        db = self._database_to_undo(
+            input.ref, input.driver.target_secret, "spec.driver.targetSecret", "emptying the target"
+        )
         doing = "emptying the target"
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             heartbeats.on_cancel(conn.cancel_safe)  # a DROP SCHEMA of many tables, or a large object's unlink, is long
@@ -684,7 +692,9 @@ class PostgresActivities:
         it: nothing to compare. Idempotent: it only reads, in read-only sessions (see
         unwritten for what it can and cannot see).
         """
-        db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
+        db = self._database_to_undo(
+            input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
+        )
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db, **READING) as conn:
             mark = input.fence or unwritten.recorded(conn, owner(input.ref))
             if mark is None:
@@ -731,6 +741,12 @@ class PostgresActivities:
 
     def _database(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
         return self._secrets.database(ref.namespace, secret, field)
+
+    def _database_to_undo(self, ref: MigrationRef, secret: str, field: str, what: str) -> DatabaseConnection:
+        """The connection an undo (or the check before one) needs: a Secret it cannot read is retried (see
+        retried_until_readable), not the end of the rollback."""
+        with retried_until_readable(what):
+            return self._database(ref, secret, field)
 
     def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
         return connect(db, self._settings, **(session or WRITABLE))

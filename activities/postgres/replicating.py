@@ -47,7 +47,7 @@ from activities.postgres import (
 )
 from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.connection import Connection, connect, privileged
-from activities.secrets import DatabaseConnection, Secrets, secrets_from
+from activities.secrets import DatabaseConnection, Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.errors import InvalidSpec, ReplicationBroken
 from ferry.api.migration import DriverType
@@ -355,7 +355,8 @@ class ReplicationActivities:
         what is there by name, and the target is emptied only while it holds this
         Migration's marker (see restoring.remove).
         """
-        source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
+        with retried_until_readable("the undo of replicate"):
+            source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._connect(source) as src,
@@ -374,7 +375,8 @@ class ReplicationActivities:
 
         Idempotent: nothing left of the replication means nothing to do.
         """
-        source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
+        with retried_until_readable("the undo of catch-up"):
+            source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._connect(source) as src,

@@ -31,6 +31,18 @@ SHORT_NAMES = ("mig",)
 FINALIZER = f"{GROUP}/migration"
 """Held on every Migration while ferry still has work to do for it (undo, retention cleanup)."""
 
+SECRET_FINALIZER_PREFIX = f"{GROUP}/in-use-"
+"""Start of the finalizer a Migration puts on each Secret it names (`secret_finalizer`), like the pvc-protection of
+Kubernetes: a Secret deleted while its Migration may still need it (an undo, the retention cleanup) stays readable
+until the Migration is released."""
+
+
+def secret_finalizer(uid: str) -> str:
+    """The finalizer of the Migration with this uid on the Secrets it names: one per Migration, so a Secret two
+    Migrations name is held until both are released. 43 characters after the prefix, within the 63 of a name."""
+    return f"{SECRET_FINALIZER_PREFIX}{uid}"
+
+
 WORKFLOW_ANNOTATION = f"watcher.{GROUP}/workflow"
 """The ID of the Migration's workflow, written by the watcher once that workflow exists. With status.workflow
 (which the saga writes at its first status mirror) it tells any watcher, without asking Temporal, that the
@@ -491,6 +503,24 @@ class MigrationSpec(ApiModel):
     paused: bool = Field(
         default=False, description="Control field: true holds the saga before its next step; false lets it go on."
     )
+
+    def secrets(self) -> dict[str, str]:
+        """The Secrets this spec names, each with the field naming it (fixed at creation: see named_secrets)."""
+        return named_secrets(self.driver, self.snapshot)
+
+
+def named_secrets(driver: DriverSpec, snapshot: SnapshotSpec) -> dict[str, str]:
+    """The Secrets a Migration names, each with the field that names it first. A spec's driver and snapshot are
+    immutable (IMMUTABLE_SPEC_FIELDS), so these never change under a Migration."""
+    named = (
+        ("spec.driver.sourceSecret", driver.source_secret),
+        ("spec.driver.targetSecret", driver.target_secret),
+        ("spec.snapshot.credentialsSecret", snapshot.credentials_secret),
+    )
+    found: dict[str, str] = {}
+    for field, name in named:
+        found.setdefault(name, field)
+    return found
 
 
 # --- status --------------------------------------------------------------------------------

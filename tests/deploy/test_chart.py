@@ -158,7 +158,8 @@ def test_the_dashboard_configmap_holds_the_dashboard(helm: Path) -> None:
 
 
 def _secret_grants(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [obj for obj in objects if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == rbac.NAME]
+    names = (rbac.NAME, rbac.WATCHER_NAME)
+    return [obj for obj in objects if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] in names]
 
 
 @pytest.mark.parametrize(
@@ -178,9 +179,12 @@ def test_the_chart_grants_secrets_where_ferry_rbac_does_from_the_same_list(
 
     assert _by_key(rendered) == _by_key(generated)
     subjects = [grant["subjects"] for grant in rendered if grant["kind"].endswith("Binding")]
-    assert all(found == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": SYSTEM_NAMESPACE}]
-               for found in subjects)  # fmt: skip
-    assert len(subjects) == (1 if access is rbac.SecretAccess.CLUSTER else len(namespaces))
+    accounts = [
+        [{"kind": "ServiceAccount", "name": account, "namespace": SYSTEM_NAMESPACE}]
+        for account in ("ferry-worker", "ferry-watcher")
+        for _ in range(1 if access is rbac.SecretAccess.CLUSTER else len(namespaces))
+    ]
+    assert subjects == accounts
 
 
 def test_a_secret_access_other_than_namespaces_or_cluster_stops_the_chart(helm: Path) -> None:

@@ -291,9 +291,22 @@ def test_the_worker_may_not_read_a_secret_in_a_namespace_it_is_not_given(
         return kubectl("auth", "can-i", *request, identity, check=False).stdout.strip()
 
     assert can_i("get", "secrets", "-n", namespace) == "yes"
+    assert can_i("patch", "secrets", "-n", namespace) == "yes"  # the precheck marks the Migration's Secrets in use
     assert can_i("get", "secrets", "-n", unlisted_namespace) == "no"
+    assert can_i("patch", "secrets", "-n", unlisted_namespace) == "no"
     assert can_i("get", "secrets", "-A") == "no"
     assert can_i("list", "secrets", "-n", namespace) == "no"
+    watcher = f"--as=system:serviceaccount:{installation.namespace}:{installation.service_account('watcher')}"
+    watcher_may = {
+        (verb, where): kubectl("auth", "can-i", verb, "secrets", "-n", where, watcher, check=False).stdout.strip()
+        for verb in ("patch", "get", "list")
+        for where in (namespace, unlisted_namespace)
+    }
+    # The watcher takes a released Migration's mark off its Secrets where the worker may set it, and reads none.
+    assert watcher_may == {
+        ("patch", namespace): "yes", ("patch", unlisted_namespace): "no", ("get", namespace): "no",
+        ("get", unlisted_namespace): "no", ("list", namespace): "no", ("list", unlisted_namespace): "no",
+    }  # fmt: skip
     with contextlib.closing(kubernetes_client(service_account_kubeconfig(account, installation.namespace))) as api:
         core = k8s.CoreV1Api(api)
         assert core.read_namespaced_secret(S3_SECRET, namespace).data["accessKeyId"]
@@ -341,6 +354,7 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
         ("create pods", False),
         ("list endpointslices.discovery.k8s.io", True),
         ("get secrets", False),  # in a namespace nobody listed (see the test of the unlisted namespace)
+        ("patch secrets", False),
         ("list secrets", False),
         ("watch secrets", False),
         ("create events", True),
@@ -371,6 +385,7 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
         (f"delete leases.coordination.k8s.io/{LEASE} -n ferry-system", False),
         (f"get leases.coordination.k8s.io/{LEASE} -n default", False),
         ("get secrets", False),
+        ("patch secrets", False),  # in a namespace nobody listed
         ("get statefulsets.apps", False),
         ("patch services", False),
     ],

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from kubernetes import client as k8s
 
+from activities.secrets import SecretUnreadable
 from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import (
@@ -16,6 +17,7 @@ from ferry.api.errors import (
     DatabaseUnreachable,
     InvalidSpec,
     MissingSecret,
+    PermanentError,
 )
 from ferry.api.migration import DriverSpec
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
@@ -100,6 +102,18 @@ def test_a_missing_secret_key_fails_with_missing_secret_naming_the_key(
 def test_a_missing_secret_fails_with_missing_secret(steps: Steps, namespace: str) -> None:
     with pytest.raises(MissingSecret, match=rf"Secret {namespace}/nowhere does not exist. Create it with the keys"):
         _with_source(steps, "nowhere").freeze()
+
+
+def test_an_undo_that_cannot_read_its_secret_fails_to_be_retried_naming_the_secret_to_create(
+    steps: Steps, namespace: str
+) -> None:
+    """A forward step stops at a missing Secret (above); an undo is tried again, so that the rollback waits for the
+    Secret instead of ending with the source frozen. SecretUnreadable is no PermanentError: retry policies retry it."""
+    with pytest.raises(SecretUnreadable, match=rf"Secret {namespace}/nowhere does not exist. Create it") as raised:
+        _with_source(steps, "nowhere").undo_freeze()
+
+    assert "the unfreeze needs it and tries again" in str(raised.value)
+    assert not isinstance(raised.value, PermanentError)
 
 
 def test_a_missing_bucket_fails_with_bucket_missing(steps: Steps, databases: Databases) -> None:

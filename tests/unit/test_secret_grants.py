@@ -14,20 +14,31 @@ def _kinds_and_namespaces(objects: list[dict[str, Any]]) -> list[tuple[str, str 
     return [(obj["kind"], obj["metadata"].get("namespace")) for obj in objects]
 
 
-def test_each_listed_namespace_gets_a_role_that_only_gets_secrets_and_its_binding_to_the_worker() -> None:
+def test_each_listed_namespace_lets_the_worker_read_and_mark_secrets_and_the_watcher_unmark_them() -> None:
     objects = rbac.objects(["shop", "billing", "shop"])
 
-    assert _kinds_and_namespaces(objects) == [
-        ("Role", "billing"),
-        ("RoleBinding", "billing"),
-        ("Role", "shop"),
-        ("RoleBinding", "shop"),
+    assert [(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects] == [
+        ("Role", "billing", rbac.NAME),
+        ("RoleBinding", "billing", rbac.NAME),
+        ("Role", "shop", rbac.NAME),
+        ("RoleBinding", "shop", rbac.NAME),
+        ("Role", "billing", rbac.WATCHER_NAME),
+        ("RoleBinding", "billing", rbac.WATCHER_NAME),
+        ("Role", "shop", rbac.WATCHER_NAME),
+        ("RoleBinding", "shop", rbac.WATCHER_NAME),
     ]
-    for role in objects[::2]:
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
-    for binding in objects[1::2]:
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rbac.NAME}
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": "ferry-system"}]
+    worker, watcher = objects[:4], objects[4:]
+    for role in worker[::2]:
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"]}]
+    for role in watcher[::2]:
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"]}]
+    for bindings, name, account in (
+        (worker[1::2], rbac.NAME, "ferry-worker"),
+        (watcher[1::2], rbac.WATCHER_NAME, "ferry-watcher"),
+    ):
+        for binding in bindings:
+            assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "ferry-system"}]
 
 
 def test_no_namespace_listed_grants_nothing() -> None:
@@ -37,8 +48,9 @@ def test_no_namespace_listed_grants_nothing() -> None:
 def test_every_namespace_is_granted_only_when_asked_for_by_name() -> None:
     objects = rbac.objects([], rbac.SecretAccess.CLUSTER, "ops")
 
-    assert _kinds_and_namespaces(objects) == [("ClusterRole", None), ("ClusterRoleBinding", None)]
+    assert _kinds_and_namespaces(objects) == [("ClusterRole", None), ("ClusterRoleBinding", None)] * 2
     assert objects[1]["subjects"] == [{"kind": "ServiceAccount", "name": "ferry-worker", "namespace": "ops"}]
+    assert objects[3]["subjects"] == [{"kind": "ServiceAccount", "name": "ferry-watcher", "namespace": "ops"}]
 
 
 def test_the_command_prints_the_objects_under_a_header_that_says_how_to_make_them_again(
