@@ -285,6 +285,7 @@ SNAPSHOT_AND_RESTORE = dataclasses.replace(
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
         blocks_older=False,
+        empties_target=True,
     ),
 )
 """Mode Snapshot: the dump goes to S3 and into the target's restore at once, and the restore commits once the
@@ -302,6 +303,7 @@ MIGRATE = Step(
         driver(DriverOperation.UNDO_MIGRATE),
         lambda c, _: UndoMigrateInput(ref=c.ref, driver=c.spec.driver),
         blocks_older=False,
+        empties_target=True,
     ),
 )
 
@@ -421,6 +423,7 @@ REPLICATE = Step(
         lambda c, _: EndReplicationInput(ref=c.ref, driver=c.spec.driver),
         result=EndReplicationResult,
         report=record_replication_ended,
+        empties_target=True,
     ),
 )
 """Copies the schema, publishes the source, subscribes the target, and waits until the target is nearly caught up."""

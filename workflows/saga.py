@@ -14,7 +14,11 @@ in the database, a deterministic S3 key), so an undo of a step that did nothing,
 half of it, does exactly what is needed and nothing else. An undo whose guard refuses
 (e.g. switch-traffic's, when the target took writes that going back would lose), or
 that keeps failing, stops the rollback there: the older undos would act on what
-depends on it. The Migration then ends Failed, saying what was not undone.
+depends on it. The Migration then ends Failed, saying what was not undone. An undo that
+only empties the target or the bucket is gone past when it keeps failing, unless it
+left a target that traffic may have reached: it refused (WritesOnTarget) or could not
+compare it, and provision's undo would delete the rows only that target holds
+(TARGET_KEPT).
 
 Attempts are the saga's own: each activity runs once per attempt, and the saga waits
 between attempts, so the status shows every attempt, the last error while it waits,
@@ -106,6 +110,14 @@ FINISHED_IGNORES_CANCEL = "finished-ignores-cancel"
 """Patch: once every step is done, a cancellation of the workflow is ignored: the retention's deletion, the status
 write that says Succeeded and the handlers' last writes run to their end, and the run completes Succeeded. A cancel
 then (after `kubectl wait` saw Succeeded) rolled the finished migration back, or closed the run Canceled."""
+TARGET_KEPT = "rollback-keeps-a-written-target"
+"""Patch: a rollback after traffic moved to the target never goes past an undo that left the target unemptied (see
+Undo.empties_target): the undo refused (WritesOnTarget: the target took writes since verify's mark, over a
+connection that stayed open past the check before traffic went back), or kept failing, so nobody compared it. It
+stops there like a refusal of the check before an undo; it went on, and provision's undo deleted the target's
+volumes with rows only they held."""
+KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
+"""Failure types of an undo that refused to destroy what it could not vouch for."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -166,6 +178,9 @@ class UndoFailure:
     """The last error, as a person reads it."""
     refused: bool
     """The undo's guard refused (its check failed), so the undo itself did not act."""
+    kept: bool = False
+    """The undo left a target that traffic may have reached as it is (TARGET_KEPT): it refused to empty it, or kept
+    failing before it could compare it; nothing older may remove it."""
 
 
 class Saga:
@@ -667,9 +682,10 @@ class Saga:
         return MigrationResult(phase=Phase.ROLLED_BACK, message=self.status.message, snapshot=self.status.snapshot)
 
     def _goes_past(self, step: Step[Any, Any], failure: UndoFailure) -> bool:
-        """Whether the way back goes on past `step`, whose undo failed: nothing older depends on it, and its own
-        check did not refuse (a refusal stops everything, as the check requires)."""
-        if failure.refused or step.undo is None or step.undo.blocks_older:
+        """Whether the way back goes on past `step`, whose undo failed: nothing older depends on it, and neither its
+        own check nor the undo refused (a refusal stops everything, as the check requires), nor did it leave a target
+        that may hold writes only it has."""
+        if failure.refused or failure.kept or step.undo is None or step.undo.blocks_older:
             return False
         if not workflow.patched(ROLLBACK_PAST_LEFTOVERS):
             return False
@@ -679,10 +695,37 @@ class Saga:
     def _leftovers(self) -> str:
         return ", ".join(f"{step} ({error})" for step, error in self.leftovers.items())
 
+    def _keeps_the_target(self, step: Step[Any, Any], failure: ActivityError) -> bool:
+        """Whether `step`'s undo, failed for good, left a target traffic may have reached that nothing older may remove
+        (TARGET_KEPT): it refused to destroy writes (KEEPS_THE_TARGET), or it empties the target and switch-traffic
+        was started, so the target may hold writes nobody compared."""
+        cause = failure.__cause__
+        refused = isinstance(cause, ApplicationError) and (cause.type or "") in KEEPS_THE_TARGET
+        unchecked = step.undo is not None and step.undo.empties_target and self._traffic_may_have_moved()
+        return (refused or unchecked) and workflow.patched(TARGET_KEPT)
+
+    def _traffic_may_have_moved(self) -> bool:
+        """Whether a step that moves traffic to the target was started: it is among the started steps (every step is,
+        in the undo after success), or its status says it ran (the way back to writes flowing drops undone steps)."""
+        steps = self.status.steps
+        return any(
+            s.resumes_writes
+            and (s in self.started or (s.name in steps and steps[s.name].state is not StepState.PENDING))
+            for s in self.steps
+        )
+
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
         self.controls.stage = Stage.FINISHED
-        if failure.refused:
+        if failure.kept:
+            message = (
+                f"rollback stopped after {reason}: the undo of {step} left the target as it is ({failure.error}). "
+                "Traffic moved to the target, and what it took since may be there alone, so nothing older is undone "
+                f"(which would remove the target): {', '.join([step, *left])}. Stop the clients' writes to the "
+                "target, copy what it took since the switch into the source, then empty the target and finish the "
+                "rollback by hand, newest step first (see the README's recovery section)"
+            )
+        elif failure.refused:
             message = (
                 f"rollback stopped after {reason}: the check before undoing {step} failed ({failure.error}); "
                 f"not undone, as the check requires: {', '.join([step, *left])}"
@@ -734,7 +777,8 @@ class Saga:
                     self._compensations.add(1, {"step": name, "outcome": "failed"})
                     self.status.update_step(name, workflow.now(), state=StepState.COMPENSATION_FAILED)
                     await self.record(f"{what} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name))
-                    return UndoFailure(error=error, refused=checking)
+                    kept = not checking and self._keeps_the_target(step, failure)
+                    return UndoFailure(error=error, refused=checking, kept=kept)
                 delay = retry.delay(attempt)
                 await self.record(
                     f"{what}: attempt {attempt} failed: {error}; "

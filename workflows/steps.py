@@ -190,6 +190,9 @@ class Undo(Generic[R, U, UR]):
     undone under what depends on it (the target is not removed while the Service still sends it traffic). False for
     an undo that only empties the target's database or the snapshot's bucket: nothing older depends on that (the
     source is unfrozen and the target removed all the same), so its failure is reported and the rollback goes on."""
+    empties_target: bool = False
+    """Whether it empties the target's database, which may hold writes only it has once traffic moved there: then its
+    refusal or its failure stops the rollback whatever blocks_older says (saga.TARGET_KEPT)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -567,10 +567,13 @@ class PostgresActivities:
         """Empties the target of what this Migration's migrate restored, and removes its markers (and verify's mark).
 
         A target whose marker ferry.restored_by names nobody or another Migration is left
-        untouched. Idempotent, and safe after a migrate that never ran or half ran: the
-        removal is one transaction, and its last act removes the marker it looks for. It
-        heartbeats throughout: a lock another session holds is waited for a second at a
-        time (replication.briefly_locked), the transaction tried again in between.
+        untouched. A target verify marked is emptied only if it took no writes since (it may
+        have taken traffic): its other sessions are ended and it is compared with the mark
+        first, under locks held until the drop commits; else WritesOnTarget, and nothing is
+        dropped (see unwritten.vouch). Idempotent, and safe after a migrate that never ran or
+        half ran: the removal is one transaction, and its last act removes the marker it
+        looks for. It heartbeats throughout: a lock another session holds is waited for a
+        second at a time (replication.briefly_locked), the transaction tried again in between.
         """
         db = self._database_to_undo(
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "emptying the target"
@@ -580,8 +583,9 @@ class PostgresActivities:
             heartbeats.on_cancel(conn.cancel_safe)  # a DROP SCHEMA of many tables, or a large object's unlink, is long
             retry = replication.lock_retry(heartbeats, doing, LOCK_PAUSE)
             try:
-                with privileged(db, "drop schemas and change the database's settings"):
-                    removed = restoring.remove(conn, db, owner(input.ref), retry=retry)
+                with privileged(db, "end other sessions, lock tables, drop schemas and change the database's settings"):
+                    end_others = lambda c: self._end_sessions(c, db, heartbeats)  # noqa: E731
+                    removed = restoring.remove(conn, db, owner(input.ref), retry=retry, end_sessions=end_others)
             except psycopg.errors.QueryCanceled:
                 heartbeats.raise_if_cancelled(doing)
                 raise

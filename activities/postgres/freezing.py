@@ -152,6 +152,7 @@ def end_sessions(conn: Connection, timeout: float, between_rounds: Callable[[int
     started_before = now[0]
     ended = 0
     for round in range(END_SESSION_ROUNDS):
+        conn.execute("select pg_stat_clear_snapshot()")  # in a transaction, pg_stat_activity is read once otherwise
         pids = [
             row[0]
             for row in conn.execute(

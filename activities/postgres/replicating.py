@@ -38,6 +38,7 @@ from activities.heartbeats import Heartbeats
 from activities.postgres import (
     ahead,
     checksums,
+    freezing,
     replication,
     replication_ended,
     restoring,
@@ -353,7 +354,8 @@ class ReplicationActivities:
 
         Idempotent, and safe after a replicate that never ran or half ran: each part finds
         what is there by name, and the target is emptied only while it holds this
-        Migration's marker (see restoring.remove).
+        Migration's marker, and, once verify marked it, only if it took no writes since
+        (WritesOnTarget otherwise, with nothing dropped: see restoring.remove).
         """
         with retried_until_readable("the undo of replicate"):
             source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
@@ -363,9 +365,12 @@ class ReplicationActivities:
             self._connect(target) as tgt,
         ):
             ended = self._end(src, tgt, source, target, input.ref, heartbeats, ended_by="undo_replicate")
-            with privileged(target, "drop schemas and change the database's settings"):
+            with privileged(target, "end other sessions, lock tables, drop schemas and change the database's settings"):
                 retry = self._lock_retry(heartbeats, "emptying the target")
-                emptied = restoring.remove(tgt, target, owner(input.ref), retry=retry)
+                end_others = lambda c: freezing.end_sessions(  # noqa: E731
+                    c, self._settings.session_end_timeout, lambda n: heartbeats.progress(sessions_ended=n)
+                )
+                emptied = restoring.remove(tgt, target, owner(input.ref), retry=retry, end_sessions=end_others)
         activity.logger.info("undid replicate: replication %s, target %s", _done(ended), _done(emptied, "emptied"))
         return EndReplicationResult(ended=ended, emptied=emptied)
 

@@ -26,9 +26,13 @@ consumer of the new primary may need them. A non-empty target without that marke
 refuses to touch it. undo_migrate (`remove`) empties the target the same way, and
 removes the marker and verify's mark (ferry.verified_mark, see unwritten), so that
 another Migration may restore into it; a target whose marker names nobody or another
-Migration is left as it is. Nothing else removes verify's mark: a target that carries
-it is refused (TargetVerified) by whatever would empty it, truncate a table of it, mark
-it or commit a restore into it, since it may be taking traffic (see unwritten).
+Migration is left as it is, and one verify marked is emptied only if it still is as the
+mark says, compared under locks that keep every write out until the drop commits
+(WritesOnTarget otherwise, and nothing is dropped: see unwritten.vouch). Nothing else
+removes verify's mark: a target that carries it is refused (TargetVerified) by whatever
+would empty it, truncate a table of it, mark it or commit a restore into it, since it
+may be taking traffic (see unwritten); a failed restore's cleanup (`only_incomplete`)
+is refused too.
 
 Where restore_script.usable says so, pg_restore writes its SQL script instead, and psql
 runs it with FREEZE added to each ordinary table's COPY, so the rows arrive frozen and
@@ -49,7 +53,7 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -197,10 +201,14 @@ def remove(
     *,
     only_incomplete: bool = False,
     retry: replication.Retry | None = None,
+    end_sessions: Callable[[Connection], int] | None = None,
 ) -> bool:
     """Empties the target of what `owner`'s restore put there and removes the marker; False when it holds none.
 
-    One transaction: the target is either as migrate left it or empty and unmarked. With `retry` (an undo, which
+    One transaction: the target is either as migrate left it or empty and unmarked. A target verify has marked may
+    have taken traffic: it is emptied only if it is still as the mark says, compared once `end_sessions` (required
+    then) has ended its other sessions, under locks that keep any write out until the drop has committed; otherwise
+    WritesOnTarget, and nothing is dropped (see unwritten.vouch). With `retry` (an undo, which
     heartbeats), each statement waits at most replication.LOCK_WAIT for a lock (DROP SCHEMA waits behind any session
     using a table), then the transaction is rolled back and tried again after `retry` (see replication.briefly_locked);
     without it, as long as the session's lock_timeout says.
@@ -222,6 +230,10 @@ def remove(
                 "%s holds a complete restore of %s, made by another attempt: left as it is", db.describe(), owner
             )
             return False
+        if end_sessions is None:
+            unwritten.refuse_if_verified(conn, db, "empty the target of a partial restore")
+        else:
+            unwritten.vouch(conn, db, owner, end_sessions)
         _clean(conn)
         unwritten.forget(conn)
         database_settings.change(conn, RESTORED_BY, None)

@@ -6,7 +6,11 @@ meanwhile would be lost without a word. So verify, once it found the target equa
 the source, takes the target's FenceMark (see fencing) and records it in the target as
 the setting ferry.verified_mark (with the Migration that took it); check_unwritten, run
 before every attempt of switch-traffic's undo, compares the target with that mark and
-fails with WritesOnTarget when anything changed, so traffic stays on the target.
+fails with WritesOnTarget when anything changed, so traffic stays on the target. The
+undo that then empties the target (restoring.remove, for undo_migrate, the snapshot's
+undo and replicate's) compares again (`vouch`), once the target's sessions are ended,
+and fails the same way, dropping nothing: the saga stops the rollback there, before
+provision's undo deletes the target's volumes.
 
 Why verify's mark raises no false alarm later. When verify ends, the target is still
 ferry's own: nobody but ferry wrote to it. The mark is read (fencing.mark) once every
@@ -34,8 +38,30 @@ catalog are read directly, exactly. What no check short of freezing the target c
 a write whose counts are not flushed when the wait ends (a session busy all along, or
 one whose flush met contention), and a write made after the check, before the Service's
 selector is back (or over a connection to the target that stays open: changing a
-Service ends none). So stop the clients' writes before rolling back after
-switch-traffic.
+Service ends none). Such a write is seen before it could be lost: the next undo empties
+the target, and it compares first (`vouch`). Still, stop the clients' writes before
+rolling back after switch-traffic: a write the undo finds stops the rollback, with the
+source frozen and traffic on it, until a person has copied the write into the source.
+
+Why the undo that empties the target can compare exactly, and nothing commits between
+its comparison and its DROP. By then traffic has left the target, so `vouch`, in the
+transaction that then drops everything, may end the target's sessions: the application's
+pooled ones first, then it takes ACCESS EXCLUSIVE locks on every user table, then it
+ends every session again (one that connected between the two rounds may have written
+before the locks) and waits until they are gone. Every write committed before the locks
+was made by a session that has exited since, flushing its counts, so the mark read now
+counts it; no session can write a user table after the locks until the transaction ends,
+by commit (after the DROP) or rollback (after WritesOnTarget, with nothing dropped). A
+session blocked behind the locks is ended with its transaction, which counts the rows it
+tried before it blocked, and so refuses, on the safe side. Revoking CONNECT or a
+connection limit would not do: they are transactional, so they keep nobody out before
+they commit, and ferry's role and superusers are not kept out by them at all. What the
+locks do not cover: a session that connects after the second round may still, before the
+DROP, call nextval (harmless: sequences are dropped with the rest, and one moved before
+the comparison refuses), write a large object, or create a table of its own and fill it.
+Nothing of the application's reaches the target that way once its Service selects the
+source, and a session that connects to the target itself in those milliseconds is
+outside what any check short of stopping the server can see.
 
 Why a late attempt cannot undo verify. A worker paused (SIGSTOP, a frozen VM) in the
 middle of snapshot or migrate is written off after its heartbeat timeout, and the saga
@@ -50,7 +76,8 @@ writes show as writes on the target) or sees the mark. A restore by pg_restore o
 commits in a session of its own: `unverified` holds the check's transaction, on a
 session of ferry's, until that restore has committed (it cannot commit before the check:
 restoring.Restore holds back the end of its input). Only the undos (restoring.remove)
-clear the mark, and every legitimate restore again comes after an undo.
+clear the mark, and only once it vouched for the target (`vouch`); every legitimate
+restore again comes after an undo.
 """
 
 from __future__ import annotations
@@ -61,12 +88,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import pydantic
+from psycopg import sql
 
-from activities.postgres import database_settings
+from activities.postgres import database_settings, fencing, schema
 from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection
 from activities.postgres.database_settings import VERIFIED_MARK
 from activities.secrets import DatabaseConnection
-from ferry.api.errors import TargetVerified
+from ferry.api.errors import TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark
 
 FLUSHED_AFTER = 11.0
@@ -83,6 +111,12 @@ where datname = current_database() and pid <> pg_backend_pid() and backend_type 
 and (state is distinct from 'idle' or state_change > clock_timestamp() - make_interval(secs => %s))
 """
 """Other sessions that may hold counts not yet flushed: busy, in a transaction, lately idle, or not visible."""
+TABLES = f"""
+select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relkind in ('r', 'p') and {schema.USER}
+order by 1, 2
+"""
+"""The user tables, which `vouch` locks: every write that FenceMark counts but sequences and large objects."""
 
 
 def record(conn: Connection, owner: str, fence: FenceMark) -> None:
@@ -157,3 +191,37 @@ def settle(conn: Connection, between_polls: Callable[[], None]) -> bool:
             return False
         between_polls()
         time.sleep(POLL)
+
+
+def vouch(conn: Connection, db: DatabaseConnection, owner: str, end_sessions: Callable[[Connection], int]) -> None:
+    """In the caller's transaction on `conn`, which goes on to empty the target: raises WritesOnTarget, so that
+    nothing is dropped, unless the target carries no verify's mark or is as `owner`'s mark says.
+
+    `end_sessions` ends every other session of the target that began before it was called and returns once they are
+    gone (freezing.end_sessions). See the module's docstring for why the comparison comes after it and under the
+    locks taken here.
+    """
+    value = database_settings.read(conn).get(VERIFIED_MARK)
+    if value is None:
+        return  # never verified: ferry moved no traffic to it
+    mark = recorded(conn, owner)
+    end_sessions(conn)  # the application's (traffic has left the target), so that no lock of theirs holds ours up
+    tables = [sql.Identifier(namespace, name) for namespace, name in conn.execute(TABLES).fetchall()]
+    if tables:
+        conn.execute(sql.SQL("lock table {} in access exclusive mode").format(sql.SQL(", ").join(tables)))
+    end_sessions(conn)  # whoever wrote before the locks flushed their counts as they exited
+    present = fencing.read(conn)
+    if mark is None:
+        why = f"its mark ({VERIFIED_MARK}) is not this Migration's, so nothing vouches for what it took"
+    else:
+        found = fencing.changes(mark, present, since="verify marked it, before traffic moved")
+        why = f"it took writes since traffic moved to it: {'; '.join(found)}" if found else ""
+    if why:
+        raise WritesOnTarget(
+            f"refused to empty {db.describe()}: {why}. "
+            "They were made after the check before traffic went back to the source (over a connection to the "
+            "target that stayed open: changing a Service ends none), so only the target has them: the source does "
+            "not. Nothing was dropped and the rollback stops here. Copy those writes into the source by hand, then "
+            "empty the target and finish the rollback by hand as the README's recovery section says, and delete "
+            "the Migration (which leaves the target as it is)."
+        )

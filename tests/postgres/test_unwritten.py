@@ -5,6 +5,11 @@ keeps the mark in the target; check_unwritten, before switch-traffic's undo, com
 the target with it and fails with WritesOnTarget whatever way the target was written.
 It must not cry wolf over what an unwritten target sees (the restore's and verify's own
 statistics, ANALYZE, VACUUM, reads), and it must end no session: the target is live.
+
+The undo that then empties the target compares it with the mark again, once the target's
+other sessions are gone, and drops nothing when it took writes: changing the Service's
+selector ends no connection, so a pooled one may still write to the target after the
+check passed, while the source is still frozen.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ferry.api.errors import WritesOnTarget
 from ferry.api.saga import VerifyResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import connect, contents, create_shop, database_settings, verified_mark
+from tests.postgres.data import as_new, connect, contents, create_shop, database_settings, verified_mark
 
 
 @pytest.fixture
@@ -145,3 +150,48 @@ def test_undo_migrate_removes_the_mark_with_the_restore(
 
     assert database_settings(databases.target) == []
     assert not steps.check_unwritten(None).compared
+
+
+@pytest.mark.parametrize("undo", ["undo_migrate", "undo_snapshot"])
+def test_a_write_over_a_connection_left_open_past_the_check_stops_the_undo_which_keeps_every_row(
+    steps: Steps, databases: Databases, verified: VerifyResult, undo: str
+) -> None:
+    """The application's pool keeps its connection to the target when the Service goes back to the source."""
+    with connect(databases.target) as pooled:
+        pooled.execute("select count(*) from shop.orders")
+        steps.check_unwritten(verified.target_fence)  # traffic may go back: the Service selects the source
+        pooled.execute("insert into audit.log (order_id, note) values (3, 'late pooled write')")
+        written = contents(databases.target)
+
+        with pytest.raises(WritesOnTarget) as raised:
+            steps.undo_migrate() if undo == "undo_migrate" else steps.undo_snapshot()
+
+    message = str(raised.value)
+    assert f"refused to empty database '{databases.target.database}'" in message
+    assert "1 row was inserted, updated or deleted" in message
+    assert "only the target has them" in message
+    assert "Copy those writes into the source by hand" in message
+    assert "late pooled write" not in message, "no row values in messages"
+    assert contents(databases.target) == written, "nothing was dropped"
+    with connect(databases.target) as conn:
+        assert conn.execute("select count(*) from audit.log where note = 'late pooled write'").fetchone() == (1,)
+    assert verified_mark(databases.target) is not None, "a later undo compares again"
+    with pytest.raises(WritesOnTarget):
+        steps.undo_migrate()
+    assert contents(databases.target) == written
+
+
+@pytest.mark.parametrize("idle", ["idle", "idle in a transaction that read"])
+def test_an_idle_pooled_session_does_not_keep_the_undo_from_emptying_a_target_nobody_wrote_to(
+    steps: Steps, databases: Databases, verified: VerifyResult, idle: str
+) -> None:
+    with connect(databases.target) as pooled:
+        pooled.execute("select count(*) from shop.orders")
+        steps.check_unwritten(verified.target_fence)
+        if idle != "idle":
+            pooled.execute("begin")
+            pooled.execute("select count(*) from audit.log")  # holds a lock on the table until it ends
+
+        assert steps.undo_migrate().removed
+
+    assert as_new(databases.target)

@@ -759,6 +759,71 @@ async def test_writes_on_the_target_stop_the_rollback_before_traffic_goes_back_a
     ]
 
 
+@pytest.mark.parametrize("emptying", [MIGRATE, SNAPSHOT])
+async def test_writes_found_by_the_undo_that_empties_the_target_stop_the_rollback_before_the_target_is_removed(
+    run_saga: Run, emptying: str
+) -> None:
+    """The check before traffic went back passed, then a connection to the target that stayed open wrote to it: the
+    undo that empties the target refuses (its WritesOnTarget is faked here; tests/postgres/test_unwritten.py makes it
+    for real), and provision's undo, which deletes the target's volumes, never runs."""
+    taken = "refused to empty database 'orders': it took writes since traffic moved to it: 1 row was inserted"
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD}, fail={UNDO[emptying]: WritesOnTarget(taken)})
+    saga = await run_saga(fakes)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="slow queries"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    back = way_back(STEP_ACTIVITIES)
+    assert fakes.step_calls == [*FORWARD, *back[: back.index(UNDO[emptying]) + 1]], "refused once: it is permanent"
+    assert UNDO[FREEZE] not in fakes.undo_calls
+    assert UNDO[PROVISION] not in fakes.undo_calls
+    step, left = (
+        ("migrate", "migrate, snapshot, freeze, provision")
+        if emptying == MIGRATE
+        else ("snapshot", "snapshot, freeze, provision")
+    )
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert final.message.startswith(
+        f"rollback stopped after rollback requested by alice: slow queries: the undo of {step} left the target as it "
+        f"is (WritesOnTarget: {taken}). Traffic moved to the target, and what it took since may be there alone, so "
+        f"nothing older is undone (which would remove the target): {left}. "
+    )
+    assert "copy what it took since the switch into the source" in final.message
+    assert final.steps[STEP_ACTIVITIES.index(emptying)].state is StepState.COMPENSATION_FAILED
+    assert final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)].state is StepState.COMPENSATED
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.SUCCEEDED
+    if emptying == MIGRATE:
+        await record_history(saga, "rollback-keeps-a-written-target")
+
+
+async def test_an_undo_that_empties_the_target_failing_after_traffic_moved_stops_the_rollback_there(
+    run_saga: Run,
+) -> None:
+    """Nothing compared the target with verify's mark after traffic left it: going past would delete its volumes."""
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD}, fail={UNDO[MIGRATE]: RuntimeError("connection refused")})
+    saga = await run_saga(fakes)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="slow queries"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert fakes.undo_calls == [UNDO[SCALE_DOWN_OLD], UNDO[SWITCH_TRAFFIC], *[UNDO[MIGRATE]] * 12]
+    final = saga.final_status
+    assert final.message is not None
+    assert "the undo of migrate left the target as it is (RuntimeError: connection refused)" in final.message
+    assert final.message.endswith("(see the README's recovery section)")
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.SUCCEEDED
+
+
 async def test_a_check_before_an_undo_that_fails_for_a_while_runs_before_every_attempt_of_the_undo(
     run_saga: Run,
 ) -> None:

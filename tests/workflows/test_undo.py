@@ -79,6 +79,27 @@ async def test_writes_on_the_target_since_traffic_moved_stop_the_undo_before_tra
     assert "the check before undoing switch-traffic failed (WritesOnTarget: 2 rows were inserted" in final.message
 
 
+async def test_writes_found_by_the_undo_that_empties_the_target_keep_the_target_and_the_source_as_they_are(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A connection to the target that stayed open wrote after the check (WritesOnTarget faked here; see
+    tests/postgres/test_unwritten.py): the Migration's deletion does not remove the target's volumes."""
+    taken = "refused to empty database 'orders': it took writes since traffic moved to it: 1 row was inserted"
+    fakes = FakeSaga(fail={UNDO["postgresql.migrate"]: WritesOnTarget(taken)})
+
+    with pytest.raises(WorkflowFailureError):
+        await undo(time_skipping.client, task_queue, fakes, status=None)
+
+    assert fakes.undo_calls == [UNDO["scale_down_old"], UNDO["switch_traffic"], UNDO["postgresql.migrate"]]
+    final = fakes.statuses[-1]
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert f"the undo of migrate left the target as it is (WritesOnTarget: {taken})" in final.message
+    assert final.message.split("(which would remove the target): ")[1].startswith(
+        "migrate, snapshot, freeze, provision"
+    )
+
+
 async def test_the_status_goes_on_from_the_succeeded_run(time_skipping: WorkflowEnvironment, task_queue: str) -> None:
     succeeded = MigrationStatus.model_validate(
         {
