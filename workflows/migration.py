@@ -228,7 +228,14 @@ class MigrationWorkflow:
         serving, and its status may already say so. So it is not taken as a rollback; the
         run completes Succeeded, and an Event says the cancel came too late.
         """
-        result, cancelled = await self._saga.shielded(self._succeed(), "end of a finished run")
+        saga = self._saga
+        if saga.succeeds_at_once():
+            # Queued before anything else runs, so that it shares the last step's status write, as in `succeed`.
+            saga.mark_succeeded()
+            work = self._closed(saga.succeeded())
+        else:
+            work = self._succeed()
+        result, cancelled = await saga.shielded(work, "end of a finished run")
         if cancelled:
             message = (
                 "cancel ignored: every step was done and the migration had finished; delete the Migration to undo it"
@@ -237,7 +244,10 @@ class MigrationWorkflow:
         return result
 
     async def _succeed(self) -> MigrationResult:
-        result = await self._saga.succeed()
+        return await self._closed(await self._saga.succeed())
+
+    async def _closed(self, result: MigrationResult) -> MigrationResult:
+        await self._saga.mirrored()
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._saga.mirrored()  # what the handlers recorded
         return result

@@ -291,13 +291,32 @@ class Saga:
         await self._apply_retention_after_success()
         self.controls.stage = Stage.FINISHED
         self.status.current_step = None
-        target = self.spec.target.stateful_set
-        await self.transition(
-            Phase.SUCCEEDED,
-            f"migrated {self.spec.source.stateful_set} to {target}; traffic goes to {target}",
-            "Succeeded",
+        await self.transition(Phase.SUCCEEDED, self._succeeded_message(), "Succeeded")
+        return self.succeeded()
+
+    def succeeds_at_once(self) -> bool:
+        """Whether nothing is left to do before Succeeded (no snapshot to delete for retention), and the transition can
+        be queued without waiting (status writes run beside the saga)."""
+        deletes = self.status.snapshot is not None and not keep_after_success(
+            self.spec.snapshot.retention.after_success
         )
+        return not deletes and self._coalesces()
+
+    def mark_succeeded(self) -> None:
+        """What `succeed` does when `succeeds_at_once`, without waiting: the Succeeded transition goes into the same
+        status write as the last step's end. `mirrored()` then waits for that write."""
+        self.controls.stage = Stage.FINISHED
+        self.status.current_step = None
+        self.status.set_phase(Phase.SUCCEEDED, self._succeeded_message(), workflow.now())
+        self._index()
+        self._queue(self._event(self.status.message, "Succeeded", EventType.NORMAL, ""))
+
+    def succeeded(self) -> MigrationResult:
         return MigrationResult(phase=Phase.SUCCEEDED, message=self.status.message, snapshot=self.status.snapshot)
+
+    def _succeeded_message(self) -> str:
+        target = self.spec.target.stateful_set
+        return f"migrated {self.spec.source.stateful_set} to {target}; traffic goes to {target}"
 
     async def _hold_before(self, step: Step[Any, Any]) -> None:
         """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
@@ -629,8 +648,23 @@ class Saga:
     # --- the way back -------------------------------------------------------------------------
 
     async def shielded(self, work: Coroutine[Any, Any, T], what: str) -> tuple[T, bool]:
-        """Runs `work` to its end even if the workflow is cancelled meanwhile: its result, and whether it was."""
-        return await self._shielded(work, what)
+        """Runs `work` to its end even if the workflow is cancelled meanwhile: its result, and whether it was.
+
+        Unlike `_shielded` (kept as it is for the histories of the paths that use it), a cancellation that comes in
+        the same activation as `work`'s end is ignored too: `work` has done what it was for.
+        """
+        task = asyncio.ensure_future(work)
+        cancelled = False
+        while True:
+            try:
+                return await asyncio.shield(task), cancelled
+            except asyncio.CancelledError:
+                if task.done() and task.cancelled():
+                    raise
+                cancelled = True
+                workflow.logger.info("cancellation requested during the %s of %s; it goes on", what, self.ref)
+                if task.done():
+                    return task.result(), cancelled
 
     async def shielded_roll_back(self, reason: str) -> MigrationResult:
         """Runs the rollback to its end even if the workflow is cancelled meanwhile."""
@@ -835,11 +869,15 @@ class Saga:
             async with self._mirroring:
                 await self._mirror(self._event(message, reason, kind, key), [])
             return
-        self._unmirrored.append(self._event(message, reason, kind, key))
-        if self._mirror_task is None or self._mirror_task.done():
-            self._mirror_task = asyncio.create_task(self._mirror_unmirrored())
+        self._queue(self._event(message, reason, kind, key))
         if self.status.phase.finished:
             await self.mirrored()
+
+    def _queue(self, event: EventRecord) -> None:
+        """Puts `event` with the newest status into the next write, and starts one unless one is under way."""
+        self._unmirrored.append(event)
+        if self._mirror_task is None or self._mirror_task.done():
+            self._mirror_task = asyncio.create_task(self._mirror_unmirrored())
 
     def _event(self, message: str, reason: str, kind: EventType, key: str) -> EventRecord:
         """The Event of one transition, keyed by its place in the run so that a retried write records it once."""
