@@ -165,7 +165,8 @@ class PostgresActivities:
         in the transaction that freezes it, and a retry reads them from there (see
         freezing); ending sessions and taking the mark may be repeated at will. A freeze
         that fails or is cancelled after that transaction undoes itself, since the saga
-        undoes only steps that completed.
+        undoes only steps that completed: so does one that finds prepared transactions
+        once the sessions are ended (PreparedTransactionsPending, retried; see freezing).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
@@ -173,7 +174,8 @@ class PostgresActivities:
                 frozen = freezing.freeze(conn, db, owner(input.ref))
             heartbeats.progress(frozen=True)
             try:
-                fence, ended = self._mark(conn, db, heartbeats)
+                fence, ended = self._mark(conn, db, heartbeats, input.ref)
+                freezing.refuse_prepared(conn, db)
                 unfenced = grants.can_connect(conn)
                 heartbeats.raise_if_cancelled("freezing the source")
             except BaseException:
@@ -228,7 +230,7 @@ class PostgresActivities:
         if restored is None:
             activity.logger.info("%s is not frozen by Migration %s: nothing to undo", db.describe(), ref)
             return
-        ended = self._end_sessions(conn, db, heartbeats)
+        ended = self._end_sessions(conn, db, heartbeats, ref)
         with privileged(db, "change the database's settings"):
             freezing.forget(conn, owner(ref))
         activity.logger.info(
@@ -275,13 +277,19 @@ class PostgresActivities:
                 error,
             )
 
-    def _end_sessions(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> int:
+    def _end_sessions(
+        self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats, ref: MigrationRef | None = None
+    ) -> int:
         with privileged(db, "end other sessions"):
-            return freezing.end_sessions(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+            spared = _own_slots(conn, ref)
+            return freezing.end_sessions(conn, self._settings.session_end_timeout, _rounds(heartbeats), spared)
 
-    def _mark(self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> tuple[FenceMark, int]:
+    def _mark(
+        self, conn: Connection, db: DatabaseConnection, heartbeats: Heartbeats, ref: MigrationRef | None = None
+    ) -> tuple[FenceMark, int]:
         with privileged(db, "end other sessions and read every sequence"):
-            return fencing.mark(conn, self._settings.session_end_timeout, _rounds(heartbeats))
+            spared = _own_slots(conn, ref)
+            return fencing.mark(conn, self._settings.session_end_timeout, _rounds(heartbeats), spared)
 
     # --- check_frozen ------------------------------------------------------------------------
 
@@ -296,8 +304,9 @@ class PostgresActivities:
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             holder = freezing.frozen_by(conn)
-            present, ended = self._mark(conn, db, heartbeats)
+            present, ended = self._mark(conn, db, heartbeats, input.ref)
             found = fencing.changes(input.fence, present)
+            found.extend(fencing.pending(conn))
             if holder != owner(input.ref):
                 found.insert(0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})")
             unfenced = grants.can_connect(conn) if found else []
@@ -823,6 +832,14 @@ class _Counter:
             self._progress.update(rows_done=both)
 
         return done
+
+
+def _own_slots(conn: Connection, ref: MigrationRef | None) -> list[str]:
+    """The replication slots of `ref`'s replication (mode Online) on this server, whose walsenders stay."""
+    if ref is None:
+        return []
+    slot = replication.name(ref.uid)
+    return replication.slots(conn, slot, replication.read_record(conn, slot))
 
 
 def _rounds(heartbeats: Heartbeats) -> Callable[[int], None]:

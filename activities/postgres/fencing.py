@@ -30,15 +30,22 @@ memory, but a backend keeps its counts in local memory until it flushes them: at
 once a second while it is idle, later when the shared entries are contended, and
 always when it exits (before it leaves pg_stat_activity). A transaction's counts are
 taken when it ends, committed or aborted (so a write attempted and rolled back counts
-too); a prepared transaction's when it is committed. Hence:
+too); a prepared transaction's when it is committed or rolled back, not when it is
+prepared. Hence:
+- A prepared transaction still pending is invisible to the counters, and outlives the
+  sessions the freeze ends. The freeze refuses to complete while the database has one
+  (see freezing), and check_frozen fails while it has one: it was prepared after the
+  mark, and its commit would be a write the target lacks. One prepared and ended
+  (committed or rolled back) after the mark is counted like any other write.
 - The freeze reads its mark once every session that began before the freeze has been
   ended and is gone: all that was written before the freeze is in the mark, and no late
   flush of it can raise a false alarm. A write by a session that began after the freeze
   (a superuser's) is either not yet counted, and then check_frozen sees it, or counted,
   and then it was over before the mark was read, hence before the snapshot began: the
   snapshot has it.
-- check_frozen ends every session that began before it, and reads once they are gone:
-  every write of theirs is counted. A session that connects while the check runs may
+- check_frozen ends every session that began before it (client backends and walsenders
+  of the database: a replication=database session runs SQL too; see freezing), and reads
+  once they are gone: every write of theirs is counted. A session that connects while the check runs may
   not have flushed yet; only a superuser or a member of ferry's role can connect at
   all, and the next check (check_frozen runs before switch-traffic and again before
   scale-down-old) sees what it wrote.
@@ -57,7 +64,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from activities.postgres import freezing, schema
 from activities.postgres.connection import Connection
@@ -81,10 +88,33 @@ order by 1
 """
 
 
-def mark(conn: Connection, session_end_timeout: float, between_rounds: Callable[[int], None]) -> tuple[FenceMark, int]:
-    """Ends every other session that began before now, then reads; returns the mark and how many sessions ended."""
-    ended = freezing.end_sessions(conn, session_end_timeout, between_rounds)
+def mark(
+    conn: Connection,
+    session_end_timeout: float,
+    between_rounds: Callable[[int], None],
+    spare_slots: Sequence[str] = (),
+) -> tuple[FenceMark, int]:
+    """Ends every other session that began before now, then reads; returns the mark and how many sessions ended.
+
+    `spare_slots`: replication slots whose walsenders are not ended (this Migration's own, see freezing).
+    """
+    ended = freezing.end_sessions(conn, session_end_timeout, between_rounds, spare_slots)
     return read(conn), ended
+
+
+def pending(conn: Connection) -> list[str]:
+    """The prepared transactions still pending, in words: writes no count shows until they end.
+
+    The freeze refuses to complete while any exists, so one found later was prepared after the
+    mark; once its coordinator commits it, the source holds a write the target lacks.
+    """
+    found = freezing.prepared(conn)
+    if not found:
+        return []
+    return [
+        f"transactions were prepared (PREPARE TRANSACTION) and are still pending: {freezing.listed(found)}; "
+        "once committed, their writes would be on the source alone"
+    ]
 
 
 def read(conn: Connection) -> FenceMark:

@@ -6,8 +6,21 @@ everyone but ferry's own role (see grants), so that a client cannot come back an
 open a read-write transaction explicitly. Then it ends the sessions that were already
 there, rolling back whatever they had open: from then on the server acknowledges no
 write of theirs, so no acknowledged write can be missing from a snapshot taken
-afterwards. What the fence cannot keep out (superusers, members of ferry's role) is
-caught by check_frozen (see fencing). The undo puts the setting and the CONNECT grants
+afterwards. Those sessions are the client backends and the walsenders of the database
+(a role with REPLICATION connected with replication=database runs SQL, and writes, in a
+walsender), except the walsenders of this Migration's own replication slots in mode
+Online. What the fence cannot keep out (superusers, members of ferry's role) is caught
+by check_frozen (see fencing).
+
+A prepared transaction (PREPARE TRANSACTION, phase one of a two-phase commit that an
+XA/JTA transaction manager drives) belongs to no session: ending sessions leaves it
+there, neither committed nor rolled back. Its coordinator may already have told its
+client "committed", and will send COMMIT PREPARED, but no longer can once CONNECT is
+revoked; meanwhile neither pg_dump nor logical decoding carries its rows, and its
+statistics are counted only when it ends. So once the sessions are ended, the freeze
+looks for prepared transactions of the database: if there are any, it undoes itself and
+fails with PreparedTransactionsPending, which the saga retries (a coordinator normally
+ends them within seconds, once it may connect again). The undo puts the setting and the CONNECT grants
 back as they were and ends the sessions opened during the freeze, which would otherwise
 stay read-only until they reconnect.
 
@@ -25,7 +38,7 @@ would not be frozen at all, so the freeze refuses to start while such a role exi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from temporalio import activity
 
@@ -37,6 +50,62 @@ from ferry.api.errors import InvalidSpec
 
 END_SESSION_ROUNDS = 20
 """Rounds of ending sessions before the freeze gives up (and Temporal retries it)."""
+
+
+PREPARED = """
+select gid, owner::text, to_char(prepared at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), database::text,
+    extract(epoch from clock_timestamp() - prepared)::float8
+from pg_prepared_xacts where database = current_database() or %s
+order by prepared, gid
+"""
+
+WALSENDERS_SPARED = """
+select active_pid from pg_replication_slots where active_pid is not null and slot_name = any(%s)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A prepared transaction (phase one of a two-phase commit) that nobody committed or rolled back yet."""
+
+    gid: str
+    owner: str
+    prepared: str
+    """When it was prepared (UTC)."""
+    database: str
+    age: float
+    """Seconds since it was prepared."""
+
+    def describe(self) -> str:
+        return f"{self.gid!r} (owner {self.owner}, prepared {self.prepared})"
+
+
+class PreparedTransactionsPending(Exception):
+    """Prepared transactions of the source were pending when ferry needed none. Not a PermanentError: the saga
+    retries the step, since their coordinator normally commits or rolls them back within seconds."""
+
+
+def prepared(conn: Connection, *, every_database: bool = False) -> list[Prepared]:
+    """The prepared transactions of the database (of every database of the server, with `every_database`)."""
+    return [Prepared(*row) for row in conn.execute(PREPARED, (every_database,))]
+
+
+def listed(pending: list[Prepared]) -> str:
+    return ", ".join(transaction.describe() for transaction in pending)
+
+
+def refuse_prepared(conn: Connection, db: DatabaseConnection) -> None:
+    """Raises PreparedTransactionsPending when the database has prepared transactions; the freeze undoes itself."""
+    pending = prepared(conn)
+    if pending:
+        raise PreparedTransactionsPending(
+            f"{db.describe()} has prepared transactions that nobody committed or rolled back yet: "
+            f"{listed(pending)}. Their rows are in neither the snapshot nor the replication, and their coordinator "
+            "(an XA/JTA transaction manager) could not commit them once the freeze keeps it out, so the freeze "
+            "undid itself and the source takes writes again. The step is retried: their coordinator normally "
+            "commits or rolls them back within seconds. If they stay, have it resolve them (or, knowing the "
+            "outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner), then retry."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,13 +208,18 @@ def frozen_by(conn: Connection) -> str | None:
     return database_settings.read(conn).get(FROZEN_BY)
 
 
-def end_sessions(conn: Connection, timeout: float, between_rounds: Callable[[int], None]) -> int:
-    """Ends every other client session of the database that began before now, and waits until they are gone.
+def end_sessions(
+    conn: Connection, timeout: float, between_rounds: Callable[[int], None], spare_slots: Sequence[str] = ()
+) -> int:
+    """Ends every other session of the database that began before now, and waits until they are gone.
 
     A session that began before the setting changed has the old default; one that begins
     after has the new one. A terminated session's open transaction is rolled back, so
     nothing it did without an acknowledgement survives, and it flushes its statistics
-    as it exits (see fencing). Returns how many sessions ended.
+    as it exits (see fencing). The sessions are client backends and walsenders connected
+    to the database (replication=database: they run SQL too), but for the walsenders
+    serving the replication slots `spare_slots` (this Migration's own replication).
+    Returns how many sessions ended.
     """
     now = conn.execute("select clock_timestamp()").fetchone()
     assert now is not None
@@ -157,8 +231,9 @@ def end_sessions(conn: Connection, timeout: float, between_rounds: Callable[[int
             row[0]
             for row in conn.execute(
                 "select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() "
-                "and backend_type = 'client backend' and backend_start < %s",
-                (started_before,),
+                "and backend_type in ('client backend', 'walsender') and backend_start < %s "
+                f"and pid not in ({WALSENDERS_SPARED})",
+                (started_before, list(spare_slots)),
             )
         ]
         if not pids:

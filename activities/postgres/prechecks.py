@@ -22,7 +22,16 @@ import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from activities import s3 as snapshot_store
-from activities.postgres import database_settings, grants, replication_checks, restoring, throughput, tls, tools
+from activities.postgres import (
+    database_settings,
+    freezing,
+    grants,
+    replication_checks,
+    restoring,
+    throughput,
+    tls,
+    tools,
+)
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
@@ -48,6 +57,8 @@ TRACK_COUNTS = "track_counts"
 """The setting that makes the statistics count rows written, which the freeze's fence and verify's mark read."""
 SIZE_MARGIN = 1.5
 """The target's volumes must hold this many times the source's data: indexes are rebuilt, WAL is written."""
+PREPARED_STALE = 60
+"""Seconds after which a prepared transaction counts as abandoned by its coordinator (which ends one in seconds)."""
 SESSION = {"default_transaction_read_only": "on"}
 """precheck only reads: its sessions could not write even by mistake."""
 SERVER = """
@@ -131,7 +142,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         target_db = secrets.database(ref.namespace, driver.target_secret, "spec.driver.targetSecret")
     with problems.catching():
         credentials = secrets.s3_credentials(ref.namespace, input.snapshot.credentials_secret)
-    source = _source(source_db, settings, owner, problems) if source_db else None
+    online = driver.mode is DriverMode.ONLINE
+    source = _source(source_db, settings, owner, online, problems) if source_db else None
     target = _target(target_db, settings, owner, problems) if target_db else None
     tools_version = _tools(settings, source, target, problems)
     if tools_version is not None:
@@ -230,7 +242,9 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
 
-def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
+def _source(
+    db: DatabaseConnection, settings: DataActivitySettings, owner: str, online: bool, problems: Problems
+) -> Server | None:
     with problems.catching(), connect(db, settings, **SESSION) as conn:
         server = _server(conn, "select extname from pg_extension")
         _may_change(conn, db, "freeze", problems)
@@ -242,6 +256,7 @@ def _source(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
                 "back, or unfreeze it by hand as the README's section Recovery says."
             )
         _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
+        _prepared(conn, db, online, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
             given = ", ".join(f"{grant.grantee} (granted by {grant.grantor})" for grant in stuck)
@@ -290,6 +305,28 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
             )
         return server
     return None
+
+
+def _prepared(conn: Connection, db: DatabaseConnection, online: bool, problems: Problems) -> None:
+    """Refuses a source with prepared transactions older than PREPARED_STALE: their coordinator seems gone.
+
+    The freeze could not complete while they are pending (see freezing), nor, in mode Online,
+    replicate make its slot while any database of the server has one. Younger ones are a
+    coordinator between its two phases, as an XA application has them all the time.
+    """
+    stale = [t for t in freezing.prepared(conn, every_database=online) if t.age > PREPARED_STALE]
+    if stale:
+        where = ", ".join(
+            t.describe() + ("" if t.database == db.database else f" in database {t.database}") for t in stale
+        )
+        problems.append(
+            f"prepared transactions (PREPARE TRANSACTION) have been pending on {db.describe()} for more than "
+            f"{PREPARED_STALE}s: {where}. Nothing can copy their rows, and the freeze would end its attempts with "
+            "PreparedTransactionsPending while they are there"
+            + (", as would replicate's replication slot" if online else "")
+            + ". Have their coordinator (an XA/JTA transaction manager) commit or roll them back (or, knowing the "
+            "outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner)."
+        )
 
 
 def _counted(conn: Connection, db: DatabaseConnection, check: str, problems: Problems) -> None:

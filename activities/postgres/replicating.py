@@ -66,6 +66,9 @@ from ferry.api.saga import (
     driver_activity,
 )
 
+PREPARED_WAIT = 10.0
+"""Seconds replicate waits for the prepared transactions it finds before making the slot (see _wait_for_prepared)."""
+
 
 def _name(operation: DriverOperation) -> str:
     return driver_activity(DriverType.POSTGRESQL.value, operation)
@@ -239,6 +242,8 @@ class ReplicationActivities:
             retry = self._lock_retry(heartbeats, "publishing the source's tables")
             record = replication.publish(src, name, owner(ref), every_table=bool(row and row[0]), retry=retry)
             replication.give_full_identity(src, name, record, _lacking_identity(src, db, allow_full), retry)
+            if not replication.has_slot(src, name):
+                self._wait_for_prepared(src, db, heartbeats)
             heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions
             try:
                 if replication.create_slot(src, name):
@@ -247,6 +252,33 @@ class ReplicationActivities:
                 heartbeats.raise_if_cancelled("creating the replication slot")
                 raise
         return sorted(record.replica_identity)
+
+    def _wait_for_prepared(self, src: Connection, db: DatabaseConnection, heartbeats: Heartbeats) -> None:
+        """Waits up to PREPARED_WAIT seconds for the server's prepared transactions to end; raises naming those left.
+
+        A logical slot is ready only once every transaction running on the server when it is
+        created has ended, prepared ones of any database included: one that its coordinator
+        never commits would hold create_slot until the step's timeout, saying nothing. Those
+        prepared after the first look are young, and create_slot waits for them.
+        """
+        first = {transaction.gid for transaction in freezing.prepared(src, every_database=True)}
+        deadline = time.monotonic() + PREPARED_WAIT
+        while first:
+            left = [t for t in freezing.prepared(src, every_database=True) if t.gid in first]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                where = ", ".join(f"{t.describe()} in database {t.database}" for t in left)
+                raise freezing.PreparedTransactionsPending(
+                    f"the replication slot cannot be made on the server of {db.describe()} while prepared "
+                    f"transactions (PREPARE TRANSACTION) are pending there, in any database: a slot waits until "
+                    f"every transaction running when it is made has ended. Still pending after {PREPARED_WAIT:g}s: "
+                    f"{where}. Have their coordinator (an XA/JTA transaction manager) commit or roll them back (or, "
+                    "knowing the outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner); "
+                    "the step is retried."
+                )
+            heartbeats.raise_if_cancelled("waiting for prepared transactions to end")
+            time.sleep(self._settings.replication_poll_interval)
 
     def _record_subscription(
         self, src: Connection, tgt: Connection, name: str, found: subscription.Subscription

@@ -32,6 +32,10 @@ SUPERUSER = "postgres"
 LOGICAL_REPLICATION = ("-c", "wal_level=logical", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10")
 """Server settings of the `source` instance, so that Migrations of mode Online can replicate from it. The `target`
 keeps the default wal_level (replica), which tests use to see the precheck refuse a source without logical."""
+TWO_PHASE_COMMIT = ("-c", "max_prepared_transactions=10")
+"""Server settings of both instances: PREPARE TRANSACTION works (the default, 0, refuses it), as for an application
+whose XA/JTA transaction manager commits in two phases; tests prepare transactions across the freeze. The stack starts
+its servers with these options every time, so a data folder kept from an earlier run gets them too."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +176,7 @@ class PostgresInstance:
                 "unix_socket_directories=",
                 "-c",
                 "max_connections=200",
+                *TWO_PHASE_COMMIT,
                 *self._tls_settings(),
                 *(LOGICAL_REPLICATION if self.name == "source" else ()),
             ],

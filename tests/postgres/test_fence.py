@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import uuid
 
 import psycopg
 import pytest
@@ -110,6 +111,33 @@ def test_a_superuser_writing_after_the_freeze_is_caught_by_check_frozen(
     assert "inserted, updated or deleted" in message
     assert "the Migration must not go on: roll back" in message
     assert "customer" not in message, "no row values in messages"
+
+
+def test_a_transaction_prepared_after_the_freeze_and_still_pending_is_caught_by_check_frozen(
+    steps: Steps, source: Databases
+) -> None:
+    """A prepared transaction's rows are counted only when it ends: pending at the check, it shows in no counter,
+    yet its coordinator may commit it on the source after traffic moved, a write the target lacks."""
+    gid = f"xa-{uuid.uuid4().hex[:8]}"
+    frozen = steps.freeze()
+    try:
+        with connect(source.source) as superuser:
+            superuser.execute("begin read write")
+            superuser.execute("update shop.customers set email = email where id = 1")  # no sequence moves
+            superuser.execute(f"prepare transaction '{gid}'")
+
+        with pytest.raises(WritesAfterFreeze) as raised:
+            steps.check_frozen(frozen.fence)
+
+        message = str(raised.value)
+        assert f"still pending: '{gid}' (owner postgres, prepared " in message
+        assert "the Migration must not go on: roll back" in message
+    finally:
+        with connect(source.source) as conn:
+            if conn.execute("select from pg_prepared_xacts where gid = %s", (gid,)).fetchone() is not None:
+                conn.execute(f"rollback prepared '{gid}'")
+    with pytest.raises(WritesAfterFreeze, match="1 row was inserted"):  # once ended, its row counts like any other
+        steps.check_frozen(frozen.fence)
 
 
 def test_a_write_whose_statistics_the_session_has_not_flushed_yet_is_caught(steps: Steps, source: Databases) -> None:

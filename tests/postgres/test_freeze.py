@@ -13,6 +13,7 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres.connection import MARKERS
+from activities.postgres.freezing import PreparedTransactionsPending
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import BadCredentials, InvalidSpec
 from tests.end_to_end import Databases
@@ -237,3 +238,81 @@ def test_the_databases_owner_without_superuser_can_freeze_check_and_undo(
         assert connect_privileges(source.source) == privileges_before
         with connect(app) as conn:
             conn.execute("insert into public.orders values (1)")
+
+
+def _prepare(conn: psycopg.Connection[Any], gid: str, statement: str) -> None:
+    """Phase one of a two-phase commit, as an XA/JTA transaction manager runs it: the rows are neither committed nor
+    rolled back until COMMIT PREPARED (or ROLLBACK PREPARED), from any session."""
+    conn.execute("begin read write")
+    conn.execute(statement)
+    conn.execute(f"prepare transaction '{gid}'")
+
+
+def _resolve_prepared(endpoint: Any, gid: str, how: str = "rollback") -> bool:
+    """Ends the prepared transaction `gid` if it is still there (a test database with one cannot be dropped)."""
+    with connect(endpoint) as conn:
+        if conn.execute("select from pg_prepared_xacts where gid = %s", (gid,)).fetchone() is None:
+            return False
+        conn.execute(f"{how} prepared '{gid}'")
+        return True
+
+
+def test_a_transaction_prepared_before_the_freeze_makes_it_undo_itself_naming_the_transaction(
+    steps: Steps, source: Databases
+) -> None:
+    """The coordinator has told its client "committed"; the freeze would keep its COMMIT PREPARED out, and neither
+    pg_dump nor the statistics see the prepared rows: a freeze that went on would lose them."""
+    gid = f"xa-{uuid.uuid4().hex[:8]}"
+    with application_role(source.source) as app:
+        try:
+            with connect(app) as coordinator:
+                _prepare(coordinator, gid, "insert into public.orders values (1)")
+
+                with pytest.raises(PreparedTransactionsPending) as raised:
+                    steps.freeze()
+
+            message = str(raised.value)
+            assert f"'{gid}' (owner {app.user}, prepared " in message
+            assert "the freeze undid itself and the source takes writes again" in message
+            assert "The step is retried" in message
+            assert database_settings(source.source) == []
+            with connect(app) as coordinator:  # the coordinator can connect again and finish phase two
+                coordinator.execute(f"commit prepared '{gid}'")
+                coordinator.execute("insert into public.orders values (2)")
+        finally:
+            _resolve_prepared(source.source, gid)
+    with connect(source.source) as conn:
+        assert conn.execute("select id from public.orders order by id").fetchall() == [(1,), (2,)]
+    assert not new_session_is_read_only(source.source)
+
+
+def test_a_walsender_session_open_before_the_freeze_is_ended_by_it(
+    steps: Steps, source: Databases, stack: StackInfo
+) -> None:
+    """A role with REPLICATION connected with replication=database (a CDC tool) runs SQL in a walsender, not in a
+    client backend: it must be ended like any other session, or it goes on writing with the old default."""
+    role = f"cdc_{uuid.uuid4().hex[:8]}"
+    with connect(source.source) as conn:
+        conn.execute(f"create role {role} login replication password 'cdc-secret'")
+        conn.execute(f"grant insert on public.orders to {role}")
+    try:
+        cdc = dataclasses.replace(source.source, user=role, password="cdc-secret")
+        with psycopg.connect(cdc.dsn, autocommit=True, replication="database", connect_timeout=5) as walsender:
+            row = walsender.execute("select backend_type from pg_stat_activity where pid = pg_backend_pid()")
+            assert row.fetchone() == ("walsender",)
+
+            frozen = steps.freeze()
+
+            with pytest.raises(psycopg.OperationalError):
+                walsender.execute("insert into public.orders values (1)")
+        assert frozen.sessions_ended == 1
+        steps.check_frozen(frozen.fence)
+        with connect(source.source) as conn:
+            assert conn.execute("select count(*) from public.orders").fetchone() == (0,)
+    finally:
+        steps.undo_freeze()
+        with connect(stack.postgres["source"]) as conn:
+            conn.execute("select pg_terminate_backend(pid, 10000) from pg_stat_activity where usename = %s", (role,))
+        with connect(source.source) as conn:
+            conn.execute(f"drop owned by {role}")
+            conn.execute(f"drop role {role}")
