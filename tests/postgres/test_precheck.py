@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client as k8s
 from psycopg import sql
 
+from activities.postgres import prechecks
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
 from devstack.stack.install import Binaries
@@ -483,3 +484,28 @@ def test_precheck_names_a_parallelism_the_targets_connection_limit_cannot_hold(
     assert problem.startswith("a snapshot in 4 streams (spec.driver.parallelism) needs 5 sessions at once on database")
     assert f"the user in Secret {namespace}/{OTHER} may have 4 there" in problem
     assert problem.endswith("Set spec.driver.parallelism to 3 or less, or raise the limit.")
+
+
+def test_precheck_names_a_prepared_transaction_its_coordinator_left_pending(
+    steps: Steps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction prepared a moment ago is a coordinator between its two phases and passes; one pending for longer
+    than prechecks.PREPARED_STALE (a minute, lowered here so the test need not wait one) is named."""
+    gid = f"xa-{uuid.uuid4().hex[:8]}"
+    with connect(databases.source) as conn:
+        conn.execute("create table public.orders (id int primary key)")
+        conn.execute("begin")
+        conn.execute("insert into public.orders values (1)")
+        conn.execute(f"prepare transaction '{gid}'")
+    try:
+        steps.precheck()  # young: the freeze will wait for it by retrying
+
+        monkeypatch.setattr(prechecks, "PREPARED_STALE", 0)
+        problems = _problems(steps)
+    finally:
+        with connect(databases.source) as conn:
+            conn.execute(f"rollback prepared '{gid}'")
+
+    (problem,) = [p for p in problems if "prepared transactions" in p]
+    assert f"'{gid}' (owner postgres, prepared " in problem
+    assert "Have their coordinator (an XA/JTA transaction manager) commit or roll them back" in problem

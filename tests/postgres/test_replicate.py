@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import replication, restoring, subscription
+from activities.postgres import replicating, replication, restoring, subscription
+from activities.postgres.freezing import PreparedTransactionsPending
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
@@ -40,6 +42,13 @@ def _sequences(endpoint: PostgresEndpoint) -> dict[str, object]:
         return {name: conn.execute(f"select last_value, is_called from {name}").fetchone() for name in names}
 
 
+def _walsender_of(endpoint: PostgresEndpoint, slot: str) -> int | None:
+    """The pid of the walsender that serves the replication slot, if one does."""
+    with connect(endpoint) as conn:
+        row = conn.execute("select active_pid from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+    return None if row is None else row[0]
+
+
 def test_replicate_copies_the_schema_and_every_row_and_catch_up_brings_the_last_writes_and_the_sequences(
     online: OnlineSteps, databases: Databases
 ) -> None:
@@ -61,8 +70,11 @@ def test_replicate_copies_the_schema_and_every_row_and_catch_up_brings_the_last_
         conn.execute("update shop.orders set total = total + 1 where id <= 100")
         conn.execute("delete from audit.log where order_id <= 300")
         conn.execute("select nextval('audit.ticket_seq')")
+    serving = _walsender_of(databases.source, online.name)
     frozen = online.freeze()
 
+    assert serving is not None
+    assert _walsender_of(databases.source, online.name) == serving, "the freeze left the replication's walsender"
     caught_up = online.catch_up()
 
     assert caught_up.applied_lsn is not None
@@ -430,3 +442,38 @@ def test_statistics_reset_since_the_comparison_ahead_make_verify_read_every_tabl
     assert not any(_compared_ahead(verified).values()), "the counts can no longer vouch for anything"
     assert all(check.equal for check in verified.tables)
     online.undo_freeze()
+
+
+def test_replicate_names_a_prepared_transaction_that_would_hold_its_replication_slot_instead_of_waiting(
+    online: OnlineSteps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot is ready only once every transaction running on the server has ended, prepared ones included: one
+    its coordinator never ends held replicate until its timeout, saying nothing. The wait is lowered to 1 s here; a
+    timer ends the transaction after 20 s, so the code before the fix (which waited) returned instead of raising."""
+    monkeypatch.setattr(replicating, "PREPARED_WAIT", 1.0)
+    create_shop(databases.source, customers=10, orders=10)
+    gid = f"xa-{uuid.uuid4().hex[:8]}"
+    with connect(databases.source) as conn:
+        conn.execute("begin")
+        conn.execute("insert into audit.log (order_id, note) values (1, 'prepared')")
+        conn.execute(f"prepare transaction '{gid}'")
+
+    def resolve() -> None:
+        with connect(databases.source) as conn:
+            if conn.execute("select from pg_prepared_xacts where gid = %s", (gid,)).fetchone() is not None:
+                conn.execute(f"rollback prepared '{gid}'")
+
+    timer = threading.Timer(20, resolve)
+    timer.start()
+    try:
+        with pytest.raises(PreparedTransactionsPending) as raised:
+            online.replicate()
+    finally:
+        timer.cancel()
+        resolve()
+        online.undo_replicate()
+
+    message = str(raised.value)
+    assert f"'{gid}' (owner postgres, prepared " in message
+    assert f"in database {databases.source.database}" in message
+    assert "the step is retried" in message
