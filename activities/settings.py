@@ -185,8 +185,9 @@ class DataActivitySettings:
     the pause before a change to the source's tables tries again for a lock; at most 60."""
 
     replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
-    """Seconds the target may go without applying anything while it reports errors applying the source's changes,
-    before replicate or catch-up fails for good with ReplicationBroken (mode Online)."""
+    """Seconds the target may go without applying anything while it reports errors applying the source's changes, or
+    while its subscription does not stream from the source (no apply worker, or the slot not active), before
+    replicate or catch-up fails for good with ReplicationBroken (mode Online)."""
 
     def streams_for(self, parallelism: int | None) -> int:
         """The streams a snapshot runs: spec.driver.parallelism, else --snapshot-streams, at most

@@ -75,16 +75,27 @@ def _name(operation: DriverOperation) -> str:
 
 
 class Stall:
-    """Notices a replication that reports errors and has applied nothing for `limit` seconds."""
+    """Notices a replication that has applied nothing for `limit` seconds while it failed or did not stream.
+
+    Failing: its workers reported errors meanwhile (pg_stat_subscription_stats). Not
+    streaming: no apply worker ran, or no walsender streamed from the slot, when it was
+    last looked at; an apply worker that cannot connect to the source, or cannot start
+    streaming from its slot, fails before the statistics count anything, and tries
+    again every few seconds forever. A healthy replication that has nothing to apply
+    still streams, so it never counts as stalled.
+    """
 
     def __init__(self, limit: float) -> None:
         self._limit = limit
         self._errors: int | None = None
         self._position: object = None
         self._since = time.monotonic()
+        self.failing = False
+        """Whether the workers reported errors since the position last moved (else it stalled not streaming)."""
 
-    def seconds(self, position: object, errors: int) -> float | None:
-        """How long nothing moved, once that is longer than the limit and errors were reported meanwhile."""
+    def seconds(self, position: object, errors: int, streaming: bool = True) -> float | None:
+        """How long nothing moved, once that is longer than the limit and errors were reported meanwhile, or nothing
+        streams now."""
         now = time.monotonic()
         if self._errors is None:
             self._errors = errors
@@ -92,10 +103,20 @@ class Stall:
             self._position, self._since, self._errors = position, now, errors
             return None
         stalled = now - self._since
-        return stalled if errors > self._errors and stalled > self._limit else None
+        self.failing = errors > self._errors
+        return stalled if (self.failing or not streaming) and stalled > self._limit else None
 
 
-def _broken(db: DatabaseConnection, stalled: float, errors: int, doing: str) -> ReplicationBroken:
+def _broken(db: DatabaseConnection, stalled: float, errors: int, failing: bool, doing: str) -> ReplicationBroken:
+    if not failing:
+        return ReplicationBroken(
+            f"the target {db.describe()} has applied nothing for {stalled:.0f}s while {doing}, and its subscription "
+            "is not streaming from the source: no apply worker runs on the target (pg_stat_subscription), or no "
+            "walsender streams from the replication slot on the source (pg_replication_slots.active). The usual "
+            "causes: the target's server cannot connect to the source (network, pg_hba.conf, a changed password), or "
+            "the source refuses to stream from the slot; the target server's log names it. Roll back (the source "
+            "keeps every write), fix the cause, and migrate again."
+        )
     return ReplicationBroken(
         f"the target {db.describe()} has applied nothing for {stalled:.0f}s while {doing}, and its replication "
         f"workers have failed {errors} times so far (pg_stat_subscription_stats). The usual cause is a schema change "
@@ -303,13 +324,16 @@ class ReplicationActivities:
                 raise RuntimeError(
                     f"the replication slot {name} is gone from the source; the next attempt starts again"
                 )
-            lag, confirmed = behind
+            lag = behind.bytes
             heartbeats.progress(tables=progress.tables, tables_synced=progress.ready, lag_bytes=lag)
             if progress.ready == progress.tables and lag <= threshold:
                 return progress, lag
-            stalled = stall.seconds((progress.ready, confirmed), progress.errors)
+            streaming = behind.streaming and progress.worker
+            stalled = stall.seconds((progress.ready, behind.confirmed), progress.errors, streaming)
             if stalled is not None:
-                raise _broken(target, stalled, progress.errors, "copying the tables and following the source")
+                raise _broken(
+                    target, stalled, progress.errors, stall.failing, "copying the tables and following the source"
+                )
             self._pause(heartbeats, "waiting for the replication")
 
     # --- catch_up ----------------------------------------------------------------------------
@@ -368,14 +392,14 @@ class ReplicationActivities:
                     f"the replication slot {name} is gone from the source, so the target cannot get the last changes. "
                     "Roll back (the source keeps every write) and migrate again."
                 )
-            remaining, confirmed = left
-            heartbeats.progress(frozen_lsn=lsn, lsn_to_apply_bytes=remaining)
-            if remaining == 0:
-                return confirmed
-            errors = subscription.progress(tgt, found).errors
-            stalled = stall.seconds(confirmed, errors)
+            heartbeats.progress(frozen_lsn=lsn, lsn_to_apply_bytes=left.bytes)
+            if left.bytes == 0:
+                return left.confirmed
+            progress = subscription.progress(tgt, found)
+            streaming = left.streaming and progress.worker
+            stalled = stall.seconds(left.confirmed, progress.errors, streaming)
             if stalled is not None:
-                raise _broken(target, stalled, errors, "applying the last changes")
+                raise _broken(target, stalled, progress.errors, stall.failing, "applying the last changes")
             self._pause(heartbeats, "waiting for the target to catch up")
 
     # --- the undos ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres.connection import Connection
+from ferry.api.errors import ReplicationBroken
 
 T = TypeVar("T")
 
@@ -309,16 +310,32 @@ def drop_slots(conn: Connection, names: list[str], between_rounds: Callable[[], 
 # --- positions -----------------------------------------------------------------------------
 
 
-def lag(conn: Connection, slot: str) -> tuple[int, str] | None:
-    """(bytes of WAL the slot's consumer has not confirmed, what it confirmed); None without the slot."""
-    row = conn.execute(
-        "select greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, "
-        "confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s",
-        (slot,),
-    ).fetchone()
-    if row is None:
-        return None
-    return int(row[0] or 0), str(row[1])
+@dataclasses.dataclass(frozen=True)
+class Behind:
+    """Where the slot's consumer stands against a position of the source's WAL."""
+
+    bytes: int
+    """Bytes of WAL up to that position the consumer has not confirmed."""
+    confirmed: str
+    """The position it confirmed (confirmed_flush_lsn)."""
+    streaming: bool
+    """Whether a walsender streams from the slot now: False while the subscription's worker is not connected."""
+
+
+SLOT_STATE = """
+select greatest(pg_wal_lsn_diff({lsn}, s.confirmed_flush_lsn), 0)::bigint, s.confirmed_flush_lsn::text, s.active,
+    to_jsonb(s) ->> 'wal_status', to_jsonb(s) ->> 'invalidation_reason'
+from pg_replication_slots s where s.slot_name = %s
+"""
+"""wal_status (PostgreSQL 13+) and invalidation_reason (17+) read through to_jsonb: NULL where the server lacks them."""
+
+
+def lag(conn: Connection, slot: str) -> Behind | None:
+    """Where the slot's consumer stands against the end of the source's WAL; None without the slot.
+
+    Raises ReplicationBroken when the slot was invalidated (see `_behind`).
+    """
+    return _behind(conn, slot, SLOT_STATE.format(lsn="pg_current_wal_lsn()"), (slot,))
 
 
 def position(conn: Connection) -> str:
@@ -328,13 +345,34 @@ def position(conn: Connection) -> str:
     return str(row[0])
 
 
-def still_to_apply(conn: Connection, slot: str, lsn: str) -> tuple[int, str] | None:
-    """(bytes of WAL up to `lsn` the slot's consumer has not confirmed, what it confirmed); None without the slot."""
-    row = conn.execute(
-        "select greatest(pg_wal_lsn_diff(%s::pg_lsn, confirmed_flush_lsn), 0)::bigint, confirmed_flush_lsn::text "
-        "from pg_replication_slots where slot_name = %s",
-        (lsn, slot),
-    ).fetchone()
+def still_to_apply(conn: Connection, slot: str, lsn: str) -> Behind | None:
+    """Where the slot's consumer stands against `lsn`; None without the slot.
+
+    Raises ReplicationBroken when the slot was invalidated (see `_behind`).
+    """
+    return _behind(conn, slot, SLOT_STATE.format(lsn="%s::pg_lsn"), (lsn, slot))
+
+
+def _behind(conn: Connection, slot: str, query: str, params: tuple[str, ...]) -> Behind | None:
+    """The slot's state; ReplicationBroken at once when the source invalidated the slot.
+
+    An invalidated slot (wal_status 'lost': the source removed WAL its consumer had not
+    received, because max_slot_wal_keep_size capped what the slot may hold; or, from
+    PostgreSQL 17, any invalidation_reason) can never stream again: the subscription's
+    worker fails every few seconds with "cannot read from logical replication slot",
+    failures pg_stat_subscription_stats does not count.
+    """
+    row = conn.execute(query, params).fetchone()
     if row is None:
         return None
-    return int(row[0]), str(row[1])
+    remaining, confirmed, active, wal_status, reason = row
+    if wal_status == "lost" or reason is not None:
+        raise ReplicationBroken(
+            f"the source invalidated the replication slot {slot} (wal_status {wal_status or 'unknown'}"
+            f"{f', invalidation_reason {reason}' if reason else ''}): it removed WAL the target had not received yet, "
+            "typically because the slot held more than max_slot_wal_keep_size while the target was behind or "
+            "disconnected. The replication cannot resume from it; the run rolls back (the source keeps every write). "
+            "Raise max_slot_wal_keep_size on the source (or set it to -1), make sure the target's server keeps "
+            "connected to the source, and migrate again."
+        )
+    return Behind(bytes=int(remaining or 0), confirmed=str(confirmed), streaming=bool(active))

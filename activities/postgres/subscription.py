@@ -48,6 +48,8 @@ class Progress:
     ready: int
     errors: int
     """Errors the subscription's workers had applying or copying (0 where the server does not count them)."""
+    worker: bool = True
+    """Whether the subscription's apply worker runs now (pg_stat_subscription lists it with a pid)."""
 
 
 def find(conn: Connection, name: str) -> Subscription | None:
@@ -117,7 +119,19 @@ def progress(conn: Connection, subscription: Subscription) -> Progress:
         (subscription.oid,),
     ).fetchone()
     assert row is not None
-    return Progress(tables=int(row[0]), ready=int(row[1]), errors=_errors(conn, subscription))
+    return Progress(
+        tables=int(row[0]), ready=int(row[1]), errors=_errors(conn, subscription), worker=_worker(conn, subscription)
+    )
+
+
+def _worker(conn: Connection, subscription: Subscription) -> bool:
+    """Whether the apply worker runs: it is gone while it cannot connect to the source or start streaming (it tries
+    again every wal_retrieve_retry_interval), failures that pg_stat_subscription_stats does not count."""
+    row = conn.execute(
+        "select exists (select from pg_stat_subscription where subid = %s and relid is null and pid is not null)",
+        (subscription.oid,),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _errors(conn: Connection, subscription: Subscription) -> int:

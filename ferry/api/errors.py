@@ -78,7 +78,8 @@ class Overtaken(PermanentError):
 
 
 class ReplicationBroken(PermanentError):
-    """Mode Online: the target keeps failing to apply the source's changes, e.g. after a schema change on the source."""
+    """Mode Online: the target keeps failing to apply the source's changes (e.g. after a schema change on the source),
+    does not stream from the source, or the source invalidated the replication slot."""
 
 
 NON_RETRYABLE: tuple[type[PermanentError], ...] = (
