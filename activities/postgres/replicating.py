@@ -5,7 +5,8 @@ the replication slot, subscribes the target with the initial copy of every table
 waits until every table is copied and the target is less than spec.driver.maxLag behind.
 The source takes writes all along. catch_up runs once the freeze has stopped them: it
 reads where the source's WAL ends, waits until the target has confirmed everything up to
-there, copies the sequences (see sequences) and ends the replication. The undos end the
+there, copies the sequences (see sequences), refreshes on the target the materialized
+views the source has populated (see materialized_views) and ends the replication. The undos end the
 replication too, and undo_replicate empties the target of what replicate put there.
 
 Ending the replication (`_end`) is one idempotent sequence, the same in catch_up and in
@@ -39,6 +40,7 @@ from activities.postgres import (
     ahead,
     checksums,
     freezing,
+    materialized_views,
     replication,
     replication_ended,
     restoring,
@@ -372,12 +374,33 @@ class ReplicationActivities:
                 waited = time.monotonic() - started
             with privileged(target, "set the sequences"):
                 copied = sequences.copy(src, tgt)
+            refreshed = self._refresh_materialized_views(src, tgt, target, heartbeats)
             self._end(src, tgt, source, target, ref, heartbeats, ended_by="catch-up")
         activity.logger.info(
-            "%s has every change up to %s (it waited %.1fs); set %d sequences; the replication ended",
-            target.describe(), frozen, waited, copied,
+            "%s has every change up to %s (it waited %.1fs); set %d sequences; refreshed %d materialized views; "
+            "the replication ended",
+            target.describe(), frozen, waited, copied, len(refreshed),
         )  # fmt: skip
         return CatchUpResult(frozen_lsn=frozen, applied_lsn=applied, sequences=copied, waited_seconds=round(waited, 3))
+
+    def _refresh_materialized_views(
+        self, src: Connection, tgt: Connection, target: DatabaseConnection, heartbeats: Heartbeats
+    ) -> list[str]:
+        """Fills on the target the materialized views the source has populated (see materialized_views)."""
+        wanted = materialized_views.populated(src)
+        if not wanted:
+            return []
+        heartbeats.on_cancel(tgt.cancel_safe)  # a refresh is one statement, as long as its query
+        with privileged(target, "refresh materialized views"):
+            try:
+                refreshed = materialized_views.refresh(
+                    tgt, wanted, lambda view: heartbeats.progress(refreshing_materialized_view=view)
+                )
+            except psycopg.errors.QueryCanceled:
+                heartbeats.raise_if_cancelled("refreshing the materialized views")
+                raise
+        heartbeats.progress(materialized_views_refreshed=len(refreshed))
+        return refreshed
 
     def _wait_until_applied(
         self, src: Connection, tgt: Connection, target: DatabaseConnection, name: str,
