@@ -450,6 +450,13 @@ class TableAhead(ApiModel):
     source_file: int = Field(description="The source table's relfilenode (TRUNCATE and rewrites change it).")
     target_writes: int
     target_file: int
+    source_columns: str | None = Field(
+        default=None,
+        description="Digest of the source table's columns as its catalog holds them (names, types, defaults, the "
+        "value a fast default gives the rows written before it): DDL moves it where no row or file does. None in a "
+        "record made before it was kept: verify then reads the table again.",
+    )
+    target_columns: str | None = None
 
 
 class AheadComparison(ApiModel):

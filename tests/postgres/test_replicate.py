@@ -427,6 +427,29 @@ def test_a_row_changed_on_the_target_after_the_comparison_ahead_is_found_by_veri
     online.undo_freeze()
 
 
+def test_a_column_added_with_a_fast_default_on_both_sides_after_the_comparison_ahead_is_found_by_verify(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """DEFAULT now() is evaluated once per server and kept in the catalog: no row is written, no file changes, both
+    schemas say `default now()`, yet every row of the table reads another value on each side."""
+    create_shop(databases.source, customers=200, orders=3_000)
+    replicated = online.replicate()
+    assert replicated.ahead is not None
+    assert "shop.orders" in {table.table for table in replicated.ahead.tables}
+    for side in (databases.target, databases.source):  # the subscriber first, the usual order for DDL
+        with connect(side) as conn:
+            conn.execute("alter table shop.orders add column checked_at timestamptz default now()")
+        time.sleep(0.05)
+    online.freeze()
+    online.catch_up()
+
+    with pytest.raises(VerificationMismatch) as mismatch:
+        online.verify(replicated.ahead)
+
+    assert "shop.orders (same 3000 rows, different contents)" in str(mismatch.value)
+    online.undo_freeze()
+
+
 def test_statistics_reset_since_the_comparison_ahead_make_verify_read_every_table_again(
     online: OnlineSteps, databases: Databases
 ) -> None:

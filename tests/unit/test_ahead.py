@@ -8,13 +8,16 @@ from ferry.api.saga import TableAhead
 RESET = "database never, server 2026-11-23T06:00:00.000000Z"
 
 
-def _marks(stats_reset: str = RESET, **tables: tuple[int, int]) -> Marks:
+def _marks(stats_reset: str = RESET, columns: dict[str, str] | None = None, **tables: tuple[int, int]) -> Marks:
     named = {name.replace("__", "."): value for name, value in tables.items()}
-    return Marks(tables=named, sizes={name: 1000 for name in named}, stats_reset=stats_reset)
+    digests = {name: f"columns of {name}" for name in named} | (columns or {})
+    return Marks(tables=named, sizes={name: 1000 for name in named}, stats_reset=stats_reset, columns=digests)
 
 
-SOURCE = _marks(shop__orders=(3000, 16400), shop__customers=(200, 16390))
-TARGET = _marks(shop__orders=(3000, 24600), shop__customers=(200, 24590))
+SOURCE_TABLES = {"shop__orders": (3000, 16400), "shop__customers": (200, 16390)}
+TARGET_TABLES = {"shop__orders": (3000, 24600), "shop__customers": (200, 24590)}
+SOURCE = _marks(**SOURCE_TABLES)
+TARGET = _marks(**TARGET_TABLES)
 EQUAL = {"shop.orders": (3000, "c1"), "shop.customers": (200, "c2")}
 AHEAD = compare(SOURCE, TARGET, EQUAL, EQUAL)
 
@@ -33,6 +36,8 @@ def test_only_tables_found_equal_on_both_sides_are_recorded() -> None:
             source_file=16400,
             target_writes=3000,
             target_file=24600,
+            source_columns="columns of shop.orders",
+            target_columns="columns of shop.orders",
         )
     ]
 
@@ -59,6 +64,23 @@ def test_a_table_gone_or_renamed_is_not_vouched_for() -> None:
     renamed = _marks(shop__orders=(3000, 16400), shop__clients=(200, 16390))
 
     assert sorted(vouched(AHEAD, renamed, TARGET)) == ["shop.orders"]
+
+
+def test_a_table_whose_columns_changed_on_either_side_is_read_again_though_it_counts_no_row() -> None:
+    """ADD COLUMN ... DEFAULT now() writes no row and keeps the file, yet gives every row a new value on each side."""
+    altered = {"shop.orders": "columns of shop.orders, with c default now()"}
+
+    assert sorted(vouched(AHEAD, _marks(columns=altered, **SOURCE_TABLES), TARGET)) == ["shop.customers"]
+    assert sorted(vouched(AHEAD, SOURCE, _marks(columns=altered, **TARGET_TABLES))) == ["shop.customers"]
+
+
+def test_a_record_without_the_columns_digests_vouches_for_nothing() -> None:
+    """One made by a worker from before the digests were kept."""
+    older = AHEAD.model_copy(
+        update={"tables": [t.model_copy(update={"source_columns": None, "target_columns": None}) for t in AHEAD.tables]}
+    )
+
+    assert vouched(older, SOURCE, TARGET) == {}
 
 
 def test_statistics_reset_on_either_side_vouch_for_nothing() -> None:
