@@ -347,6 +347,40 @@ def test_a_column_added_on_the_source_and_written_stops_catch_up_with_replicatio
     assert _target_is_empty(databases)
 
 
+def test_catch_up_fails_with_replication_broken_when_the_target_cannot_reach_the_source_though_no_error_is_counted(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """The apply worker that cannot connect fails before pg_stat_subscription_stats counts anything, and tries again
+    forever. Pointing the subscription at a port nothing listens on stands in for a network or pg_hba.conf outage."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    online.replicate()
+    with connect(databases.target) as conn:
+        source = databases.source
+        conn.execute(
+            f"alter subscription {online.name} connection "
+            f"'host=127.0.0.1 port=1 user={source.user} password={source.password} dbname={source.database}'"
+        )
+    with connect(databases.source) as conn:
+        conn.execute("insert into shop.customers (email, created_at) values ('late@example.com', now())")
+    online.freeze()
+
+    bound = threading.Timer(120, online.env.cancel)  # only a wait that never counts the stall gets there
+    bound.start()
+    try:
+        with pytest.raises(ReplicationBroken) as broken:
+            online.catch_up()
+    except CancelledError:
+        pytest.fail("catch-up still waited for a subscription that does not stream")
+    finally:
+        bound.cancel()
+
+    assert "is not streaming from the source" in str(broken.value)
+    online.undo_catch_up()
+    online.undo_freeze()
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+
+
 def test_the_subscription_connects_where_the_secret_says_the_target_reaches_the_source(
     online: OnlineSteps, databases: Databases
 ) -> None:
