@@ -26,6 +26,7 @@ from activities.cluster import ClusterActivities
 from activities.known_versions import KnownVersions
 from activities.postgres.activities import PostgresActivities
 from activities.postgres.replicating import ReplicationActivities
+from activities.postgres.watching import ReplicationWatch
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry import startup
@@ -56,6 +57,7 @@ def activities(
     status = StatusActivities(api, settings.kube_activities, versions=versions)
     postgres = PostgresActivities(api, settings.data_activities, versions=versions)
     replication = ReplicationActivities(api, settings.data_activities)
+    watch = ReplicationWatch(api, settings.data_activities)
     snapshots = SnapshotStoreActivities(api, settings.data_activities)
     return [
         cluster.check_cluster,
@@ -80,6 +82,7 @@ def activities(
         replication.undo_replicate,
         replication.catch_up,
         replication.undo_catch_up,
+        watch.watch_replication,
         snapshots.undo_snapshot,
         snapshots.delete_snapshot,
     ]

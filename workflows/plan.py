@@ -61,11 +61,12 @@ from ferry.api.saga import (
     UndoSwitchTrafficInput,
     VerifyInput,
     VerifyResult,
+    WatchReplicationInput,
     keep_after_rollback,
     snapshot_key,
 )
 from workflows.status import SagaStatus
-from workflows.steps import Context, Guard, Step, Undo, driver, kube, store
+from workflows.steps import Context, Guard, Step, Undo, Watch, driver, kube, store
 
 # --- what steps add to the status, and when a result still fails its step ------------------
 
@@ -425,8 +426,13 @@ REPLICATE = Step(
         report=record_replication_ended,
         empties_target=True,
     ),
+    watch=Watch(
+        driver(DriverOperation.WATCH_REPLICATION), lambda c: WatchReplicationInput(ref=c.ref, driver=c.spec.driver)
+    ),
 )
-"""Copies the schema, publishes the source, subscribes the target, and waits until the target is nearly caught up."""
+"""Copies the schema, publishes the source, subscribes the target, and waits until the target is nearly caught up.
+While the saga then waits before the freeze (approval, a pause), its watch fails the run once the replication breaks:
+the slot would keep the source's WAL until its disk fills."""
 
 CATCH_UP = Step(
     StepName.CATCH_UP,

@@ -70,7 +70,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import plan
     from workflows.controls import Controls, Stage
     from workflows.status import SagaStatus
-    from workflows.steps import UNDO_RETRY, Call, Context, Results, Retry, Step
+    from workflows.steps import UNDO_RETRY, WATCH_RETRY, Call, Context, Results, Retry, Step
 
 T = TypeVar("T")
 
@@ -118,6 +118,11 @@ stops there like a refusal of the check before an undo; it went on, and provisio
 volumes with rows only they held."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
 """Failure types of an undo that refused to destroy what it could not vouch for."""
+WATCH_WHILE_WAITING = "watch-while-waiting"
+"""Patch: while the saga waits (approval, a pause, a soak) after a step with a watch succeeded (Online's replicate) and
+before the step that stops writes, the watch's activity runs beside the wait and is cancelled when the wait ends. Its
+failure (the replication broke) counts as that step's: the failure policy decides. Before, a replication that broke
+then kept the source's WAL, unseen, until the wait ended or the source's disk filled."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -249,8 +254,9 @@ class Saga:
                 return False
             self.controls.next_step = step.name
             self.controls.writes_stopped = self._writes_stopped_before(step)
-            await self._hold_before(step)
-            again = await self._run_step(step)
+            again = await self._hold_before(step)
+            if again is None:
+                again = await self._run_step(step)
             index = self.steps.index(again) if again is not None else index + 1
         self.controls.next_step = None
         if workflow.patched(ROLLBACK_AFTER_THE_LAST_STEP):
@@ -318,8 +324,101 @@ class Saga:
         target = self.spec.target.stateful_set
         return f"migrated {self.spec.source.stateful_set} to {target}; traffic goes to {target}"
 
-    async def _hold_before(self, step: Step[Any, Any]) -> None:
-        """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
+    async def _hold_before(self, step: Step[Any, Any]) -> Step[Any, Any] | None:
+        """Stops before `step` while paused, awaiting approval or soaking; leaves on a rollback request.
+
+        Beside those waits runs the watch of the step they come after, if it has one (WATCH_WHILE_WAITING). Returns
+        the step to go on from when the watch failed under failurePolicy Pause (see `_watch_failed`)."""
+        watched = self._watched_before(step)
+        if watched is None:
+            await self._hold(step)
+            return None
+        return await self._hold_watched(step, watched)
+
+    def _watched_before(self, step: Step[Any, Any]) -> Step[Any, Any] | None:
+        """The succeeded step whose watch runs beside the waits before `step`: only if the saga is about to wait, and
+        writes flow (`step` is at most the one that stops them)."""
+        stops = next((s for s in self.steps if s.stops_writes), None)
+        if stops is None or self.steps.index(step) > self.steps.index(stops) or not self._waits_before(step):
+            return None
+        watched: Step[Any, Any] | None = next(
+            (
+                s
+                for s in reversed(self.started)
+                if s.watch is not None
+                and self.steps.index(s) < self.steps.index(step)
+                and self.status.steps[s.name].state is StepState.SUCCEEDED
+            ),
+            None,
+        )
+        if watched is None or not workflow.patched(WATCH_WHILE_WAITING):
+            return None
+        return watched
+
+    def _waits_before(self, step: Step[Any, Any]) -> bool:
+        """Whether `_hold` will wait before `step` (a pause given during a wait is held within it)."""
+        controls = self.controls
+        return (
+            (controls.pause_requested and not (self.writes_flow_while_waiting and controls.writes_stopped))
+            or (self._asks_approval(step) and self.spec.approval.required and controls.approved_by is None)
+            or bool(step.soaks_before and self.spec.soak_seconds)
+        )
+
+    async def _hold_watched(self, step: Step[Any, Any], watched: Step[Any, Any]) -> Step[Any, Any] | None:
+        """`_hold` with `watched`'s watch beside it: one activity, heartbeating, however long the wait (the history
+        does not grow with it); cancelled when the wait ends, which it ends itself by failing."""
+        assert watched.watch is not None
+        call = watched.watch.call(self.context, watched.name)
+        handle = workflow.start_activity(
+            call.activity,
+            call.argument,
+            start_to_close_timeout=call.timeout,
+            heartbeat_timeout=call.heartbeat,
+            retry_policy=WATCH_RETRY,
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+            summary=call.summary,
+        )
+        handle.add_done_callback(lambda done: done.cancelled() or done.exception())  # read here, or below
+        hold = asyncio.ensure_future(self._hold(step))
+
+        def watch_failed() -> bool:
+            return handle.done() and not handle.cancelled() and handle.exception() is not None
+
+        try:
+            await workflow.wait_condition(lambda: hold.done() or watch_failed())
+        finally:
+            broke = not hold.done()  # else the wait ended first, or at the same time: the step goes on
+            if broke:
+                hold.cancel()  # the watch failed, or the workflow is being cancelled
+            if not handle.done():
+                handle.cancel()
+        if not broke:
+            await hold  # its end: done, or RollbackRequested
+            return None
+        await asyncio.wait([hold])
+        failure = handle.exception()
+        assert failure is not None
+        return await self._watch_failed(step, watched, failure)
+
+    async def _watch_failed(
+        self, step: Step[Any, Any], watched: Step[Any, Any], failure: BaseException
+    ) -> Step[Any, Any] | None:
+        """The watch of `watched` failed while the saga waited before `step`: as if `watched` had failed for good.
+        Under failurePolicy Pause, undoes back to it (its undo ends what broke) and waits for a person, then returns
+        it, where a retry starts again; otherwise raises StepFailed, and the run rolls back."""
+        name = watched.name
+        error = f"broke while the saga waited before {step.name}: {error_text(failure)}"
+        attempts = self.status.steps[name].attempts
+        self.status.update_step(name, workflow.now(), state=StepState.FAILED, last_error=error)
+        if self.spec.failure_policy is FailurePolicy.PAUSE:
+            return await self._unstop_writes(watched, error, attempts, "so that nothing it left keeps running broken")
+        await self.record(
+            f"{name} {error}; rolling back", "BrokeWhileWaiting", EventType.WARNING, key=f"{name}.{attempts}.watch"
+        )
+        raise StepFailed(name, error) from failure
+
+    async def _hold(self, step: Step[Any, Any]) -> None:
+        """Waits before `step` while paused, awaiting approval or soaking; leaves on a rollback request."""
         self._raise_if_rollback_requested()
         await self._pause_if_asked(step)
         waited = False
@@ -532,7 +631,13 @@ class Saga:
         stops = next((s for s in self.steps if s.stops_writes), None)
         return self.writes_flow_while_waiting and (step is stops or self._writes_stopped_before(step))
 
-    async def _unstop_writes(self, failed: Step[Any, Any], error: str, attempt: int) -> Step[Any, Any]:
+    async def _unstop_writes(
+        self,
+        failed: Step[Any, Any],
+        error: str,
+        attempt: int,
+        why: str = "so the source takes writes while this waits",
+    ) -> Step[Any, Any]:
         """failurePolicy Pause while the source refuses writes: undoes every started step back to (and with) the one
         that stopped them, newest first, so writes flow while a person decides; returns that step, where a retry
         starts again (a copy taken before the pause would miss the writes made during it). A plan whose copy starts
@@ -544,7 +649,7 @@ class Saga:
         back = [s for s in reversed(self.started) if self.steps.index(s) >= first]
         reason = f"{failed.name} failed: {error}"
         await self.record(
-            f"{reason}; undoing back to before {restart.name}, so the source takes writes while this waits",
+            f"{reason}; undoing back to before {restart.name}, {why}",
             "StepFailed",
             EventType.WARNING,
             key=f"{failed.name}.{attempt}",

@@ -171,6 +171,38 @@ class Guard(Generic[G]):
         )
 
 
+WATCH_ATTEMPT = timedelta(days=1)
+"""How long one attempt of a watch may run; the next attempt (Temporal's, without a history event) goes on watching."""
+WATCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
+    non_retryable_error_types=list(NON_RETRYABLE_TYPES),
+)
+"""A watch is retried by Temporal until the wait ends (a lost worker, an attempt's end), never counted by the saga:
+only a permanent failure (what it watches broke) reaches the run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    """An activity that keeps an eye on what its step left running while the saga waits after it (approval, a pause,
+    a soak), before the step that stops writes: Online's replicate leaves the replication, whose slot keeps the
+    source's WAL. It runs until cancelled, heartbeating, and fails (permanently) once what it watches has broken; the
+    saga then handles the failure as its step's."""
+
+    activity: ActivityName
+    build: Callable[[Context], ApiModel]
+
+    def call(self, context: Context, step: str) -> Call:
+        return Call(
+            activity=self.activity.resolve(context.spec),
+            argument=self.build(context),
+            result_type=None,
+            timeout=WATCH_ATTEMPT,
+            summary=f"{context.ref}: watch {step} while waiting",
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Undo(Generic[R, U, UR]):
     """A step's compensation: its activity, how its input is built, and what its result adds to the status."""
@@ -230,6 +262,8 @@ class Step(Generic[I, R]):
     replicate). A failure under failurePolicy Pause while writes are stopped then undoes back to this step, not only
     to the one that stops writes, and a retry runs again from here: what the steps in between did ends with their
     undos (the replication, with catch-up's), so it cannot be picked up again from the freeze."""
+    watch: Watch | None = None
+    """What runs beside the saga's waits after this step succeeded and before the step that stops writes (see Watch)."""
 
     def __post_init__(self) -> None:
         if self.undo is None and not self.why_no_undo:

@@ -250,6 +250,7 @@ class DriverOperation(enum.StrEnum):
     UNDO_REPLICATE = "undo_replicate"
     CATCH_UP = "catch_up"
     UNDO_CATCH_UP = "undo_catch_up"
+    WATCH_REPLICATION = "watch_replication"
 
 
 def driver_activity(driver: str, operation: DriverOperation) -> str:
@@ -285,6 +286,10 @@ class PrecheckResult(ApiModel):
     source_size_bytes: int = Field(description="Size of the source database.")
     throughput: Throughput | None = Field(default=None, description="Measured when the input asked for it.")
     target_storage_bytes: int | None = Field(default=None, description="As the input gave it.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What does not stop the migration but a person should know, each recorded as a Warning Event.",
+    )
 
 
 class FreezeInput(ApiModel):
@@ -555,6 +560,14 @@ class EndReplicationInput(ApiModel):
 class EndReplicationResult(ApiModel):
     ended: bool = Field(description="Whether anything of this Migration's replication was there, now removed.")
     emptied: bool = Field(default=False, description="Whether the target held this Migration's copy, now removed.")
+
+
+class WatchReplicationInput(ApiModel):
+    """Mode Online, while the saga waits before the freeze: watch the replication until cancelled, and fail with
+    ReplicationBroken once it is broken (the source's slot would keep its WAL until its disk fills)."""
+
+    ref: MigrationRef
+    driver: DriverSpec
 
 
 class CatchUpInput(ApiModel):

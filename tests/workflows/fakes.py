@@ -69,6 +69,7 @@ CATCH_UP = name_of(plan.CATCH_UP.activity)
 UNDO_REPLICATE = name_of(driver(DriverOperation.UNDO_REPLICATE))
 UNDO_CATCH_UP = name_of(driver(DriverOperation.UNDO_CATCH_UP))
 UNDO_SNAPSHOT_AND_RESTORE = name_of(driver(DriverOperation.UNDO_SNAPSHOT))
+WATCH_REPLICATION = name_of(driver(DriverOperation.WATCH_REPLICATION))
 DELETE_SNAPSHOT = SnapshotStoreActivity.DELETE_SNAPSHOT.value
 MIRROR = KubeActivity.MIRROR_STATUS.value
 
@@ -208,8 +209,10 @@ class FakeSaga:
                     names.append(name_of(step.undo.guard.activity))
             if step.guard is not None:
                 names.append(name_of(step.guard.activity))
+        watches = [name_of(step.watch.activity) for step in self.steps if step.watch is not None]
         names.append(DELETE_SNAPSHOT)
-        return [self._fake(name) for name in dict.fromkeys(names)] + [self._mirror()]
+        fakes = [self._fake(name) for name in dict.fromkeys(names)]
+        return fakes + [self._watch(name) for name in dict.fromkeys(watches)] + [self._mirror()]
 
     def _fake(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=name)
@@ -231,6 +234,26 @@ class FakeSaga:
             return self.results.get(name)
 
         return fake
+
+    def _watch(self, name: str) -> Callable[..., Any]:
+        """A watch: fails as `fail` says, else heartbeats until cancelled (what a healthy replication's watch does)."""
+
+        @activity.defn(name=name)
+        async def watch(argument: Any) -> None:
+            self.calls.append(name)
+            self.inputs.setdefault(name, []).append(argument)
+            if name in self.fail and self.fail_times.get(name, 1_000_000) > 0:
+                self.fail_times[name] = self.fail_times.get(name, 1_000_000) - 1
+                raise self.fail[name]
+            try:
+                while True:
+                    activity.heartbeat()
+                    await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                self.cancelled.append(name)
+                raise
+
+        return watch
 
     def _mirror(self) -> Callable[..., Any]:
         @activity.defn(name=MIRROR)

@@ -1,7 +1,10 @@
 """What a run's history costs: nothing while it waits, and one status write per step boundary.
 
 A Migration may stay paused, or wait for its approval, for days: the saga waits on a
-condition, never on a timer that wakes it to look again, so its history holds still.
+condition, never on a timer that wakes it to look again, so its history holds still. In
+mode Online one activity watches the replication beside that wait: its heartbeats, and
+Temporal's retries of it (after a lost worker, or a day's attempt), add nothing to the
+history either.
 scripts/bench_fleet.py --histories measures real runs' histories.
 """
 
@@ -18,22 +21,22 @@ from temporalio.testing import WorkflowEnvironment
 from ferry.api.migration import Phase
 from ferry.api.saga import ControlRequest, Signal
 from tests.workflows.conftest import Saga, migration_input, record_history
-from tests.workflows.fakes import MIRROR, FakeSaga
+from tests.workflows.fakes import MIRROR, WATCH_REPLICATION, FakeSaga
 from workflows import plan
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
 
 
-async def _settled_length(saga: Saga) -> int:
-    """The history's length once the workflow has nothing under way: no pending activity, and the same length over
-    three looks."""
+async def _settled_length(saga: Saga, pending: int = 0) -> int:
+    """The history's length once the workflow has nothing under way but `pending` activities (a watch), and the same
+    length over three looks."""
     deadline = time.monotonic() + 20
     lengths: list[int] = []
     while time.monotonic() < deadline:
         described = await saga.handle.describe()
         lengths.append(len((await saga.handle.fetch_history()).events))
-        if described.raw_description.pending_activities or len(set(lengths[-3:])) > 1:
+        if len(described.raw_description.pending_activities) != pending or len(set(lengths[-3:])) > 1:
             lengths = lengths[-1:]
         elif len(lengths) >= 3:
             return lengths[-1]
@@ -56,6 +59,23 @@ async def test_a_migration_paused_for_a_week_adds_nothing_to_its_history(
     await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
     await record_history(saga, "coalesced-paused-a-week")
+
+
+async def test_an_online_migration_awaiting_approval_adds_nothing_to_its_history_while_its_replication_is_watched(
+    run_saga: Run,
+) -> None:
+    """The watch is one activity whatever the wait's length: its heartbeats (every 50 ms here) are no history events.
+    (The time-skipping server does not skip time while an activity runs, so the wait here is seconds of real time.)"""
+    driver = {"type": "postgresql", "sourceSecret": "s", "targetSecret": "t", "mode": "Online"}
+    saga = await run_saga(FakeSaga(steps=plan.ONLINE_PLAN), migration_input(driver=driver, approval={"required": True}))
+    await saga.wait_for("the watch beside the approval", lambda: saga.fakes.started(WATCH_REPLICATION))
+    before = await _settled_length(saga, pending=1)
+
+    await asyncio.sleep(3)
+
+    assert await _settled_length(saga, pending=1) == before
+    await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="carol"))
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
 
 
 async def test_a_steps_end_and_the_next_steps_start_are_one_status_write_and_every_event_is_recorded(

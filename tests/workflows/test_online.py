@@ -42,6 +42,7 @@ from tests.workflows.fakes import (
     UNDO_CATCH_UP,
     UNDO_REPLICATE,
     VERIFY,
+    WATCH_REPLICATION,
     FakeSaga,
     guard_of,
     step_activities,
@@ -159,6 +160,89 @@ async def test_approval_is_asked_before_the_freeze_while_the_replication_goes_on
 
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
     assert saga.final_status.approved_by == "alice"
+
+
+BROKEN_WHILE_WAITING = ReplicationBroken(
+    "the replication of orders into orders-16 broke while the migration waited before the freeze: its workers keep "
+    "failing to apply the source's changes"
+)
+"""What the real watch raises (tests/postgres/test_watch.py); a fake raises it here, when the test wants."""
+
+
+async def test_a_replication_that_breaks_while_awaiting_approval_rolls_back_and_ends_the_replication(
+    run_saga: Run,
+) -> None:
+    saga = await run_saga(fakes(fail={WATCH_REPLICATION: BROKEN_WHILE_WAITING}), online(approval={"required": True}))
+
+    # Before the watch, the run stood AwaitingApproval for as long as nobody answered, the slot keeping the WAL.
+    await saga.wait_for("the rollback", phase=Phase.ROLLED_BACK.value)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "MigrationRolledBack"
+    assert FREEZE not in saga.fakes.calls
+    assert saga.fakes.step_calls == [*calls_until(REPLICATE), WATCH_REPLICATION, *way_back(started_until(REPLICATE))]
+    final = saga.final_status
+    assert final.phase is Phase.ROLLED_BACK
+    assert final.message is not None
+    assert "replicate failed: broke while the saga waited before freeze: ReplicationBroken" in final.message
+    replicate = next(step for step in final.steps if step.name == StepName.REPLICATE)
+    assert replicate.state is StepState.COMPENSATED
+    assert replicate.last_error is not None
+    assert "broke while the migration waited before the freeze" in replicate.last_error
+    broke = [event for event in saga.fakes.events if event.reason == "BrokeWhileWaiting"]
+    assert len(broke) == 1
+    assert "ReplicationBroken" in broke[0].message
+    assert "rolling back" in broke[0].message
+    await record_history(saga, "online-broke-while-awaiting-approval")
+
+
+async def test_an_approval_in_time_cancels_the_watch_and_the_migration_goes_on(run_saga: Run) -> None:
+    saga = await run_saga(fakes(), online(approval={"required": True}))
+    await saga.wait_for("the watch beside the approval", lambda: saga.fakes.started(WATCH_REPLICATION))
+    assert (await saga.progress()).phase is Phase.AWAITING_APPROVAL
+
+    await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="alice"))
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    await saga.wait_for("the watch's cancellation", lambda: WATCH_REPLICATION in saga.fakes.cancelled)
+    calls = saga.fakes.step_calls
+    assert calls.count(WATCH_REPLICATION) == 1
+    assert calls.index(REPLICATE) < calls.index(WATCH_REPLICATION) < calls.index(FREEZE)
+    assert saga.fakes.inputs[WATCH_REPLICATION][0]["ref"]["uid"] == saga.fakes.inputs[REPLICATE][0]["ref"]["uid"]
+    await record_history(saga, "online-watched-while-awaiting-approval")
+
+
+async def test_without_a_wait_before_the_freeze_nothing_is_watched(run_saga: Run) -> None:
+    saga = await run_saga(fakes(), online())
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert WATCH_REPLICATION not in saga.fakes.calls
+
+
+async def test_a_replication_that_breaks_while_paused_under_the_pause_policy_is_undone_and_retry_replicates_again(
+    run_saga: Run,
+) -> None:
+    saga = await run_saga(
+        fakes(fail={WATCH_REPLICATION: BROKEN_WHILE_WAITING}, fail_times={WATCH_REPLICATION: 1}, hold={REPLICATE}),
+        online(failurePolicy="Pause"),
+    )
+    await saga.wait_for("replicate", lambda: saga.fakes.started(REPLICATE))
+    await saga.handle.signal(Signal.PAUSE.value, ControlRequest(by="carol"))
+    saga.fakes.release()
+    await saga.wait_for("the failure pause", lambda: saga.fakes.undo_calls == [UNDO_REPLICATE])
+
+    assert FREEZE not in saga.fakes.calls
+    paused = await saga.progress()
+    assert paused.phase is Phase.PAUSED
+    assert paused.message is not None
+    assert "broke while the saga waited before freeze" in paused.message
+    await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
+    await saga.handle.signal(Signal.RETRY.value, ControlRequest(by="carol"))
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert saga.fakes.step_calls.count(REPLICATE) == 2
 
 
 @pytest.mark.parametrize("failing", STEPS)

@@ -1,0 +1,227 @@
+"""Mode Online's watch over the replication while the saga waits before the freeze: postgresql.watch_replication.
+
+replicate returns once the target is nearly caught up; the freeze comes later, once a
+person approves or resumes, which may be days. All that time the application writes to
+the source, and the source's replication slot keeps every change the target has not
+confirmed. A replication that breaks then (a deploy adds a column and writes it, the
+target's Pod is down, its disk is full) keeps the slot where it is, and with
+max_slot_wal_keep_size -1 (PostgreSQL's default) the source's pg_wal grows until its
+disk fills and the live source stops. replicate's and catch-up's stall detection
+(replicating.Stall) runs only inside those activities; this one runs beside the saga's
+wait, which cancels it when the wait ends (workflows/saga.py).
+
+Each look reads the slot's lag on the source and, on the target, whether the
+subscription is enabled, whether its apply worker runs, and how often its workers have
+failed. Something wrong (a failure counted, the subscription disabled, no apply worker,
+the target unreachable) while the target confirms nothing for longer than
+--replication-stall-timeout fails the activity with ReplicationBroken, naming what broke;
+the slot or the subscription gone fails it at once. A source that cannot be reached is
+waited for: nothing can be told about the slot then. The activity changes nothing, so it
+is idempotent; a retry (after a lost worker) watches afresh.
+
+The precheck's warning about an unbounded slot (`unbounded_wal`) lives here too: it is
+the same danger, seen before anything starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+from kubernetes import client as k8s
+from temporalio import activity
+
+from activities.heartbeats import Heartbeats
+from activities.postgres import replication, subscription
+from activities.postgres.connection import Connection, connect
+from activities.postgres.replicating import Stall
+from activities.secrets import DatabaseConnection, Secrets, secrets_from
+from activities.settings import DataActivitySettings
+from ferry.api.errors import DatabaseUnreachable, ReplicationBroken
+from ferry.api.migration import DriverType
+from ferry.api.saga import DriverOperation, WatchReplicationInput, driver_activity
+
+READING = {"default_transaction_read_only": "on"}
+"""The watch only reads: its sessions could not write even by mistake."""
+APPLY_WORKERS = "select count(*) from pg_stat_subscription where subid = %s and relid is null and pid is not null"
+"""The subscription's apply worker (table synchronization workers have a relid)."""
+SUGGESTED_BOUND = "the size of WAL the source's disk can spare, e.g. 10GB"
+
+
+def unbounded_wal(conn: Connection, db: DatabaseConnection) -> str | None:
+    """The precheck's warning when the source keeps any amount of WAL for a slot (max_slot_wal_keep_size -1)."""
+    row = conn.execute("select current_setting('max_slot_wal_keep_size')").fetchone()
+    if row is None or str(row[0]).strip() != "-1":
+        return None
+    return (
+        f"the server of {db.describe()} has max_slot_wal_keep_size = -1: its replication slot keeps every change the "
+        "target has not confirmed, so a replication that breaks (a column added on the source and written, the target "
+        "down or its disk full) would keep the source's WAL until its disk fills and it stops taking writes. ferry "
+        "watches the replication and rolls back when it breaks, but a bound protects the source even when ferry "
+        f"cannot act: set max_slot_wal_keep_size to {SUGGESTED_BOUND} (ALTER SYSTEM, then SELECT pg_reload_conf())."
+    )
+
+
+class ReplicationWatch:
+    """Watches a Migration's replication (mode Online), reading connections from the Secrets the Migration names."""
+
+    def __init__(
+        self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
+    ) -> None:
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        self._secrets = secrets_from(api_client, secrets)
+        self._settings = settings
+
+    @activity.defn(
+        name=driver_activity(DriverType.POSTGRESQL.value, DriverOperation.WATCH_REPLICATION),
+        no_thread_cancel_exception=True,
+    )
+    def watch_replication(self, input: WatchReplicationInput) -> None:
+        """Looks at the replication every --replication-poll-interval seconds until cancelled; raises
+        ReplicationBroken once it is broken. Heartbeats the lag (bytes the target has not confirmed) with each look.
+
+        Idempotent: it only reads.
+        """
+        ref, driver = input.ref, input.driver
+        source = self._secrets.database(ref.namespace, driver.source_secret, "spec.driver.sourceSecret")
+        target = self._secrets.database(ref.namespace, driver.target_secret, "spec.driver.targetSecret")
+        look = Look(source, target, replication.name(ref.uid), self._settings)
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, look:
+            while True:
+                look.once(heartbeats)
+                activity.wait_for_cancelled_sync(self._settings.replication_poll_interval)
+                heartbeats.raise_if_cancelled("watching the replication")
+
+
+class Look:
+    """What the watch knows between two looks: its sessions, the slot's last position, and what went wrong."""
+
+    def __init__(
+        self, source: DatabaseConnection, target: DatabaseConnection, name: str, settings: DataActivitySettings
+    ) -> None:
+        self._source, self._target, self._name, self._settings = source, target, name, settings
+        self._stall = Stall(settings.replication_stall_timeout)
+        self._src: Connection | None = None
+        self._tgt: Connection | None = None
+        self._found: subscription.Subscription | None = None
+        self._confirmed: str | None = None
+        self._lag = 0
+        self._counted: int | None = None
+        """Failures the target's statistics counted, as last read (None before the first read)."""
+        self._troubles = 0
+        """Looks that found the subscription disabled, no apply worker, or the target unreachable."""
+        self._trouble = ""
+        """What the last look found wrong, as a person reads it."""
+
+    def __enter__(self) -> Look:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._close_source()
+        self._close_target()
+
+    def once(self, heartbeats: Heartbeats) -> None:
+        """One look: raises ReplicationBroken when the replication is broken, else heartbeats what it saw."""
+        try:
+            behind = replication.lag(self._source_session(), self._name)
+        except (psycopg.Error, DatabaseUnreachable) as error:
+            self._close_source()
+            activity.logger.warning("could not look at the source's slot %s: %s", self._name, error)
+            heartbeats.progress(source_unreachable=str(error).strip()[:200])
+            return
+        if behind is None:
+            raise self._gone(f"the replication slot {self._name} is gone from the source {self._source.describe()}")
+        self._lag, self._confirmed = behind.bytes, behind.confirmed
+        trouble = self._look_at_target()
+        if trouble is not None:
+            self._troubles += 1
+            self._trouble = trouble
+        failures = (self._counted or 0) + self._troubles
+        heartbeats.progress(lag_bytes=self._lag, confirmed_lsn=self._confirmed, failures=failures, trouble=trouble)
+        stalled = self._stall.seconds(self._confirmed, failures)
+        if stalled is not None:
+            raise self._broken(stalled, failures)
+
+    def _look_at_target(self) -> str | None:
+        """What is wrong on the target, if anything; keeps the failures its statistics counted."""
+        try:
+            tgt = self._target_session()
+            found = subscription.find(tgt, self._name)
+            if found is None:
+                raise self._gone(f"the subscription {self._name} is gone from the target {self._target.describe()}")
+            counted = subscription.progress(tgt, found).errors
+            row = tgt.execute(APPLY_WORKERS, (found.oid,)).fetchone()
+            workers = int(row[0]) if row else 0
+        except (psycopg.Error, DatabaseUnreachable) as error:
+            self._close_target()
+            return (
+                f"ferry cannot reach the target {self._target.describe()} ({str(error).strip()[:300]}): its Pod may "
+                "be down, or its disk full"
+            )
+        rising = self._counted is not None and counted > self._counted
+        self._counted = counted
+        if not found.enabled:
+            return f"the subscription {self._name} on the target is disabled (by hand, or by its disable_on_error)"
+        if rising:
+            return (
+                f"its workers keep failing to apply the source's changes ({counted} failures so far, "
+                "pg_stat_subscription_stats): the usual cause is a schema change on the source (logical replication "
+                "does not carry DDL: a column the target lacks), or a row the target refuses; the target server's "
+                "log names it"
+            )
+        if workers == 0:
+            return (
+                f"no apply worker runs for the subscription {self._name} on the target (pg_stat_subscription): it "
+                "keeps exiting, or the target lacks max_logical_replication_workers; the target server's log says why"
+            )
+        return None
+
+    def _broken(self, stalled: float, failures: int) -> ReplicationBroken:
+        return ReplicationBroken(
+            f"the replication of {self._source.describe()} into {self._target.describe()} broke while the migration "
+            f"waited before the freeze: {self._trouble}. The target has confirmed nothing for {stalled:.0f}s "
+            f"({failures} failed looks and apply attempts). {self._growing()} Roll back (the rollback drops the slot; "
+            "the source keeps every write), fix the cause, and migrate again."
+        )
+
+    def _gone(self, what: str) -> ReplicationBroken:
+        return ReplicationBroken(
+            f"{what} while the migration waited before the freeze (dropped by hand, or invalidated), so the target "
+            "can no longer follow the source. Roll back (the source keeps every write) and migrate again."
+        )
+
+    def _growing(self) -> str:
+        return (
+            f"The source's replication slot {self._name} keeps every change the target has not confirmed ({self._lag} "
+            "bytes of WAL now), so the source's pg_wal grows with every write until its disk fills."
+        )
+
+    def _source_session(self) -> Connection:
+        if self._src is None:
+            self._src = connect(self._source, self._settings, **READING)
+        return self._src
+
+    def _target_session(self) -> Connection:
+        if self._tgt is None:
+            self._tgt = connect(self._target, self._settings, **READING)
+        return self._tgt
+
+    def _close_source(self) -> None:
+        if self._src is not None:
+            with _quietly():
+                self._src.close()
+            self._src = None
+
+    def _close_target(self) -> None:
+        if self._tgt is not None:
+            with _quietly():
+                self._tgt.close()
+            self._tgt = None
+
+
+@contextlib.contextmanager
+def _quietly() -> Iterator[None]:
+    """Closing a session that already failed may fail again; it is gone either way."""
+    with contextlib.suppress(psycopg.Error, OSError):
+        yield
