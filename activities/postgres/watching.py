@@ -46,6 +46,8 @@ READING = {"default_transaction_read_only": "on"}
 """The watch only reads: its sessions could not write even by mistake."""
 APPLY_WORKERS = "select count(*) from pg_stat_subscription where subid = %s and relid is null and pid is not null"
 """The subscription's apply worker (table synchronization workers have a relid)."""
+FAILING, DISABLED, UNREACHABLE, NO_WORKER = "failing", "disabled", "unreachable", "no apply worker"
+"""What a look finds wrong on the target, by kind."""
 SUGGESTED_BOUND = "the size of WAL the source's disk can spare, e.g. 10GB"
 
 
@@ -111,8 +113,8 @@ class Look:
         """Failures the target's statistics counted, as last read (None before the first read)."""
         self._troubles = 0
         """Looks that found the subscription disabled, no apply worker, or the target unreachable."""
-        self._trouble = ""
-        """What the last look found wrong, as a person reads it."""
+        self._seen: dict[str, str] = {}
+        """What the looks found wrong since the target last confirmed something, by kind, as a person reads it."""
 
     def __enter__(self) -> Look:
         return self
@@ -132,19 +134,25 @@ class Look:
             return
         if behind is None:
             raise self._gone(f"the replication slot {self._name} is gone from the source {self._source.describe()}")
-        self._lag, self._confirmed = behind.bytes, behind.confirmed
-        trouble = self._look_at_target()
-        if trouble is not None:
+        lag, confirmed = behind.bytes, behind.confirmed
+        if confirmed != self._confirmed:
+            self._seen.clear()
+        self._lag, self._confirmed = lag, confirmed
+        found = self._look_at_target()
+        trouble = None
+        if found is not None:
+            kind, trouble = found
             self._troubles += 1
-            self._trouble = trouble
+            self._seen[kind] = trouble
         failures = (self._counted or 0) + self._troubles
         heartbeats.progress(lag_bytes=self._lag, confirmed_lsn=self._confirmed, failures=failures, trouble=trouble)
         stalled = self._stall.seconds(self._confirmed, failures)
         if stalled is not None:
             raise self._broken(stalled, failures)
 
-    def _look_at_target(self) -> str | None:
-        """What is wrong on the target, if anything; keeps the failures its statistics counted."""
+    def _look_at_target(self) -> tuple[str, str] | None:
+        """What is wrong on the target, if anything (its kind, and what a person reads); keeps the failures its
+        statistics counted."""
         try:
             tgt = self._target_session()
             found = subscription.find(tgt, self._name)
@@ -155,23 +163,26 @@ class Look:
             workers = int(row[0]) if row else 0
         except (psycopg.Error, DatabaseUnreachable) as error:
             self._close_target()
-            return (
+            return UNREACHABLE, (
                 f"ferry cannot reach the target {self._target.describe()} ({str(error).strip()[:300]}): its Pod may "
                 "be down, or its disk full"
             )
         rising = self._counted is not None and counted > self._counted
         self._counted = counted
         if not found.enabled:
-            return f"the subscription {self._name} on the target is disabled (by hand, or by its disable_on_error)"
-        if rising:
             return (
+                DISABLED,
+                f"the subscription {self._name} on the target is disabled (by hand, or by disable_on_error)",
+            )
+        if rising:
+            return FAILING, (
                 f"its workers keep failing to apply the source's changes ({counted} failures so far, "
                 "pg_stat_subscription_stats): the usual cause is a schema change on the source (logical replication "
                 "does not carry DDL: a column the target lacks), or a row the target refuses; the target server's "
                 "log names it"
             )
         if workers == 0:
-            return (
+            return NO_WORKER, (
                 f"no apply worker runs for the subscription {self._name} on the target (pg_stat_subscription): it "
                 "keeps exiting, or the target lacks max_logical_replication_workers; the target server's log says why"
             )
@@ -180,10 +191,14 @@ class Look:
     def _broken(self, stalled: float, failures: int) -> ReplicationBroken:
         return ReplicationBroken(
             f"the replication of {self._source.describe()} into {self._target.describe()} broke while the migration "
-            f"waited before the freeze: {self._trouble}. The target has confirmed nothing for {stalled:.0f}s "
+            f"waited before the freeze: {self._worst()}. The target has confirmed nothing for {stalled:.0f}s "
             f"({failures} failed looks and apply attempts). {self._growing()} Roll back (the rollback drops the slot; "
             "the source keeps every write), fix the cause, and migrate again."
         )
+
+    def _worst(self) -> str:
+        """What the looks found wrong, the most telling first: a crashing worker's failures explain its absence."""
+        return "; ".join(self._seen[kind] for kind in (FAILING, DISABLED, UNREACHABLE, NO_WORKER) if kind in self._seen)
 
     def _gone(self, what: str) -> ReplicationBroken:
         return ReplicationBroken(
