@@ -181,13 +181,15 @@ class DataActivitySettings:
     status.progress (bytes or rows done, throughput, time left), which `kubectl get mig -w` shows; 0 writes none."""
 
     replication_poll_interval: Annotated[float, Field(gt=0, le=60)] = 1.0
-    """Seconds between two looks at the logical replication's progress (mode Online: replicate and catch-up), and
-    the pause before a change to the source's tables tries again for a lock; at most 60."""
+    """Seconds between two looks at the logical replication's progress (mode Online: replicate, catch-up, and the
+    watch while the saga waits before the freeze), and the pause before a change to the source's tables tries again
+    for a lock; at most 60."""
 
     replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
     """Seconds the target may go without applying anything while it reports errors applying the source's changes, or
     while its subscription does not stream from the source (no apply worker, or the slot not active), before
-    replicate or catch-up fails for good with ReplicationBroken (mode Online)."""
+    replicate or catch-up fails for good with ReplicationBroken (mode Online); the watch while the saga waits before
+    the freeze also counts the subscription disabled, or the target unreachable."""
 
     def streams_for(self, parallelism: int | None) -> int:
         """The streams a snapshot runs: spec.driver.parallelism, else --snapshot-streams, at most

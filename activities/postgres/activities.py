@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
@@ -25,6 +26,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities import s3 as snapshot_store
+from activities.events import record_event
 from activities.heartbeats import Heartbeats
 from activities.known_versions import KnownVersions
 from activities.postgres import (
@@ -50,8 +52,9 @@ from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
+from activities.status import REPORTING_COMPONENT
 from ferry.api.errors import BadCredentials, VerificationMismatch, WritesAfterFreeze, WritesOnTarget
-from ferry.api.migration import DriverSpec, DriverType, StepName, named_secrets
+from ferry.api.migration import DriverSpec, DriverType, EventType, StepName, named_secrets
 from ferry.api.saga import (
     AheadComparison,
     CheckFrozenInput,
@@ -146,6 +149,8 @@ class PostgresActivities:
             self._protection.protect(input.ref.namespace, input.ref.uid, secrets)
         with Heartbeats(self._settings.heartbeat_interval):
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
+        for number, warning in enumerate(result.warnings):
+            self._warn(input.ref, warning, f"precheck.warning.{number}")
         activity.logger.info(
             "precheck passed: source %s (%d bytes), target %s, pg_dump/pg_restore %s",
             result.source_version,
@@ -154,6 +159,21 @@ class PostgresActivities:
             result.tools_version,
         )
         return result
+
+    def _warn(self, ref: MigrationRef, warning: str, key: str) -> None:
+        """A warning of the precheck, in the worker's log and as a Warning Event on the Migration (once per key)."""
+        activity.logger.warning("%s", warning)
+        if self._api is not None:
+            record_event(
+                k8s.CoreV1Api(self._api),
+                ref,
+                type=EventType.WARNING,
+                reason="PrecheckWarning",
+                message=warning,
+                key=key,
+                component=REPORTING_COMPONENT,
+                instance=socket.gethostname(),
+            )
 
     # --- freeze ------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from activities.postgres import (
     grants,
     replication_checks,
     restoring,
+    slot_wal,
     throughput,
     tls,
     tools,
@@ -201,6 +202,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     assert source is not None
     assert target is not None
     assert tools_version is not None
+    unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
     return PrecheckResult(
         source_version=source.version,
         target_version=target.version,
@@ -212,6 +214,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         )
         if input.measure
         else None,
+        warnings=[unbounded] if unbounded else [],
     )
 
 

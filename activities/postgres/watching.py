@@ -19,8 +19,7 @@ the slot or the subscription gone fails it at once. A source that cannot be reac
 waited for: nothing can be told about the slot then. The activity changes nothing, so it
 is idempotent; a retry (after a lost worker) watches afresh.
 
-The precheck's warning about an unbounded slot (`unbounded_wal`) lives here too: it is
-the same danger, seen before anything starts.
+The precheck warns of the same danger before anything starts (see slot_wal).
 """
 
 from __future__ import annotations
@@ -48,21 +47,6 @@ APPLY_WORKERS = "select count(*) from pg_stat_subscription where subid = %s and 
 """The subscription's apply worker (table synchronization workers have a relid)."""
 FAILING, DISABLED, UNREACHABLE, NO_WORKER = "failing", "disabled", "unreachable", "no apply worker"
 """What a look finds wrong on the target, by kind."""
-SUGGESTED_BOUND = "the size of WAL the source's disk can spare, e.g. 10GB"
-
-
-def unbounded_wal(conn: Connection, db: DatabaseConnection) -> str | None:
-    """The precheck's warning when the source keeps any amount of WAL for a slot (max_slot_wal_keep_size -1)."""
-    row = conn.execute("select current_setting('max_slot_wal_keep_size')").fetchone()
-    if row is None or str(row[0]).strip() != "-1":
-        return None
-    return (
-        f"the server of {db.describe()} has max_slot_wal_keep_size = -1: its replication slot keeps every change the "
-        "target has not confirmed, so a replication that breaks (a column added on the source and written, the target "
-        "down or its disk full) would keep the source's WAL until its disk fills and it stops taking writes. ferry "
-        "watches the replication and rolls back when it breaks, but a bound protects the source even when ferry "
-        f"cannot act: set max_slot_wal_keep_size to {SUGGESTED_BOUND} (ALTER SYSTEM, then SELECT pg_reload_conf())."
-    )
 
 
 class ReplicationWatch:

@@ -201,6 +201,29 @@ def test_a_table_hash_partitioned_on_an_enum_is_refused_since_its_rows_would_go_
     )
 
 
+def test_a_source_that_keeps_wal_for_a_slot_without_bound_passes_with_a_warning_event_suggesting_a_bound(
+    online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient
+) -> None:
+    """The stack's source has PostgreSQL's default, max_slot_wal_keep_size -1: a replication that broke would keep
+    its WAL until its disk filled. Not a refusal: ferry watches the replication, but a bound protects the source."""
+    with connect(databases.source) as conn:
+        row = conn.execute("select current_setting('max_slot_wal_keep_size')").fetchone()
+    assert row is not None
+    assert row[0] == "-1"
+
+    result = online.precheck()
+
+    assert len(result.warnings) == 1
+    assert "max_slot_wal_keep_size = -1" in result.warnings[0]
+    assert "until its disk fills" in result.warnings[0]
+    assert "ALTER SYSTEM SET max_slot_wal_keep_size" in result.warnings[0]
+    events = k8s.CoreV1Api(kube_api).list_namespaced_event(online.ref.namespace).items
+    warned = [event for event in events if event.reason == "PrecheckWarning"]
+    assert [(event.type, event.involved_object.uid) for event in warned] == [("Warning", online.ref.uid)]
+    assert "max_slot_wal_keep_size = -1" in warned[0].message
+    assert _with(online, mode=DriverMode.SNAPSHOT).precheck().warnings == [], "mode Snapshot keeps no slot"
+
+
 def test_mode_snapshot_asks_none_of_this(online: OnlineSteps, databases: Databases) -> None:
     with connect(databases.source) as conn:
         conn.execute("create unlogged table public.cache (key text primary key, value text)")
