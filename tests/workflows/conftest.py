@@ -7,6 +7,7 @@ timers (approval deadlines, soak times, retry back-off) pass instantly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from temporalio.worker._workflow_instance import _WorkflowLogicFlag
@@ -37,8 +39,7 @@ HISTORIES = Path(__file__).parent / "histories"
 SINGLE_BATCH = _WorkflowLogicFlag.PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH
 
 
-@pytest.fixture(scope="session")
-async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+async def _time_skipping_server() -> WorkflowEnvironment:
     server = Path(sys.executable).parent / "temporal-test-server"
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=data_converter(), test_server_existing_path=str(server)
@@ -49,6 +50,12 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
             search_attributes={key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for key in search_attributes.ALL},
         )
     )
+    return env
+
+
+@pytest.fixture(scope="session")
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    env = await _time_skipping_server()
     yield env
     await env.shutdown()
 
@@ -105,9 +112,19 @@ class Saga:
 
 
 @pytest.fixture
-async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> AsyncIterator[Callable[..., Any]]:
-    """Starts the workflow with a worker hosting the given fakes; the worker stops after the test."""
+async def run_saga(
+    request: pytest.FixtureRequest, time_skipping: WorkflowEnvironment, task_queue: str
+) -> AsyncIterator[Callable[..., Any]]:
+    """Starts the workflow with a worker hosting the given fakes; the worker stops after the test.
+
+    A test marked `own_time_server` gets a time-skipping server of its own: one whose run leaves an activity the
+    server still counts as running once the run has closed (a watch cancelled without waiting, TRY_CANCEL) would
+    keep the shared server from ever skipping time again, and every later test's timer would wait in real time.
+    """
+    own = await _time_skipping_server() if request.node.get_closest_marker("own_time_server") else None
+    time_skipping = own or time_skipping
     workers: list[Worker] = []
+    handles: list[WorkflowHandle[Any, Any]] = []
 
     async def start(
         fakes: FakeSaga,
@@ -136,11 +153,19 @@ async def run_saga(time_skipping: WorkflowEnvironment, task_queue: str) -> Async
         handle = await time_skipping.client.start_workflow(
             workflow_class.run, input, id=workflow_id(input.ref), task_queue=task_queue
         )
+        handles.append(handle)
         return Saga(time_skipping.client, fakes, handle)
 
     yield start
+    for handle in handles:
+        # A run the test left waiting (its watch activity retried without end, a timer) would keep the shared
+        # time-skipping server from skipping time for every later test.
+        with contextlib.suppress(RPCError):
+            await handle.terminate("the test is over")
     for worker in workers:
         await worker.shutdown()
+    if own is not None:
+        await own.shutdown()
 
 
 RECORDED_AS = "v2.1"

@@ -61,6 +61,7 @@ async def test_a_migration_paused_for_a_week_adds_nothing_to_its_history(
     await record_history(saga, "coalesced-paused-a-week")
 
 
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
 async def test_an_online_migration_awaiting_approval_adds_nothing_to_its_history_while_its_replication_is_watched(
     run_saga: Run,
 ) -> None:

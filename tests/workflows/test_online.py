@@ -149,6 +149,7 @@ async def test_the_online_plan_compares_the_tables_in_replicate_and_leaves_only_
     assert (estimates.write_downtime_seconds, estimates.total_seconds) == (5.0, 18.0)
 
 
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
 async def test_approval_is_asked_before_the_freeze_while_the_replication_goes_on(run_saga: Run) -> None:
     saga = await run_saga(fakes(), online(approval={"required": True}))
     await saga.wait_for("the approval gate", phase=Phase.AWAITING_APPROVAL.value)
@@ -169,6 +170,7 @@ BROKEN_WHILE_WAITING = ReplicationBroken(
 """What the real watch raises (tests/postgres/test_watch.py); a fake raises it here, when the test wants."""
 
 
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
 async def test_a_replication_that_breaks_while_awaiting_approval_rolls_back_and_ends_the_replication(
     run_saga: Run,
 ) -> None:
@@ -198,6 +200,7 @@ async def test_a_replication_that_breaks_while_awaiting_approval_rolls_back_and_
     await record_history(saga, "online-broke-while-awaiting-approval")
 
 
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
 async def test_an_approval_in_time_cancels_the_watch_and_the_migration_goes_on(run_saga: Run) -> None:
     saga = await run_saga(fakes(), online(approval={"required": True}))
     await saga.wait_for("the watch beside the approval", lambda: saga.fakes.started(WATCH_REPLICATION))
@@ -221,6 +224,7 @@ async def test_without_a_wait_before_the_freeze_nothing_is_watched(run_saga: Run
     assert WATCH_REPLICATION not in saga.fakes.calls
 
 
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
 async def test_a_replication_that_breaks_while_paused_under_the_pause_policy_is_undone_and_retry_replicates_again(
     run_saga: Run,
 ) -> None:
