@@ -100,9 +100,11 @@ def _labelled_source_and_other_services(kube_api: k8s.ApiClient, namespace: str)
         )
         core.create_namespaced_service(namespace, other)
     eventually("the source to be Ready", lambda: ready_replicas(kube_api, namespace, SOURCE) == 2)
-    eventually(
-        "orders-db-ro to list the source's Pods", lambda: endpoint_pods(kube_api, namespace, READ_ONLY) == SOURCE_PODS
-    )
+    for service, pods in ((READ_ONLY, SOURCE_PODS), (SOURCE, SOURCE_PODS), (FIRST_REPLICA, ["orders-db-0"])):
+        eventually(
+            f"{service} to list the source's Pods {pods}",
+            lambda service=service, pods=pods: endpoint_pods(kube_api, namespace, service) == pods,
+        )
 
 
 def test_provision_gives_the_target_no_label_another_service_selects_the_sources_pods_by(
