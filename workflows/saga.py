@@ -18,7 +18,9 @@ depends on it. The Migration then ends Failed, saying what was not undone. An un
 only empties the target or the bucket is gone past when it keeps failing, unless it
 left a target that traffic may have reached: it refused (WritesOnTarget) or could not
 compare it, and provision's undo would delete the rows only that target holds
-(TARGET_KEPT).
+(TARGET_KEPT). Traffic may have reached the target while the step that moves it is
+started, or once its undo sent traffic back, until an undo that empties the target
+(comparing it first) succeeded (TRAFFIC_SINCE_EMPTIED).
 
 Attempts are the saga's own: each activity runs once per attempt, and the saga waits
 between attempts, so the status shows every attempt, the last error while it waits,
@@ -116,6 +118,13 @@ Undo.empties_target): the undo refused (WritesOnTarget: the target took writes s
 connection that stayed open past the check before traffic went back), or kept failing, so nobody compared it. It
 stops there like a refusal of the check before an undo; it went on, and provision's undo deleted the target's
 volumes with rows only they held."""
+TRAFFIC_SINCE_EMPTIED = "traffic-since-the-target-was-emptied"
+"""Patch: traffic counts as having reached the target (TARGET_KEPT) while a step that moves it is started, or once
+such a step was undone, until an undo that empties the target succeeds: that undo compared the target with verify's
+mark before it emptied it, so nothing only the target had is left. It counted whenever the step's status said it had
+run, which stays so across failurePolicy Pause's cycles: an emptying undo failing in a later cycle, after the target
+had been emptied and no traffic had reached it again, stopped the way back before the freeze's undo and left the
+source frozen."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
 """Failure types of an undo that refused to destroy what it could not vouch for."""
 WATCH_WHILE_WAITING = "watch-while-waiting"
@@ -207,6 +216,10 @@ class Saga:
         self.leftovers: dict[str, str] = {}
         """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
         last error: what is left of them, until the step runs again or a later undo of it succeeds."""
+        self.traffic_since_emptied = False
+        """Whether a step that moves traffic to the target was undone since an undo last emptied the target: the
+        target may hold writes made while it had the traffic, though that step is no longer started (the way back to
+        writes flowing drops the steps it undoes). See `_traffic_may_have_moved`."""
         self.writes_flow_while_waiting = False
         """Set by the patch WRITES_FLOW_WHILE_WAITING at the start of the run; runs from before keep the old waits."""
         self.backed_by_migration = False
@@ -836,22 +849,28 @@ class Saga:
 
     def _keeps_the_target(self, step: Step[Any, Any], failure: ActivityError) -> bool:
         """Whether `step`'s undo, failed for good, left a target traffic may have reached that nothing older may remove
-        (TARGET_KEPT): it refused to destroy writes (KEEPS_THE_TARGET), or it empties the target and switch-traffic
-        was started, so the target may hold writes nobody compared."""
+        (TARGET_KEPT): it refused to destroy writes (KEEPS_THE_TARGET), or it empties the target and traffic may have
+        reached it since it was last emptied, so the target may hold writes nobody compared."""
         cause = failure.__cause__
         refused = isinstance(cause, ApplicationError) and (cause.type or "") in KEEPS_THE_TARGET
         unchecked = step.undo is not None and step.undo.empties_target and self._traffic_may_have_moved()
         return (refused or unchecked) and workflow.patched(TARGET_KEPT)
 
     def _traffic_may_have_moved(self) -> bool:
-        """Whether a step that moves traffic to the target was started: it is among the started steps (every step is,
-        in the undo after success), or its status says it ran (the way back to writes flowing drops undone steps)."""
+        """Whether traffic may have reached the target since it was last emptied: a step that moves it is among the
+        started steps (every step is, in the undo after success), or one was undone since an undo last emptied the
+        target (the way back to writes flowing drops the steps it undoes).
+
+        Runs without the marker of TRAFFIC_SINCE_EMPTIED keep the old answer: such a step's status says it ran, which
+        stays so after a later undo emptied the target, across failurePolicy Pause's cycles. The two differ only then,
+        so only then is the patch asked."""
+        if self.traffic_since_emptied or any(s.resumes_writes and s in self.started for s in self.steps):
+            return True
         steps = self.status.steps
-        return any(
-            s.resumes_writes
-            and (s in self.started or (s.name in steps and steps[s.name].state is not StepState.PENDING))
-            for s in self.steps
+        ran = any(
+            s.resumes_writes and s.name in steps and steps[s.name].state is not StepState.PENDING for s in self.steps
         )
+        return ran and not workflow.patched(TRAFFIC_SINCE_EMPTIED)
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
@@ -930,6 +949,10 @@ class Saga:
                 continue
             step.undone(result, self.status)
             self.leftovers.pop(name, None)
+            if step.resumes_writes:
+                self.traffic_since_emptied = True  # a connection may still write to the target after the check
+            elif step.undo.empties_target:
+                self.traffic_since_emptied = False  # it compared the target with verify's mark before emptying it
             if step.stops_writes:
                 self._writes_flow("freeze undone")
             self._compensations.add(1, {"step": name, "outcome": "succeeded"})

@@ -224,7 +224,9 @@ class Undo(Generic[R, U, UR]):
     source is unfrozen and the target removed all the same), so its failure is reported and the rollback goes on."""
     empties_target: bool = False
     """Whether it empties the target's database, which may hold writes only it has once traffic moved there: then its
-    refusal or its failure stops the rollback whatever blocks_older says (saga.TARGET_KEPT)."""
+    refusal or its failure stops the rollback whatever blocks_older says (saga.TARGET_KEPT). It compares the target
+    with verify's mark before it empties it, so once it succeeded traffic counts as having reached the target only if
+    it moves there again (saga.TRAFFIC_SINCE_EMPTIED)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from ferry.api.errors import InvalidSpec, PrecheckFailed, WritesAfterFreeze, WritesOnTarget
+from ferry.api.errors import DatabaseUnreachable, InvalidSpec, PrecheckFailed, WritesAfterFreeze, WritesOnTarget
 from ferry.api.migration import STEP_ORDER, Phase, StepName, StepState
 from ferry.api.saga import ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
@@ -822,6 +822,97 @@ async def test_an_undo_that_empties_the_target_failing_after_traffic_moved_stops
     assert "the undo of migrate left the target as it is (RuntimeError: connection refused)" in final.message
     assert final.message.endswith("(see the README's recovery section)")
     assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.SUCCEEDED
+
+
+async def test_under_the_pause_policy_an_emptying_undo_failing_after_traffic_went_back_stops_the_way_back_there(
+    run_saga: Run,
+) -> None:
+    """Within one way back to writes flowing: switch-traffic's undo sent traffic back (its check passed), then the
+    undo that empties the target kept failing, so nothing compared the target after it had the traffic. The freeze's
+    and provision's undos do not run, although switch-traffic is no longer among the started steps."""
+    fakes = FakeSaga(
+        fail={SWITCH_TRAFFIC: InvalidSpec("selector refused"), UNDO[MIGRATE]: RuntimeError("connection refused")}
+    )
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert fakes.undo_calls == [UNDO[SWITCH_TRAFFIC], *[UNDO[MIGRATE]] * 12]
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert final.message.startswith(
+        "rollback stopped after switch-traffic failed: InvalidSpec: selector refused: the undo of migrate left the "
+        "target as it is (RuntimeError: connection refused). Traffic moved to the target"
+    )
+    assert "nothing older is undone (which would remove the target): migrate, snapshot, freeze, provision" in (
+        final.message
+    )
+    assert final.steps[STEP_ACTIVITIES.index(SWITCH_TRAFFIC)].state is StepState.COMPENSATED
+    assert final.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.SUCCEEDED
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.SUCCEEDED
+
+
+@pytest.mark.parametrize("second_cycle_ends", ["migrate fails", "rollback asked"])
+async def test_an_emptying_undo_failing_after_an_earlier_pause_cycle_emptied_the_target_does_not_keep_the_source_frozen(
+    run_saga: Run, second_cycle_ends: str
+) -> None:
+    """Under failurePolicy Pause, switch-traffic failed and the way back to writes flowing undid it, then emptied the
+    target (migrate's undo compares it with verify's mark first). Retry ran again from freeze, and this time migrate
+    did not get through, nor, the target being unreachable, did its undo. No traffic reached the target since it was
+    emptied: the source is unfrozen and the target removed all the same, and the run names what is left."""
+    unreachable = DatabaseUnreachable("orders-db-16-0 refused connections")
+    fakes = FakeSaga(fail={SWITCH_TRAFFIC: InvalidSpec("selector refused")}, fail_times={SWITCH_TRAFFIC: 1})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
+    assert fakes.undo_calls == undos_of([FREEZE, SNAPSHOT, MIGRATE, SWITCH_TRAFFIC])
+
+    fakes.fail[UNDO[MIGRATE]] = unreachable
+    if second_cycle_ends == "migrate fails":
+        fakes.fail[MIGRATE] = unreachable
+    else:
+        fakes.hold.add(MIGRATE)
+    await saga.handle.signal(Signal.RETRY.value, ControlRequest(by="dave"))
+    await saga.wait_for("migrate to run again", lambda: fakes.step_calls.count(MIGRATE) == 2)
+    if second_cycle_ends == "rollback asked":
+        await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="erin"))
+    else:
+        await saga.wait_for(
+            "the way back of the second cycle to end",
+            lambda: UNDO[MIGRATE] in fakes.undo_calls[4:] and fakes.statuses[-1].phase in (Phase.PAUSED, Phase.FAILED),
+        )
+        assert fakes.undo_calls[4:] == undos_of([FREEZE, SNAPSHOT, MIGRATE]), "the source takes writes again"
+        paused = await saga.progress()
+        assert paused.phase is Phase.PAUSED
+        assert paused.message is not None
+        assert paused.message.startswith(
+            "migrate failed: DatabaseUnreachable: orders-db-16-0 refused connections; the source takes writes again "
+            "(undone back to before freeze), so retry runs again from freeze; not undone: migrate "
+            "(DatabaseUnreachable: orders-db-16-0 refused connections), and a retry may fail on what is left"
+        )
+        await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="erin"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+    if second_cycle_ends == "rollback asked":
+        await record_history(saga, "traffic-since-the-target-was-emptied")
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert fakes.undo_calls[4:] == undos_of([PROVISION, FREEZE, SNAPSHOT, MIGRATE]), "the source takes writes again"
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert "but not undone: migrate (DatabaseUnreachable: orders-db-16-0 refused connections)" in final.message
+    assert "The source takes writes again" in final.message
+    assert final.write_downtime is not None
+    assert final.write_downtime.ended_by == "freeze undone"
+    assert final.steps[STEP_ACTIVITIES.index(MIGRATE)].state is StepState.COMPENSATION_FAILED
+    assert final.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.COMPENSATED
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.COMPENSATED
 
 
 async def test_a_check_before_an_undo_that_fails_for_a_while_runs_before_every_attempt_of_the_undo(
