@@ -119,12 +119,13 @@ connection that stayed open past the check before traffic went back), or kept fa
 stops there like a refusal of the check before an undo; it went on, and provision's undo deleted the target's
 volumes with rows only they held."""
 TRAFFIC_SINCE_EMPTIED = "traffic-since-the-target-was-emptied"
-"""Patch: traffic counts as having reached the target (TARGET_KEPT) while a step that moves it is started, or once
-such a step was undone, until an undo that empties the target succeeds: that undo compared the target with verify's
-mark before it emptied it, so nothing only the target had is left. It counted whenever the step's status said it had
-run, which stays so across failurePolicy Pause's cycles: an emptying undo failing in a later cycle, after the target
-had been emptied and no traffic had reached it again, stopped the way back before the freeze's undo and left the
-source frozen."""
+"""Patch: traffic counts as having reached the target (TARGET_KEPT) once a step that moves it was started, until an
+undo that empties the target succeeds: that undo compared the target with verify's mark before it emptied it, so
+nothing only the target had is left. It counted whenever that step was started or its status said it had run, which
+stays so after the target was emptied: within a rollback (an undo of snapshot failing after migrate's had emptied the
+target), and across failurePolicy Pause's cycles (an emptying undo failing in a later cycle, after the target had been
+emptied and no traffic had reached it again). The way back then stopped before the freeze's undo and left the source
+frozen."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
 """Failure types of an undo that refused to destroy what it could not vouch for."""
 WATCH_WHILE_WAITING = "watch-while-waiting"
@@ -217,9 +218,10 @@ class Saga:
         """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
         last error: what is left of them, until the step runs again or a later undo of it succeeds."""
         self.traffic_since_emptied = False
-        """Whether a step that moves traffic to the target was undone since an undo last emptied the target: the
-        target may hold writes made while it had the traffic, though that step is no longer started (the way back to
-        writes flowing drops the steps it undoes). See `_traffic_may_have_moved`."""
+        """Whether a step that moves traffic to the target was started since an undo last emptied the target (set as
+        it starts, or by `start_all`; its own undo leaves it set, and so does the way back to writes flowing, which
+        drops the steps it undoes): the target may hold writes made while it had the traffic. See
+        `_traffic_may_have_moved`."""
         self.writes_flow_while_waiting = False
         """Set by the patch WRITES_FLOW_WHILE_WAITING at the start of the run; runs from before keep the old waits."""
         self.backed_by_migration = False
@@ -494,7 +496,7 @@ class Saga:
         before the step that stops writes; see `_unstop_writes`)."""
         name = step.name
         if not self._coalesces():
-            self.started.append(step)  # from now on its undo runs on the way back, whatever happens
+            self._start(step)
         attempt = 0
         while True:
             attempt += 1
@@ -519,7 +521,7 @@ class Saga:
             if self._coalesces():
                 await self._shown_starting()
                 if step not in self.started:
-                    self.started.append(step)  # from now on its undo runs on the way back, whatever happens
+                    self._start(step)
             error, failure = await self._attempt(step)
             if error is None:
                 self.leftovers.pop(name, None)  # it ran again over what its failed undo left
@@ -856,21 +858,34 @@ class Saga:
         unchecked = step.undo is not None and step.undo.empties_target and self._traffic_may_have_moved()
         return (refused or unchecked) and workflow.patched(TARGET_KEPT)
 
-    def _traffic_may_have_moved(self) -> bool:
-        """Whether traffic may have reached the target since it was last emptied: a step that moves it is among the
-        started steps (every step is, in the undo after success), or one was undone since an undo last emptied the
-        target (the way back to writes flowing drops the steps it undoes).
+    def start_all(self, steps: Sequence[Step[Any, Any]]) -> None:
+        """Counts every step as started, as the undo of a finished run does: each one's undo runs on the way back."""
+        for step in steps:
+            self._start(step)
 
-        Runs without the marker of TRAFFIC_SINCE_EMPTIED keep the old answer: such a step's status says it ran, which
-        stays so after a later undo emptied the target, across failurePolicy Pause's cycles. The two differ only then,
-        so only then is the patch asked."""
-        if self.traffic_since_emptied or any(s.resumes_writes and s in self.started for s in self.steps):
-            return True
+    def _start(self, step: Step[Any, Any]) -> None:
+        self.started.append(step)  # from now on its undo runs on the way back, whatever happens
+        if step.resumes_writes:
+            self.traffic_since_emptied = True
+
+    def _traffic_may_have_moved(self) -> bool:
+        """Whether traffic may have reached the target since an undo last emptied it (`traffic_since_emptied`): a step
+        that moves it was started since (every step is, in the undo after success), whether or not that step's own
+        undo has sent the traffic back (a pooled connection may write to the target after the check before it).
+
+        Runs without the marker of TRAFFIC_SINCE_EMPTIED keep the old answer: such a step is started, or its status
+        says it ran, which stays so after a later undo emptied the target (within a rollback, and across
+        failurePolicy Pause's cycles). The old answer is true whenever the new one is, so the patch is asked only
+        where they differ."""
         steps = self.status.steps
-        ran = any(
-            s.resumes_writes and s.name in steps and steps[s.name].state is not StepState.PENDING for s in self.steps
+        old = any(
+            s.resumes_writes
+            and (s in self.started or (s.name in steps and steps[s.name].state is not StepState.PENDING))
+            for s in self.steps
         )
-        return ran and not workflow.patched(TRAFFIC_SINCE_EMPTIED)
+        if old == self.traffic_since_emptied:
+            return old
+        return not workflow.patched(TRAFFIC_SINCE_EMPTIED)
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
@@ -949,9 +964,7 @@ class Saga:
                 continue
             step.undone(result, self.status)
             self.leftovers.pop(name, None)
-            if step.resumes_writes:
-                self.traffic_since_emptied = True  # a connection may still write to the target after the check
-            elif step.undo.empties_target:
+            if step.undo.empties_target:
                 self.traffic_since_emptied = False  # it compared the target with verify's mark before emptying it
             if step.stops_writes:
                 self._writes_flow("freeze undone")

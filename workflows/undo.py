@@ -43,6 +43,6 @@ class MigrationUndoWorkflow:
             else SagaStatus(workflow=here, generation=input.generation, order=order)
         )
         saga = Saga(input.ref, input.spec, steps, status, Controls(approval_required=False))
-        saga.started = list(steps)
+        saga.start_all(steps)
         self._saga = saga
         return await saga.shielded_roll_back(input.reason)

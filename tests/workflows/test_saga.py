@@ -824,6 +824,37 @@ async def test_an_undo_that_empties_the_target_failing_after_traffic_moved_stops
     assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.SUCCEEDED
 
 
+async def test_an_emptying_undo_failing_after_another_emptied_the_target_in_the_same_rollback_is_gone_past(
+    run_saga: Run,
+) -> None:
+    """Traffic had moved, and went back; migrate's undo then compared the target with verify's mark and emptied it.
+    Snapshot's undo, which empties the target again and deletes the object, keeps failing (S3 unreachable): nothing
+    only the target had is left, so the rollback goes past it, unfreezes the source and removes the target."""
+    fakes = FakeSaga(hold={SCALE_DOWN_OLD}, fail={UNDO[SNAPSHOT]: RuntimeError("S3 endpoint unreachable")})
+    saga = await run_saga(fakes)
+    await saga.wait_for("scale-down-old to start", lambda: fakes.started(SCALE_DOWN_OLD))
+
+    await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="alice", reason="slow queries"))
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    snapshot_attempts = fakes.undo_calls.count(UNDO[SNAPSHOT])
+    assert fakes.undo_calls == [
+        UNDO[SCALE_DOWN_OLD], UNDO[SWITCH_TRAFFIC], UNDO[MIGRATE], *[UNDO[SNAPSHOT]] * snapshot_attempts,
+        UNDO[FREEZE], UNDO[PROVISION],
+    ]  # fmt: skip
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert "but not undone: snapshot (RuntimeError: S3 endpoint unreachable)" in final.message
+    assert "The source takes writes again" in final.message
+    assert final.steps[STEP_ACTIVITIES.index(SNAPSHOT)].state is StepState.COMPENSATION_FAILED
+    assert final.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.COMPENSATED
+    assert final.steps[STEP_ACTIVITIES.index(PROVISION)].state is StepState.COMPENSATED
+
+
 async def test_under_the_pause_policy_an_emptying_undo_failing_after_traffic_went_back_stops_the_way_back_there(
     run_saga: Run,
 ) -> None:
