@@ -53,7 +53,7 @@ from activities.postgres.connection import Connection, connect, privileged
 from activities.secrets import DatabaseConnection, Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.errors import InvalidSpec, ReplicationBroken
-from ferry.api.migration import DriverType
+from ferry.api.migration import DriverSpec, DriverType
 from ferry.api.quantity import quantity_bytes
 from ferry.api.saga import (
     AheadComparison,
@@ -160,25 +160,7 @@ class ReplicationActivities:
             self._connect(source) as src,
             self._connect(target) as tgt,
         ):
-            # Refused before anything is made, the target included (checked again where the slot is made).
-            replication_ended.refuse_if_ended(src, source, ref.uid, "replicate")
-            _lacking_identity(src, source, driver.allow_replica_identity_full)
-            found = subscription.find(tgt, name)
-            if found is not None and not replication.has_slot(src, name):
-                activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
-                self._end(src, tgt, source, target, ref, heartbeats)
-                found = None
-            schema_copied = found is None
-            if found is None:
-                with privileged(target, "drop and create schemas"):
-                    restoring.prepare_target(tgt, target, owner(ref))
-                size = schema_copy.copy(source, target, self._settings, heartbeats)
-                activity.logger.info(
-                    "copied the schema of %s into %s (%d bytes)", source.describe(), target.describe(), size
-                )
-            full, found = self._create(
-                src, tgt, source, target, ref, found, driver.allow_replica_identity_full, heartbeats
-            )
+            full, found, schema_copied = self._start(src, tgt, source, target, ref, driver, heartbeats)
             progress, lag = self._wait_until_close(
                 src, tgt, target, name, found, quantity_bytes(driver.max_lag), heartbeats
             )
@@ -197,6 +179,46 @@ class ReplicationActivities:
             schema_copied=schema_copied,
             ahead=compared,
         )
+
+    def _start(
+        self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection,
+        ref: MigrationRef, driver: DriverSpec, heartbeats: Heartbeats,
+    ) -> tuple[list[str], subscription.Subscription, bool]:  # fmt: skip
+        """Makes what the replication lacks: the target's schema (on an emptied target), the publication, the slot and
+        the subscription. Returns the tables given FULL, the subscription, and whether the schema was copied.
+
+        All of it runs under the Migration's lock on the source (see replication_ended), from the check that nothing
+        ended the replication: an activity ending it (catch-up, an undo) takes the lock, which ends this session, so
+        an attempt it wrote off meanwhile fails at its next query of the source. The target is emptied in a
+        transaction holding the lock there too, which asks the source again before it commits: a late attempt never
+        empties a target that caught up and that catch-up left for verify.
+        """
+        name = replication.name(ref.uid)
+        between_tries = self._between_tries(heartbeats)
+        with replication_ended.holding(src, ref.uid, between_tries):
+            # Refused before anything is made, the target included (checked again where the slot is made).
+            replication_ended.refuse_if_ended(src, source, ref.uid, "replicate")
+            _lacking_identity(src, source, driver.allow_replica_identity_full)
+            found = subscription.find(tgt, name)
+            if found is not None and not replication.has_slot(src, name):
+                activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
+                self._end(src, tgt, source, target, ref, heartbeats)
+                found = None
+            schema_copied = found is None
+            if found is None:
+                with privileged(target, "drop and create schemas"), tgt.transaction():
+                    replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
+                    restoring.prepare_target(tgt, target, owner(ref))
+                    # Raises as well when the source's session, and with it the lock, was ended meanwhile.
+                    replication_ended.refuse_if_ended(src, source, ref.uid, "empty the target")
+                size = schema_copy.copy(source, target, self._settings, heartbeats)
+                activity.logger.info(
+                    "copied the schema of %s into %s (%d bytes)", source.describe(), target.describe(), size
+                )
+            full, found = self._create(
+                src, tgt, source, target, ref, found, driver.allow_replica_identity_full, heartbeats
+            )
+        return full, found, schema_copied
 
     def _compare_ahead(
         self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection, name: str,
@@ -234,25 +256,24 @@ class ReplicationActivities:
         """Publishes the source, makes the slot and the subscription (or enables it): what of them is missing. Returns
         the tables given FULL, and the subscription.
 
-        Refused with ReplicationEnded, before anything is made, once an activity scheduled after this attempt ended the
-        replication (see replication_ended): all of it runs under the Migration's lock on the source, which the end
-        takes before it records itself, and the subscription commits on the target only after the source said again,
-        through the session holding that lock, that nothing ended the replication.
+        The caller holds the Migration's lock on the source (`_start`). Refused with ReplicationEnded, before anything
+        is made, once an activity scheduled after this attempt ended the replication (see replication_ended), which
+        the end records only once it has taken that lock; the subscription commits on the target only after the
+        source said again, through the session holding the lock, that nothing ended the replication.
         """
         name = replication.name(ref.uid)
         between_tries = self._between_tries(heartbeats)
-        with replication_ended.holding(src, ref.uid, between_tries):
-            replication_ended.refuse_if_ended(src, source, ref.uid, "publish the source and make a replication slot")
-            full = self._publish(src, source, name, ref, allow_full, heartbeats)
-            with privileged(target, "create a subscription"), tgt.transaction():
-                replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
-                if found is None:
-                    found = subscription.create(tgt, name, source, self._settings)
-                elif not found.enabled:
-                    subscription.enable(tgt, name)
-                # Raises as well when the source's session, and with it the lock, was ended meanwhile.
-                replication_ended.refuse_if_ended(src, source, ref.uid, "create the subscription")
-            self._record_subscription(src, tgt, name, found)
+        replication_ended.refuse_if_ended(src, source, ref.uid, "publish the source and make a replication slot")
+        full = self._publish(src, source, name, ref, allow_full, heartbeats)
+        with privileged(target, "create a subscription"), tgt.transaction():
+            replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
+            if found is None:
+                found = subscription.create(tgt, name, source, self._settings)
+            elif not found.enabled:
+                subscription.enable(tgt, name)
+            # Raises as well when the source's session, and with it the lock, was ended meanwhile.
+            replication_ended.refuse_if_ended(src, source, ref.uid, "create the subscription")
+        self._record_subscription(src, tgt, name, found)
         return full, found
 
     def _publish(
@@ -485,8 +506,8 @@ class ReplicationActivities:
             return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)
         between_tries = self._between_tries(heartbeats)
         with (
-            replication_ended.holding(src, ref.uid, between_tries),
-            replication_ended.holding(tgt, ref.uid, between_tries),
+            replication_ended.holding(src, ref.uid, between_tries, ending=True),
+            replication_ended.holding(tgt, ref.uid, between_tries, ending=True),
         ):
             replication_ended.record(src, source, ref.uid, owner(ref), ended_by)
             return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)

@@ -28,11 +28,16 @@ subscription is created in a transaction on the target that holds the same lock 
 and checks the source again (through the session holding the source's lock) before it
 commits. So an attempt either created everything before the record, and the end finds
 and drops it, or finds the record and creates nothing. A holder of the lock that stands
-still would hold it forever, so whoever takes the lock ends the other sessions holding
-it (`holding`): they are attempts of this Migration the saga has written off, ending
-their session rolls back what they had not committed, and a late attempt whose source
-session was ended fails at its next query of the source, before its subscription
-commits.
+still would hold it forever, so whoever ends the replication ends the other sessions
+holding it (`holding`): they are attempts of this Migration the saga has written off,
+ending their session rolls back what they had not committed, and a late attempt whose
+source session was ended fails at its next query of the source, before its subscription
+commits, or before the emptying of the target it began commits (replicate empties the
+target in a transaction that holds the lock there and asks the source again before it
+commits). replicate ends the sessions of other replicate attempts the same way, but not
+those of an activity ending the replication (each of those also holds ENDING while it
+holds the lock): it waits for them, then finds their record and refuses. A late attempt
+of replicate must not cut short a catch-up that the source's writes wait for.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ POLL = 0.2
 """Seconds between two tries to take LOCK while other sessions hold it and are being ended."""
 KEY = "select hashtextextended('ferry replication ' || %s, 0)"
 """A Migration's LOCK: a bigint made from its uid, the same on every server."""
+ENDING_KEY = "select hashtextextended('ferry replication ending ' || %s, 0)"
+"""A second lock of the Migration's, which the activities ending its replication hold beside LOCK, and only they: it
+tells replicate which holders of LOCK not to end."""
 HOLDERS = """
 select pid from pg_locks
 where locktype = 'advisory' and objsubid = 1 and granted and pid <> pg_backend_pid()
@@ -108,37 +116,56 @@ class Ended:
     """When, by the source's clock."""
 
 
-def key(conn: Connection, uid: str) -> int:
-    row = conn.execute(KEY, (uid,)).fetchone()
+def key(conn: Connection, uid: str, statement: str = KEY) -> int:
+    row = conn.execute(statement, (uid,)).fetchone()
     assert row is not None
     return int(row[0])
 
 
 @contextlib.contextmanager
-def holding(conn: Connection, uid: str, between_tries: Callable[[], None]) -> Iterator[None]:
-    """Holds the Migration's LOCK on `conn`'s server for the block (session-level), ending the sessions that hold it
-    meanwhile; `between_tries` heartbeats (and raises once the activity is cancelled)."""
-    lock = key(conn, uid)
-    _take(conn, lock, "select pg_try_advisory_lock(%s)", between_tries)
+def holding(conn: Connection, uid: str, between_tries: Callable[[], None], *, ending: bool = False) -> Iterator[None]:
+    """Holds the Migration's LOCK on `conn`'s server for the block (session-level); `between_tries` heartbeats (and
+    raises once the activity is cancelled) while it waits.
+
+    `ending`: the caller ends the replication for good; it holds ENDING too, and ends every other session holding
+    either. Otherwise (replicate) it ends the other sessions holding LOCK except those holding ENDING, which it waits
+    for.
+    """
+    taken: list[int] = []
     try:
+        if ending:
+            taken.append(_take(conn, key(conn, uid, ENDING_KEY), "select pg_try_advisory_lock(%s)", between_tries))
+            spare = None
+        else:
+            spare = key(conn, uid, ENDING_KEY)
+        taken.append(_take(conn, key(conn, uid), "select pg_try_advisory_lock(%s)", between_tries, spare))
         yield
     finally:
         if not conn.closed:
             with contextlib.suppress(psycopg.Error):
-                conn.execute("select pg_advisory_unlock(%s)", (lock,))
+                for lock in reversed(taken):
+                    conn.execute("select pg_advisory_unlock(%s)", (lock,))
 
 
 def hold_in_transaction(conn: Connection, uid: str, between_tries: Callable[[], None]) -> None:
-    """Takes the Migration's LOCK in the transaction open on `conn`, ending the sessions that hold it meanwhile."""
-    _take(conn, key(conn, uid), "select pg_try_advisory_xact_lock(%s)", between_tries)
+    """Takes the Migration's LOCK in the transaction open on `conn` (replicate's, never an end's), ending the sessions
+    of other replicate attempts that hold it and waiting for those of an activity ending the replication."""
+    _take(conn, key(conn, uid), "select pg_try_advisory_xact_lock(%s)", between_tries, key(conn, uid, ENDING_KEY))
 
 
-def _take(conn: Connection, lock: int, statement: str, between_tries: Callable[[], None]) -> None:
+def _take(
+    conn: Connection, lock: int, statement: str, between_tries: Callable[[], None], spare: int | None = None
+) -> int:
+    """Takes `lock`, ending the other sessions that hold it, except those holding `spare`; returns `lock`."""
     while True:
         row = conn.execute(statement, (lock,)).fetchone()
         if row is not None and row[0]:
-            return
+            return lock
+        spared = {pid for (pid,) in conn.execute(HOLDERS, {"key": spare}).fetchall()} if spare is not None else set()
         for (pid,) in conn.execute(HOLDERS, {"key": lock}).fetchall():
+            if pid in spared:
+                activity.logger.info("waiting for session %s, which is ending the replication", pid)
+                continue
             activity.logger.warning("ending session %s, which holds the lock of a late attempt of replicate", pid)
             conn.execute("select pg_terminate_backend(%s, 5000)", (pid,))
         between_tries()

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import replication_ended, restoring
+from activities.postgres import replicating, replication_ended, restoring
 from ferry.api.errors import ReplicationEnded
 from ferry.api.saga import EndReplicationResult, MigrationRef
 from tests.cluster import eventually
@@ -67,11 +67,13 @@ def test_a_late_replicate_after_the_rollback_ended_the_replication_makes_nothing
     assert "ended by the rollback (undo_replicate)" in message, message
 
 
-def test_a_late_attempt_past_its_first_check_is_refused_where_it_publishes_the_source(
+def test_a_late_attempt_past_its_first_check_fails_before_it_publishes_the_source(
     online: OnlineSteps, databases: Databases
 ) -> None:
     """The attempt checked before the undo ran and copied the schema; the undo runs right then (at its heartbeat after
-    the schema copy, its last before it publishes the source), and the attempt goes on after it."""
+    the schema copy, its last before it publishes the source), and the attempt goes on after it. It held the
+    Migration's lock on the source since its check, so the undo ended its session to take the lock: the attempt
+    fails at its next query of the source, before it publishes it."""
     create_shop(databases.source, customers=100, orders=1_000)
     late = scheduled_as(online, 5)
     undone: list[EndReplicationResult] = []
@@ -86,7 +88,7 @@ def test_a_late_attempt_past_its_first_check_is_refused_where_it_publishes_the_s
             assert undone, "the undo ran while the attempt stood still"
 
     late.env.on_heartbeat = the_rollback_meanwhile
-    with pytest.raises(ReplicationEnded, match="refused to publish the source and make a replication slot"):
+    with pytest.raises(psycopg.errors.AdminShutdown):
         late.replicate()
 
     assert [result.emptied for result in undone] == [True], "the undo ran after the schema copy"
@@ -150,6 +152,78 @@ def test_a_late_replicate_after_catch_up_ended_the_replication_is_refused_and_le
 
     assert leftovers(databases) == NOTHING
     assert contents(databases.target) == copied, "the target keeps its copy: the late attempt did not empty it"
+
+
+def test_a_late_attempt_that_checked_before_catch_up_ended_the_replication_leaves_the_caught_up_target(
+    online: OnlineSteps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 of replicate checked the source's record (nothing ended yet) and stood still; attempt 2 replicated, and
+    catch-up ended the replication, leaving the caught-up target to verify. Attempt 1 then goes on: it finds no
+    subscription, and must not empty the target (with the source frozen, the target is all the migration has). The
+    stand-still is made by running catch-up from inside attempt 1's first look at the target, an interleaving a
+    paused worker makes, injected here."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    scheduled_as(online, 5).replicate()  # attempt 2, which the saga waited for
+    late = scheduled_as(online, 5)  # attempt 1, written off
+    caught_up: list[object] = []
+    find = replicating.subscription.find
+
+    def catch_up_meanwhile(conn: psycopg.Connection[Any], name: str) -> Any:
+        if not caught_up and threading.current_thread() is threading.main_thread():
+            done = threading.Thread(target=lambda: caught_up.append(scheduled_as(online, 11).catch_up()))
+            done.start()
+            done.join(120)
+            assert caught_up, "catch-up ran while the attempt stood still"
+        return find(conn, name)
+
+    monkeypatch.setattr(replicating.subscription, "find", catch_up_meanwhile)
+    copied = contents(databases.source)
+
+    with pytest.raises((ReplicationEnded, psycopg.OperationalError)):
+        late.replicate()
+
+    assert caught_up, "catch-up ended the replication meanwhile"
+    assert contents(databases.target) == copied, "the target keeps its copy: the late attempt did not empty it"
+    assert leftovers(databases) == NOTHING, "no slot keeps the source's WAL"
+
+
+def test_an_attempt_of_replicate_waits_for_an_activity_ending_the_replication_instead_of_ending_its_session(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """A session holding the Migration's lock beside the lock only activities ending the replication hold (here taken
+    by hand, as catch-up's or an undo's session holds them) is not ended by replicate: a late attempt must not cut
+    short a catch-up that the frozen source waits for. replicate waits, and goes on once the lock is let go."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    waited = threading.Event()
+    online.env.on_heartbeat = lambda *details: (
+        waited.set() if details and "waiting_for" in details[0] and "lock" in details[0]["waiting_for"] else None
+    )
+    done: list[object] = []
+    failures: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            done.append(online.replicate())
+        except BaseException as error:  # noqa: BLE001 - what the attempt met
+            failures.append(error)
+
+    with connect(databases.source) as ender:
+        # Spelled out: the locks are a contract between the workers of every ferry version that may run at once.
+        for prefix in ("ferry replication ending ", "ferry replication "):
+            ender.execute("select pg_advisory_lock(hashtextextended(%s || %s, 0))", (prefix, online.ref.uid))
+        running = threading.Thread(target=attempt)
+        running.start()
+        assert waited.wait(60), "replicate waits for the lock"
+        for _ in range(3):  # three more tries of the lock, each of which would end a replicate attempt's session
+            waited.clear()
+            assert waited.wait(60)
+        assert ender.execute("select 1").fetchone() == (1,), "the ending activity's session was not ended"
+    running.join(120)
+    assert not running.is_alive()
+    assert failures == []
+    assert len(done) == 1
+    assert contents(databases.target) == contents(databases.source)
+    online.undo_replicate()
 
 
 def test_replicate_scheduled_after_the_undo_replicates_again(online: OnlineSteps, databases: Databases) -> None:
