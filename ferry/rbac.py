@@ -14,8 +14,17 @@ else. The worker's precheck puts a Migration's finalizer on the Secrets it names
 patch, beside its get), so that a Secret deleted with its Migration stays until the
 undo or the retention cleanup has read it; the watcher takes that finalizer off when it
 releases the Migration (watcher/deletion.py), which it must be able to do even when no
-worker runs. A patch answers with the object, so the watcher can see those Secrets: it
-discards the answer unread, and is given them only where the worker reads them anyway.
+worker runs.
+
+RBAC cannot narrow `patch` to metadata.finalizers: alone, either grant would let its
+account rewrite any Secret there (a source Secret's host, and the worker would send the
+password to that server). The ValidatingAdmissionPolicy ferry-secrets
+(deploy/admission/secrets.yaml, the chart's templates/admission_secrets.yaml) is what
+limits them: for these two ServiceAccounts, an update may add or remove finalizers
+ferry.dev/in-use-<uid> and change nothing else, and a create or a delete is refused. It
+names the accounts of SYSTEM_NAMESPACE. What it cannot limit: a patch answers with the
+object, so the watcher could see those Secrets; its code asks for metadata alone, and it
+is given them only where the worker reads them anyway.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ RBAC = "rbac.authorization.k8s.io"
 LABELS = {"app.kubernetes.io/name": "ferry", "app.kubernetes.io/component": "worker"}
 RULES = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"]}]
 """activities/secrets.py reads the Secrets a Migration names, by name: get, never list or watch; the precheck adds
-the Migration's finalizer to them (SecretProtection): patch."""
+the Migration's finalizer to them (SecretProtection): patch, which the admission policy ferry-secrets limits to that
+finalizer."""
 WATCHER_RULES = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"]}]
-"""watcher/deletion.py removes a released Migration's finalizer from its Secrets: patch, never get, list or watch."""
+"""watcher/deletion.py removes a released Migration's finalizer from its Secrets: patch, never get, list or watch;
+the admission policy ferry-secrets limits it to that finalizer."""
 
 
 class SecretAccess(enum.StrEnum):
@@ -108,9 +119,19 @@ def manifest_yaml(
         "#   ferry rbac --secret-namespaces shop,billing -o deploy/rbac/worker_secrets.yaml\n"
         "# (or make rbac SECRET_NAMESPACES=shop,billing), then apply deploy/ again. Every namespace\n"
         "# at once, present and future, is `ferry rbac --secret-access cluster`.\n"
+        "# Both patches may change only that mark, the finalizer ferry.dev/in-use-<uid>: the\n"
+        "# admission policy ferry-secrets (deploy/admission/secrets.yaml) refuses anything else."
+        f"{_policy_note(system_namespace)}\n"
     )
     documents = objects(namespaces, access, system_namespace)
     return header + "".join(f"---\n{yaml.safe_dump(document, sort_keys=False)}" for document in documents)
+
+
+def _policy_note(system_namespace: str) -> str:
+    """A line more when the accounts live elsewhere than where deploy/admission/secrets.yaml names them."""
+    if system_namespace == SYSTEM_NAMESPACE:
+        return ""
+    return f"\n# It names the accounts of {SYSTEM_NAMESPACE}: change that to {system_namespace} there too."
 
 
 def _arguments(namespaces: Sequence[str], access: SecretAccess, system_namespace: str) -> str:

@@ -1,7 +1,8 @@
 """ferry's admission policies on the local stack's API server, as a cluster running ferry has them.
 
 deploy/admission/ makes the API server itself refuse a control its user may not give, or
-one signed with another name, and a Migration whose image or S3 endpoint is not allowed.
+one signed with another name, a Migration whose image or S3 endpoint is not allowed, and
+any change to a Secret by ferry-system's ferry-worker or ferry-watcher but ferry's finalizer.
 The stack applies it as it stands, with empty allowlists (anything allowed), so `make up`
 and every test work under the same rules as a real installation: a control is given by a
 user whom RBAC grants its verb, signed with that user's name (the stack's admin is

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from ferry import rbac
 from tests.conftest import Kubectl
 from tests.deploy import rendering
 from tests.deploy.conftest import Installation
-from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE
+from tests.deploy.files import DEPLOY, SYSTEM_NAMESPACE, find
 from tests.deploy.monitoring import PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, installed
 
 AS_DEPLOY = (
@@ -248,6 +249,22 @@ def test_another_lease_name_changes_the_watchers_flag_and_its_role_together(helm
     assert rendering.lease_name(objects) == "ops-leader"
     assert allowed == ["ops-leader"]
     assert rendering.service_account(objects, "watcher") == "ops-ferry-watcher"
+
+
+def test_the_secrets_policy_names_the_service_accounts_the_charts_deployments_run_as(helm: Path) -> None:
+    """For any release and namespace: a policy naming other accounts would leave ferry's patch on Secrets unlimited."""
+    objects = rendering.parse(rendering.helm_template(helm, "ops", "platform"))
+    policy = find(objects, "ValidatingAdmissionPolicy", "ops-ferry-secrets")
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "ops-ferry-secrets")
+    (condition,) = policy["spec"]["matchConditions"]
+
+    named = sorted(re.findall(r"'([^']*)'", condition["expression"]))
+    accounts = [
+        f"system:serviceaccount:platform:{rendering.service_account(objects, c)}" for c in ("watcher", "worker")
+    ]
+    assert named == accounts == ["system:serviceaccount:platform:ops-ferry-watcher",
+                                 "system:serviceaccount:platform:ops-ferry-worker"]  # fmt: skip
+    assert binding["spec"]["policyName"] == "ops-ferry-secrets"
 
 
 @pytest.fixture

@@ -80,6 +80,8 @@ def test_deploy_applies_to_the_api_server_with_every_object(
         ("ValidatingAdmissionPolicyBinding", "ferry-controls"),
         ("ValidatingAdmissionPolicy", "ferry-plan"),
         ("ValidatingAdmissionPolicyBinding", "ferry-plan"),
+        ("ValidatingAdmissionPolicy", "ferry-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-secrets"),
         ("ConfigMap", "ferry-allowlists"),
     } <= kinds
 
@@ -124,9 +126,12 @@ def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
         "configmap/ferry-allowlists serverside-applied (server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-controls serverside-applied (server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-secrets serverside-applied (server dry run)",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-controls serverside-applied "
         "(server dry run)",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-secrets serverside-applied "
+        "(server dry run)",
     ]
 
 
