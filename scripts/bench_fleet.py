@@ -382,7 +382,8 @@ class ObservedRun(ChaosRun):
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
                         text = answer.read().decode()
                     for line in text.splitlines():
-                        if line.startswith(SLOTS + "{") and self.task_queue in line:
+                        # The run's task queue, not its watches' (<task queue>-watches), whose slots are apart.
+                        if line.startswith(SLOTS + "{") and f'task_queue="{self.task_queue}"' in line:
                             kind = line.split('worker_type="', 1)[1].split('"', 1)[0]
                             used = int(float(line.rsplit(" ", 1)[1]))
                             key = (name, kind)

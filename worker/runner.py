@@ -1,15 +1,20 @@
-"""Builds and runs ferry's worker: the migration workflow and every activity, on one task queue.
+"""Builds and runs ferry's worker: the migration workflow and every activity on its task queue, and the watches on
+the watches' task queue (ferry.api.saga.watches_task_queue).
 
 Activities talk to blocking clients (Kubernetes, PostgreSQL, S3), so they are plain
 functions run in a thread pool; heartbeats are sent at least every two seconds so a
-cancellation (a rollback) reaches a running activity promptly. The health probes answer
-from the start; the worker is ready once it polls, which may wait for Temporal to come up.
+cancellation (a rollback) reaches a running activity promptly. A watch runs beside its
+Migration's wait for as long as the wait, days maybe, so it has a Temporal worker of its own
+in this process, with its own slots and threads: waiting Migrations never take the slots the
+steps and undos need. The health probes answer from the start; the worker is ready once both
+poll, which may wait for Temporal to come up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -20,7 +25,7 @@ from typing import Any
 from kubernetes import client as k8s
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.cluster import ClusterActivities
 from activities.known_versions import KnownVersions
@@ -30,6 +35,7 @@ from activities.postgres.watching import ReplicationWatch
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import StatusActivities
 from ferry import startup
+from ferry.api.saga import watches_task_queue
 from ferry.observability import health, tracing
 from worker.gate import MigrationGate, read_migration
 from worker.interceptors import LogContextInterceptor
@@ -101,6 +107,8 @@ def build_worker(
     workflows = [] if settings.runs == "activities" else [
         MigrationWorkflow, MigrationUndoWorkflow, RetentionCleanupWorkflow, MigrationWorkflowV1
     ]  # fmt: skip
+    # The watch stays registered here too: a run without the patch watch-on-its-own-queue (workflows/saga.py) has
+    # its watch, and the watch's retries, on this task queue.
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -114,13 +122,42 @@ def build_worker(
         max_concurrent_local_activities=settings.max_concurrent_status_writes,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
-        interceptors=[
-            LogContextInterceptor(),
-            # The gate's reads run on `executor` too, before the activity takes its thread (see worker/gate.py).
-            MigrationGate(read_migration(api), executor=executor, versions=versions, key=claim_key(settings)),
-        ],
+        interceptors=interceptors(api, settings, executor, versions),
         identity=identity(settings),
     )
+
+
+def build_watch_worker(
+    client: Client, api: k8s.ApiClient, settings: WorkerSettings, executor: concurrent.futures.Executor
+) -> Worker:
+    """The worker of the watches' task queue: the watch alone, in --max-concurrent-watches slots, on `executor` (a
+    thread each: the watch is a sync activity), past the same gate."""
+    watch = ReplicationWatch(api, settings.data_activities)
+    return Worker(
+        client,
+        task_queue=watches_task_queue(settings.task_queue),
+        activities=[watch.watch_replication],
+        activity_executor=executor,
+        max_concurrent_activities=settings.max_concurrent_watches,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown),
+        interceptors=interceptors(api, settings, executor),
+        identity=identity(settings),
+    )
+
+
+def interceptors(
+    api: k8s.ApiClient,
+    settings: WorkerSettings,
+    executor: concurrent.futures.Executor,
+    versions: KnownVersions | None = None,
+) -> list[Interceptor]:
+    """Every worker's interceptors: the Migration on each log line, and the gate (worker/gate.py), whose reads run on
+    `executor`, before the activity takes its thread; `versions`, the status writers' cache, learns what they read."""
+    return [
+        LogContextInterceptor(),
+        MigrationGate(read_migration(api), executor=executor, versions=versions, key=claim_key(settings)),
+    ]
 
 
 def claim_key(settings: WorkerSettings) -> bytes | None:
@@ -144,12 +181,17 @@ def identity(settings: WorkerSettings) -> str:
 
 
 def threads(settings: WorkerSettings) -> int:
-    """A thread for each slot this process runs a thread in: activities, status writes, or both."""
+    """A thread for each slot of the task queue this process runs a thread in: activities, status writes, or both."""
     return {
         "everything": settings.max_concurrent_activities + settings.max_concurrent_status_writes,
         "workflows": settings.max_concurrent_status_writes,
         "activities": settings.max_concurrent_activities,
     }[settings.runs]
+
+
+def watch_threads(settings: WorkerSettings) -> int:
+    """A thread for each watch slot, where this process runs activities; a `workflows` process runs no watch."""
+    return 0 if settings.runs == "workflows" else settings.max_concurrent_watches
 
 
 async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) -> None:
@@ -160,31 +202,48 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
     stop = stop or asyncio.Event()
     observed = settings.observability
     polling: list[Worker] = []
-    async with health.serving(observed.health_address, lambda: any(worker.is_running for worker in polling)):
+
+    def ready() -> bool:
+        """Ready once every worker of the process polls: the task queue's and, where it runs activities, the
+        watches'."""
+        return bool(polling) and all(worker.is_running for worker in polling)
+
+    async with health.serving(observed.health_address, ready):
         runtime = startup.metrics_runtime(observed.metrics_address, "worker")
         # The tracing interceptor on the client is also used by workers built from it.
-        interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
-        api = startup.kubernetes_api(settings.kubeconfig, connections=threads(settings) + 2)
+        tracing_interceptors = [TracingInterceptor()] if tracing.configure(observed.tracing, "ferry-worker") else []
+        api = startup.kubernetes_api(settings.kubeconfig, connections=threads(settings) + watch_threads(settings) + 2)
         try:
             while not stop.is_set():
                 client = await startup.wait_for_temporal(
-                    settings.temporal, stop, identity=identity(settings), runtime=runtime, interceptors=interceptors
+                    settings.temporal,
+                    stop,
+                    identity=identity(settings),
+                    runtime=runtime,
+                    interceptors=tracing_interceptors,
                 )
                 if client is None:
                     return
-                # Activities and status writes (local activities) share the pool: a thread for each slot of either.
-                with concurrent.futures.ThreadPoolExecutor(max_workers=threads(settings)) as pool:
-                    worker = build_worker(client, api, settings, pool)
-                    polling[:] = [worker]
+                with contextlib.ExitStack() as pools:
+                    # Activities and status writes (local activities) share a pool: a thread for each slot of either.
+                    pool = pools.enter_context(concurrent.futures.ThreadPoolExecutor(max_workers=threads(settings)))
+                    polling[:] = [build_worker(client, api, settings, pool)]
+                    queues = [settings.task_queue]
+                    if watch_threads(settings):
+                        watching = concurrent.futures.ThreadPoolExecutor(
+                            max_workers=watch_threads(settings), thread_name_prefix="ferry-watch"
+                        )
+                        polling.append(build_watch_worker(client, api, settings, pools.enter_context(watching)))
+                        queues.append(watches_task_queue(settings.task_queue))
                     log.info(
-                        "worker polling task queue %s for %s on %s (namespace %s)",
-                        settings.task_queue,
+                        "worker polling task queues %s for %s on %s (namespace %s)",
+                        ", ".join(queues),
                         settings.runs,
                         settings.temporal.address,
                         settings.temporal.namespace,
                     )
                     try:
-                        await _run_until(worker, stop)
+                        await _run_until(polling, stop)
                         return
                     except TemporalGone as gone:
                         # Temporal went away between the connection and the worker's first call: wait again.
@@ -195,26 +254,28 @@ async def run(settings: WorkerSettings, *, stop: asyncio.Event | None = None) ->
             api.close()
 
 
-async def _run_until(worker: Worker, stop: asyncio.Event) -> None:
-    """Runs the worker until `stop` is set (or the task is cancelled), then shuts it down gracefully.
+async def _run_until(workers: list[Worker], stop: asyncio.Event) -> None:
+    """Runs the workers until `stop` is set (or the task is cancelled), then shuts them all down gracefully, at once.
 
-    A worker that stops on its own failed (e.g. its namespace does not exist): a StartupError.
+    A worker that stops on its own failed (e.g. its namespace does not exist): the others stop too, and it is a
+    StartupError.
     """
-    running = asyncio.create_task(worker.run())
+    running = [asyncio.create_task(worker.run()) for worker in workers]
     stopping = asyncio.create_task(stop.wait())
     try:
-        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
-        if not running.done():
-            await worker.shutdown()
-            await running
-    try:
-        running.result()
-    except RuntimeError as error:  # e.g. "Worker validation failed: Namespace ... is not found"
-        if startup.unreachable(error):
-            raise TemporalGone(startup.reason(error)) from error
-        raise startup.StartupError(f"the worker stopped: {error}") from error
+        await asyncio.gather(*(w.shutdown() for w, task in zip(workers, running, strict=True) if not task.done()))
+        await asyncio.wait(running)
+    failures = [error for task in running if (error := task.exception()) is not None]
+    if not failures:
+        return
+    if isinstance(failures[0], RuntimeError):  # e.g. "Worker validation failed: Namespace ... is not found"
+        if startup.unreachable(failures[0]):
+            raise TemporalGone(startup.reason(failures[0])) from failures[0]
+        raise startup.StartupError(f"the worker stopped: {failures[0]}") from failures[0]
+    raise failures[0]
 
 
 class TemporalGone(Exception):

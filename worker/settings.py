@@ -35,6 +35,11 @@ class WorkerSettings(ComponentSettings):
     max_concurrent_status_writes: Annotated[int, Field(ge=1, le=1000)] = 50
     """Status writes (local activities, each an apply of a Migration's status, after a read when needed) this worker
     runs at once, in threads of their own: they never wait behind the activities above."""
+    max_concurrent_watches: Annotated[int, Field(ge=1, le=1000)] = 100
+    """Watches this worker runs at once, in slots and threads of their own on the task queue `<task-queue>-watches`:
+    mode Online's watch of the replication runs beside its Migration's wait before the freeze (awaiting approval,
+    paused, soaking), for as long as the wait, with a thread and two mostly idle database sessions. A waiting
+    Migration holds one of these, never one of the activity slots above. Not used with `--runs workflows`."""
     max_concurrent_workflow_tasks: Annotated[int, Field(ge=2, le=10000)] = 100
     """Workflow tasks this worker runs at once (each a few milliseconds of the saga's code, replaying what it has not
     cached); at least 2, as the SDK requires."""

@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         MirrorStatusResult,
         SnapshotStoreActivity,
         keep_after_success,
+        watches_task_queue,
     )
     from ferry.api.scrubbing import scrub
     from ferry.observability import metrics
@@ -133,6 +134,11 @@ WATCH_WHILE_WAITING = "watch-while-waiting"
 before the step that stops writes, the watch's activity runs beside the wait and is cancelled when the wait ends. Its
 failure (the replication broke) counts as that step's: the failure policy decides. Before, a replication that broke
 then kept the source's WAL, unseen, until the wait ended or the source's disk filled."""
+WATCHES_QUEUE = "watch-on-its-own-queue"
+"""Patch: the watch runs on the task queue of the run's watches (ferry.api.saga.watches_task_queue), which workers
+serve with slots of their own (--max-concurrent-watches). On the run's own task queue each Migration waiting with its
+watch held one of a worker's activity slots for the whole wait: twenty of them (the default) left every other step
+and undo (an undo_freeze, the source read-only meanwhile) waiting in the queue until an approval freed a slot."""
 LONGEST_WAIT = timedelta(days=30)
 """No timer of the saga is longer, whatever a spec says: a longer one would overflow Temporal's durations."""
 
@@ -381,12 +387,16 @@ class Saga:
 
     async def _hold_watched(self, step: Step[Any, Any], watched: Step[Any, Any]) -> Step[Any, Any] | None:
         """`_hold` with `watched`'s watch beside it: one activity, heartbeating, however long the wait (the history
-        does not grow with it); cancelled when the wait ends, which it ends itself by failing."""
+        does not grow with it), on the task queue of the run's watches (WATCHES_QUEUE); cancelled when the wait ends,
+        which it ends itself by failing."""
         assert watched.watch is not None
         call = watched.watch.call(self.context, watched.name)
+        # None: the run's own task queue, where runs without the patch scheduled (and retry) their watch.
+        queue = watches_task_queue(workflow.info().task_queue) if workflow.patched(WATCHES_QUEUE) else None
         handle = workflow.start_activity(
             call.activity,
             call.argument,
+            task_queue=queue,
             start_to_close_timeout=call.timeout,
             heartbeat_timeout=call.heartbeat,
             retry_policy=WATCH_RETRY,

@@ -28,6 +28,17 @@ from ferry.api.migration import (
 
 TASK_QUEUE = "ferry"
 """The default task queue of ferry's workers."""
+WATCHES_SUFFIX = "-watches"
+"""What the task queue of a run's watches adds to the run's own (see `watches_task_queue`)."""
+
+
+def watches_task_queue(task_queue: str) -> str:
+    """The task queue of the watches of runs on `task_queue`: activities that run beside the saga's waits (awaiting
+    approval, paused, soaking: days, maybe) for as long as they last. Workers serve it with slots and threads of
+    their own (--max-concurrent-watches), so a waiting Migration never holds one of the slots its own and other
+    Migrations' steps and undos need."""
+    return f"{task_queue}{WATCHES_SUFFIX}"
+
 
 WORKFLOW_NAME = "MigrationV2"
 """The saga's workflow type. Version 1 ("Migration") runs only to finish what it started: see workflows/legacy.py."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 import uuid
 from datetime import timedelta
@@ -110,3 +111,21 @@ async def test_ferrys_worker_reads_for_its_gate_on_its_activity_threads_and_shar
         status_activities = getattr(mirror_status, "__self__", None)
         assert isinstance(status_activities, StatusActivities)
         assert gate.versions is status_activities._versions
+
+
+async def test_ferrys_watches_pass_the_same_gate_on_a_task_queue_slots_and_threads_of_their_own(
+    temporal_client: Client, task_queue: str, stack: StackInfo
+) -> None:
+    settings = dataclasses.replace(worker_settings(stack, task_queue), max_concurrent_watches=7)
+    with concurrent.futures.ThreadPoolExecutor(runner.watch_threads(settings)) as threads:
+        config = runner.build_watch_worker(temporal_client, k8s.ApiClient(), settings, threads).config()
+
+    assert config["task_queue"] == f"{task_queue}-watches"
+    assert [each.__name__ for each in config["activities"]] == ["watch_replication"]
+    assert config["max_concurrent_activities"] == runner.watch_threads(settings) == 7
+    assert config["activity_executor"] is threads
+    gate = next(each for each in config["interceptors"] if isinstance(each, MigrationGate))
+    assert gate.executor is threads, "its reads take none of the steps' threads"
+    assert gate.key == runner.claim_key(settings) is not None
+    assert config["identity"] == runner.identity(settings)
+    assert runner.watch_threads(dataclasses.replace(settings, runs="workflows")) == 0, "a workflows process runs none"

@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowFailureError
 
-from ferry.api.migration import MigrationStatus, Phase
-from ferry.api.saga import PROGRESS_QUERY, ControlRequest, Signal
+from ferry.api.migration import DriverType, MigrationStatus, Phase
+from ferry.api.saga import PROGRESS_QUERY, ControlRequest, DriverOperation, Signal, driver_activity
 from tests.end_to_end import (
     SOURCE_SECRET,
     TARGET_SECRET,
@@ -31,6 +32,7 @@ from tests.postgres.online import NOTHING, leftovers
 from tests.postgres.test_writers_whole_migration import Writer
 
 SAGA_TIMEOUT = 300
+WATCH = driver_activity(DriverType.POSTGRESQL.value, DriverOperation.WATCH_REPLICATION)
 
 
 def _online(ready: Ready, **spec: Any) -> dict[str, Any]:
@@ -128,6 +130,17 @@ async def test_ddl_on_the_source_while_it_replicates_fails_verify_and_the_rollba
         return progress.phase is Phase.AWAITING_APPROVAL
 
     await eventually("the approval before the freeze", awaiting_approval, within=SAGA_TIMEOUT)
+
+    async def watched() -> bool:
+        pending = (await handle.describe()).raw_description.pending_activities
+        return any(
+            activity.activity_type.name == WATCH
+            and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            for activity in pending
+        )
+
+    # On the task queue of the run's watches, which ferry's worker polls beside its own.
+    await eventually("the replication's watch running beside the approval", watched, within=60)
     with connect(databases.source) as conn:
         conn.execute("create index orders_by_total on shop.orders (total)")
     await handle.signal(Signal.APPROVE.value, ControlRequest(by="alice"))

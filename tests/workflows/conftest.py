@@ -29,7 +29,7 @@ from temporalio.worker._workflow_instance import _WorkflowLogicFlag
 
 from ferry.api import search_attributes
 from ferry.api.migration import MigrationSpec, MigrationStatus
-from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from ferry.api.saga import MigrationInput, MigrationRef, watches_task_queue, workflow_id
 from ferry.clients import data_converter
 from tests import samples
 from tests.workflows.fakes import FakeSaga
@@ -111,11 +111,46 @@ class Saga:
         return self.fakes.statuses[-1]
 
 
+def saga_workers(
+    client: Client,
+    task_queue: str,
+    fakes: FakeSaga,
+    workflows: list[type[Any]],
+    *,
+    activity_slots: int | None = None,
+) -> list[Worker]:
+    """What ferry's worker polls, hosting `fakes`: the run's task queue (its workflow tasks and activities, in
+    `activity_slots` slots, else the SDK's default) and, when the plan has watches, the task queue of its watches."""
+    # Cancellation reaches an activity with its next heartbeat, which the SDK otherwise throttles to 80% of the
+    # heartbeat timeout.
+    heartbeats = timedelta(milliseconds=200)
+    workers = [
+        Worker(
+            client,
+            task_queue=task_queue,
+            workflows=workflows,
+            activities=fakes.activities(),
+            max_heartbeat_throttle_interval=heartbeats,
+            max_concurrent_activities=activity_slots,
+        )
+    ]
+    if watches := fakes.watches():
+        workers.append(
+            Worker(
+                client,
+                task_queue=watches_task_queue(task_queue),
+                activities=watches,
+                max_heartbeat_throttle_interval=heartbeats,
+            )
+        )
+    return workers
+
+
 @pytest.fixture
 async def run_saga(
     request: pytest.FixtureRequest, time_skipping: WorkflowEnvironment, task_queue: str
 ) -> AsyncIterator[Callable[..., Any]]:
-    """Starts the workflow with a worker hosting the given fakes; the worker stops after the test.
+    """Starts the workflow with workers hosting the given fakes (`saga_workers`); they stop after the test.
 
     A test marked `own_time_server` gets a time-skipping server of its own: one whose run leaves an activity the
     server still counts as running once the run has closed (a watch cancelled without waiting, TRY_CANCEL) would
@@ -132,24 +167,25 @@ async def run_saga(
         workflow_class: type[Any] = MigrationWorkflow,
         *,
         single_batch: bool = False,
+        activity_slots: int | None = None,
+        new_workers: bool = True,
     ) -> Saga:
         """`single_batch`: the worker applies every job of an activation before any workflow code runs (signals and
         activity results alike), as the SDK will by default in a later release (it says so in
-        temporalio/worker/_workflow_instance.py); today each kind of job runs apart, signals first."""
+        temporalio/worker/_workflow_instance.py); today each kind of job runs apart, signals first.
+        `activity_slots`: the activities the worker runs at once on the run's task queue. `new_workers` False: the
+        run goes to the workers an earlier start in the test began (and their fakes), as a second Migration on the
+        same ferry worker."""
         input = input or migration_input()
-        worker = Worker(
-            time_skipping.client,
-            task_queue=task_queue,
-            workflows=[workflow_class],
-            activities=fakes.activities(),
-            # Cancellation reaches an activity with its next heartbeat, which the SDK
-            # otherwise throttles to 80% of the heartbeat timeout.
-            max_heartbeat_throttle_interval=timedelta(milliseconds=200),
-        )
-        if single_batch:
-            worker._set_default_workflow_logic_flag(SINGLE_BATCH, enabled=True)
-        workers.append(worker)
-        asyncio.get_running_loop().create_task(worker.run())
+        if new_workers:
+            started = saga_workers(
+                time_skipping.client, task_queue, fakes, [workflow_class], activity_slots=activity_slots
+            )
+            if single_batch:
+                started[0]._set_default_workflow_logic_flag(SINGLE_BATCH, enabled=True)
+            workers.extend(started)
+            for worker in started:
+                asyncio.get_running_loop().create_task(worker.run())
         handle = await time_skipping.client.start_workflow(
             workflow_class.run, input, id=workflow_id(input.ref), task_queue=task_queue
         )

@@ -200,6 +200,8 @@ class FakeSaga:
         return name in self.calls
 
     def activities(self) -> list[Callable[..., Any]]:
+        """Every activity, the watches too: a run without the patch watch-on-its-own-queue schedules its watch on its
+        own task queue, as ferry's worker still serves it there."""
         names: list[str] = []
         for step in self.steps:
             names.append(name_of(step.activity))
@@ -209,10 +211,14 @@ class FakeSaga:
                     names.append(name_of(step.undo.guard.activity))
             if step.guard is not None:
                 names.append(name_of(step.guard.activity))
-        watches = [name_of(step.watch.activity) for step in self.steps if step.watch is not None]
         names.append(DELETE_SNAPSHOT)
         fakes = [self._fake(name) for name in dict.fromkeys(names)]
-        return fakes + [self._watch(name) for name in dict.fromkeys(watches)] + [self._mirror()]
+        return fakes + self.watches() + [self._mirror()]
+
+    def watches(self) -> list[Callable[..., Any]]:
+        """The watches alone, for the worker of the watches' task queue (ferry.api.saga.watches_task_queue)."""
+        names = [name_of(step.watch.activity) for step in self.steps if step.watch is not None]
+        return [self._watch(name) for name in dict.fromkeys(names)]
 
     def _fake(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=name)

@@ -61,9 +61,9 @@ UNDO = undo_of(plan.ONLINE_PLAN)
 UNDO_GUARD = undo_guard_of(plan.ONLINE_PLAN)
 
 
-def online(**spec: Any) -> MigrationInput:
+def online(name: str = "orders-db-to-16", **spec: Any) -> MigrationInput:
     driver = {"type": "postgresql", "sourceSecret": "orders-db-source", "targetSecret": "orders-db-target"}
-    return migration_input(driver={**driver, "mode": "Online"}, **spec)
+    return migration_input(name, driver={**driver, "mode": "Online"}, **spec)
 
 
 def fakes(**changes: Any) -> FakeSaga:
@@ -197,7 +197,7 @@ async def test_a_replication_that_breaks_while_awaiting_approval_rolls_back_and_
     assert len(broke) == 1
     assert "ReplicationBroken" in broke[0].message
     assert "rolling back" in broke[0].message
-    await record_history(saga, "online-broke-while-awaiting-approval")
+    await record_history(saga, "online-broke-while-awaiting-approval-own-queue")
 
 
 @pytest.mark.own_time_server  # its replication's watch runs beside a wait
@@ -214,7 +214,28 @@ async def test_an_approval_in_time_cancels_the_watch_and_the_migration_goes_on(r
     assert calls.count(WATCH_REPLICATION) == 1
     assert calls.index(REPLICATE) < calls.index(WATCH_REPLICATION) < calls.index(FREEZE)
     assert saga.fakes.inputs[WATCH_REPLICATION][0]["ref"]["uid"] == saga.fakes.inputs[REPLICATE][0]["ref"]["uid"]
-    await record_history(saga, "online-watched-while-awaiting-approval")
+    await record_history(saga, "online-watched-while-awaiting-approval-own-queue")
+
+
+@pytest.mark.own_time_server  # its replication's watch runs beside a wait
+async def test_a_migration_waiting_with_its_watch_leaves_the_workers_activity_slots_to_another_migrations_steps(
+    run_saga: Run,
+) -> None:
+    shared = fakes()
+    waiting = await run_saga(shared, online(approval={"required": True}), activity_slots=1)
+    await waiting.wait_for("the watch beside the approval", lambda: shared.started(WATCH_REPLICATION))
+    assert (await waiting.progress()).phase is Phase.AWAITING_APPROVAL
+
+    # Before, the watch held the worker's one activity slot for the whole wait, on the run's own task queue: the other
+    # Migration's first step waited in that queue until an approval came.
+    other = await run_saga(shared, online("customers-db-to-16"), new_workers=False)
+    await other.wait_for("the other Migration's every step, on the one activity slot", phase=Phase.SUCCEEDED.value)
+
+    assert (await waiting.progress()).phase is Phase.AWAITING_APPROVAL
+    assert WATCH_REPLICATION not in shared.cancelled, "the first one is watched all along"
+    assert shared.step_calls.count(SCALE_DOWN_OLD) == 1
+    await waiting.handle.signal(Signal.APPROVE.value, ControlRequest(by="alice"))
+    assert (await waiting.handle.result()).phase is Phase.SUCCEEDED
 
 
 async def test_without_a_wait_before_the_freeze_nothing_is_watched(run_saga: Run) -> None:
