@@ -186,10 +186,13 @@ class DataActivitySettings:
     for a lock; at most 60."""
 
     replication_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
-    """Seconds the target may go without applying anything while it reports errors applying the source's changes, or
-    while its subscription does not stream from the source (no apply worker, or the slot not active), before
-    replicate or catch-up fails for good with ReplicationBroken (mode Online); the watch while the saga waits before
-    the freeze also counts the subscription disabled, or the target unreachable."""
+    """Seconds the replication may stay in trouble, without a break, while the target applies nothing, before
+    replicate, catch-up or the watch while the saga waits before the freeze fails for good with ReplicationBroken (mode
+    Online). Trouble: its workers' errors rising, or its subscription not streaming from the source (no apply worker,
+    or the slot not active); the watch also counts the subscription disabled, or the target unreachable. Looks that
+    find nothing wrong for half this long (at least 15 s, to bridge a crash-looping apply worker's healthy-looking
+    gaps), or anything applied, end the trouble: one bad look on an idle source, whose slot stands still for hours,
+    fails nothing."""
 
     def streams_for(self, parallelism: int | None) -> int:
         """The streams a snapshot runs: spec.driver.parallelism, else --snapshot-streams, at most

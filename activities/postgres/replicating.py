@@ -70,6 +70,8 @@ from ferry.api.saga import (
 
 PREPARED_WAIT = 10.0
 """Seconds replicate waits for the prepared transactions it finds before making the slot (see _wait_for_prepared)."""
+GRACE_FLOOR = 15.0
+"""Seconds, at least, that an episode of trouble survives without a troubled look (see Stall)."""
 
 
 def _name(operation: DriverOperation) -> str:
@@ -77,54 +79,90 @@ def _name(operation: DriverOperation) -> str:
 
 
 class Stall:
-    """Notices a replication that has applied nothing for `limit` seconds while it failed or did not stream.
+    """Tells a broken replication from a troubled moment: broken is something wrong for longer than `limit` seconds,
+    without a break, while the position stood still; not "nothing moved for that long, and something was wrong once".
 
-    Failing: its workers reported errors meanwhile (pg_stat_subscription_stats). Not
-    streaming: no apply worker ran, or no walsender streamed from the slot, when it was
-    last looked at; an apply worker that cannot connect to the source, or cannot start
-    streaming from its slot, fails before the statistics count anything, and tries
-    again every few seconds forever. A healthy replication that has nothing to apply
-    still streams, so it never counts as stalled.
+    Trouble, at a look: the workers' errors (pg_stat_subscription_stats) rose since the previous look (failing), or
+    the replication does not stream: no apply worker runs, or no walsender streams from the slot (the watch also
+    counts the subscription disabled and the target unreachable). An apply worker that cannot connect to the source,
+    or cannot start streaming from its slot, fails before the statistics count anything, and tries again every few
+    seconds forever; a healthy replication that has nothing to apply still streams, so it is never in trouble.
+
+    An episode of trouble begins at a troubled look and goes on while each troubled look comes at most `grace`
+    seconds after the previous one. The position moving (something was applied) ends it, and so do `grace` seconds
+    without a troubled look, whether the looks found nothing wrong or there were none (the watch does not look while
+    the source is unreachable: nothing says the target stayed wrong meanwhile). Broken: a look that finds trouble in
+    an episode that began more than `limit` seconds ago. Measured from the position's last move instead, a healthy
+    migration would roll back: on an idle source (no writes, so the slot's confirmed position stands still for hours,
+    e.g. over a weekend's approval wait) one look catching the target's Pod restarting, the apply worker
+    reconnecting, or one error the worker recovered from, would find "nothing moved" long past the limit.
+
+    The grace is max(limit / 2, 15 s). It must bridge the healthy-looking gaps of a crash loop: PostgreSQL starts a
+    failed apply worker again after wal_retrieve_retry_interval (5 s by default), and looks between two failures may
+    find it running with no new error; with a look every --replication-poll-interval (1 s by default), 15 s is three
+    retry intervals, room for a worker slow to connect and fail again. Half the limit bridges slower loops when the
+    limit is longer (a raised retry interval, a table's copy that fails after a while), and makes a broken verdict
+    need trouble seen in every half of the limit; two blips further apart than that stay two episodes. The price:
+    failures recurring less often than the grace (a table whose copy fails every few minutes) are episodes of their
+    own and never broken; the step's timeout (spec.timeouts) still bounds that wait.
     """
 
-    def __init__(self, limit: float) -> None:
+    def __init__(self, limit: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = limit
-        self._errors: int | None = None
+        self.grace = max(limit / 2, GRACE_FLOOR)
+        """Seconds without a troubled look that end an episode of trouble."""
+        self._clock = clock
         self._position: object = None
-        self._since = time.monotonic()
+        self._errors: int | None = None
+        self._began: float | None = None
+        """When the current episode of trouble began (None: none yet since the position last moved)."""
+        self._last = 0.0
+        """When a look last found trouble."""
+        self.episodes = 0
+        """Episodes of trouble begun so far: a watch keeps what it saw per episode."""
         self.failing = False
-        """Whether the workers reported errors since the position last moved (else it stalled not streaming)."""
+        """Whether the workers' errors rose during the current episode (else it is in trouble not streaming)."""
 
     def seconds(self, position: object, errors: int, streaming: bool = True) -> float | None:
-        """How long nothing moved, once that is longer than the limit and errors were reported meanwhile, or nothing
-        streams now."""
-        now = time.monotonic()
-        if self._errors is None:
-            self._errors = errors
+        """How long the replication has been in trouble, once this look finds trouble and its episode began more than
+        the limit ago; else None.
+
+        `position` is what moves when something is applied; `errors` the workers' failures counted so far;
+        `streaming` False when this look found it not streaming (or, in the watch, anything else wrong).
+        """
+        now = self._clock()
+        rose = self._errors is not None and errors > self._errors
+        self._errors = errors
         if position != self._position:
-            self._position, self._since, self._errors = position, now, errors
+            self._position, self._began, self.failing = position, None, False
             return None
-        stalled = now - self._since
-        self.failing = errors > self._errors
-        return stalled if (self.failing or not streaming) and stalled > self._limit else None
+        if not rose and streaming:
+            return None
+        if self._began is None or now - self._last > self.grace:
+            self._began, self.failing = now, False
+            self.episodes += 1
+        self._last = now
+        self.failing = self.failing or rose
+        wrong = now - self._began
+        return wrong if wrong > self._limit else None
 
 
 def _broken(db: DatabaseConnection, stalled: float, errors: int, failing: bool, doing: str) -> ReplicationBroken:
     if not failing:
         return ReplicationBroken(
-            f"the target {db.describe()} has applied nothing for {stalled:.0f}s while {doing}, and its subscription "
-            "is not streaming from the source: no apply worker runs on the target (pg_stat_subscription), or no "
-            "walsender streams from the replication slot on the source (pg_replication_slots.active). The usual "
+            f"the target {db.describe()} has applied nothing while {doing}, and its subscription is not streaming "
+            f"from the source, for {stalled:.0f}s now: no apply worker runs on the target (pg_stat_subscription), or "
+            "no walsender streams from the replication slot on the source (pg_replication_slots.active). The usual "
             "causes: the target's server cannot connect to the source (network, pg_hba.conf, a changed password), or "
             "the source refuses to stream from the slot; the target server's log names it. Roll back (the source "
             "keeps every write), fix the cause, and migrate again."
         )
     return ReplicationBroken(
-        f"the target {db.describe()} has applied nothing for {stalled:.0f}s while {doing}, and its replication "
-        f"workers have failed {errors} times so far (pg_stat_subscription_stats). The usual cause is a schema change "
-        "on the source (logical replication does not carry DDL: a column the target lacks), or a row the target "
-        "refuses; the target server's log names it. Roll back (the source keeps every write), undo the cause or "
-        "apply the same change where needed, and migrate again."
+        f"the target {db.describe()} has applied nothing while {doing}, and its replication workers have kept "
+        f"failing for {stalled:.0f}s ({errors} failures so far, pg_stat_subscription_stats). The usual cause is a "
+        "schema change on the source (logical replication does not carry DDL: a column the target lacks), or a row "
+        "the target refuses; the target server's log names it. Roll back (the source keeps every write), undo the "
+        "cause or apply the same change where needed, and migrate again."
     )
 
 

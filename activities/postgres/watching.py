@@ -13,11 +13,14 @@ wait, which cancels it when the wait ends (workflows/saga.py).
 Each look reads the slot's lag on the source and, on the target, whether the
 subscription is enabled, whether its apply worker runs, and how often its workers have
 failed. Something wrong (a failure counted, the subscription disabled, no apply worker,
-the target unreachable) while the target confirms nothing for longer than
---replication-stall-timeout fails the activity with ReplicationBroken, naming what broke;
-the slot or the subscription gone fails it at once. A source that cannot be reached is
-waited for: nothing can be told about the slot then. The activity changes nothing, so it
-is idempotent; a retry (after a lost worker) watches afresh.
+the target unreachable, no walsender streaming from the slot) at every look, or at looks
+close enough to make one episode of trouble (see replicating.Stall), for longer than
+--replication-stall-timeout while the target confirms nothing fails the activity with
+ReplicationBroken, naming what went wrong in that episode; one bad look on an idle
+source, whose slot stands still for hours, does not. The slot or the subscription gone
+fails it at once. A source that cannot be reached is waited for: nothing can be told
+about the slot then. The activity changes nothing, so it is idempotent; a retry (after a
+lost worker) watches afresh.
 
 The precheck warns of the same danger before anything starts (see slot_wal).
 """
@@ -47,6 +50,8 @@ APPLY_WORKERS = "select count(*) from pg_stat_subscription where subid = %s and 
 """The subscription's apply worker (table synchronization workers have a relid)."""
 FAILING, DISABLED, UNREACHABLE, NO_WORKER = "failing", "disabled", "unreachable", "no apply worker"
 """What a look finds wrong on the target, by kind."""
+NOT_STREAMING = "not streaming"
+"""What a look finds wrong on the source: no walsender streams from the slot, though the target looks fine."""
 
 
 class ReplicationWatch:
@@ -96,9 +101,9 @@ class Look:
         self._counted: int | None = None
         """Failures the target's statistics counted, as last read (None before the first read)."""
         self._troubles = 0
-        """Looks that found the subscription disabled, no apply worker, or the target unreachable."""
+        """Looks that found something wrong (reported as failures, with those the target counted)."""
         self._seen: dict[str, str] = {}
-        """What the looks found wrong since the target last confirmed something, by kind, as a person reads it."""
+        """What the looks found wrong in the current episode of trouble (see Stall), by kind, as a person reads it."""
 
     def __enter__(self) -> Look:
         return self
@@ -118,11 +123,12 @@ class Look:
             return
         if behind is None:
             raise self._gone(f"the replication slot {self._name} is gone from the source {self._source.describe()}")
-        lag, confirmed = behind.bytes, behind.confirmed
-        if confirmed != self._confirmed:
-            self._seen.clear()
-        self._lag, self._confirmed = lag, confirmed
-        found = self._look_at_target()
+        self._lag, self._confirmed = behind.bytes, behind.confirmed
+        found = self._look_at_target() or self._look_at_slot(behind)
+        episodes = self._stall.episodes
+        stalled = self._stall.seconds(self._confirmed, self._counted or 0, streaming=found is None)
+        if self._stall.episodes != episodes:
+            self._seen.clear()  # what an earlier episode saw is not why this one went wrong
         trouble = None
         if found is not None:
             kind, trouble = found
@@ -130,7 +136,6 @@ class Look:
             self._seen[kind] = trouble
         failures = (self._counted or 0) + self._troubles
         heartbeats.progress(lag_bytes=self._lag, confirmed_lsn=self._confirmed, failures=failures, trouble=trouble)
-        stalled = self._stall.seconds(self._confirmed, failures)
         if stalled is not None:
             raise self._broken(stalled, failures)
 
@@ -172,17 +177,30 @@ class Look:
             )
         return None
 
+    def _look_at_slot(self, behind: replication.Behind) -> tuple[str, str] | None:
+        """What is wrong with the slot on the source, when the target looked fine: an apply worker that hangs
+        connecting to the source is listed in pg_stat_subscription, and counts no failure."""
+        if behind.streaming:
+            return None
+        return NOT_STREAMING, (
+            f"no walsender streams from the replication slot {self._name} on the source (pg_replication_slots.active): "
+            "the target's server cannot connect to the source, or the source refuses to stream from the slot; the "
+            "target server's log says why"
+        )
+
     def _broken(self, stalled: float, failures: int) -> ReplicationBroken:
         return ReplicationBroken(
             f"the replication of {self._source.describe()} into {self._target.describe()} broke while the migration "
-            f"waited before the freeze: {self._worst()}. The target has confirmed nothing for {stalled:.0f}s "
-            f"({failures} failed looks and apply attempts). {self._growing()} Roll back (the rollback drops the slot; "
-            "the source keeps every write), fix the cause, and migrate again."
+            f"waited before the freeze: {self._worst()}. Something has been wrong for {stalled:.0f}s without a "
+            f"break, and the target has confirmed nothing meanwhile ({failures} failed looks and apply attempts). "
+            f"{self._growing()} Roll back (the rollback drops the slot; the source keeps every write), fix the cause, "
+            "and migrate again."
         )
 
     def _worst(self) -> str:
         """What the looks found wrong, the most telling first: a crashing worker's failures explain its absence."""
-        return "; ".join(self._seen[kind] for kind in (FAILING, DISABLED, UNREACHABLE, NO_WORKER) if kind in self._seen)
+        kinds = (FAILING, DISABLED, UNREACHABLE, NO_WORKER, NOT_STREAMING)
+        return "; ".join(self._seen[kind] for kind in kinds if kind in self._seen)
 
     def _gone(self, what: str) -> ReplicationBroken:
         return ReplicationBroken(

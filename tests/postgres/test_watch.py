@@ -3,17 +3,21 @@
 After replicate has returned, the saga may wait days for an approval; the watch
 (activities/postgres/watching.py) runs beside that wait. A replication that breaks then
 must fail it, so the run rolls back and the slot stops keeping the source's WAL; a
-healthy one must keep it watching until the saga cancels it. Stalls count after 10 s
-here instead of a minute (longer than the 5 s a failing apply worker waits before it
-starts again, so its failures are counted): the tests assert what ends the watch, not
-how long it took.
+healthy one must keep it watching until the saga cancels it, and so must a moment's
+trouble, however long the source has written nothing. Stalls count after 10 s here
+instead of a minute (longer than the 5 s a failing apply worker waits before it starts
+again, so its failures are counted): the tests assert what ends the watch, not how long
+it took.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,19 +27,122 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.postgres.watching import ReplicationWatch
 from activities.settings import DataActivitySettings
+from devstack.stack.readiness import LOOPBACK
 from ferry.api.errors import ReplicationBroken
 from ferry.api.saga import WatchReplicationInput
+from tests.cluster import eventually
 from tests.end_to_end import Databases
+from tests.postgres.conftest import create_secret
 from tests.postgres.data import connect, create_shop
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers
 
 pytestmark = pytest.mark.timeout(180)
 
+LIMIT = 10.0
+"""The stall limit of these tests."""
+RELAYED_TARGET = "relayed-target-db"
+
 
 @pytest.fixture
 def watch(kube_api: k8s.ApiClient, data_settings: DataActivitySettings) -> ReplicationWatch:
-    settings = dataclasses.replace(data_settings, replication_poll_interval=0.2, replication_stall_timeout=10.0)
+    settings = dataclasses.replace(data_settings, replication_poll_interval=0.2, replication_stall_timeout=LIMIT)
     return ReplicationWatch(kube_api, settings)
+
+
+class Relay:
+    """A fake, standing between ferry and the target: a TCP relay on loopback that the test cuts and restores.
+
+    Cut, it ends every connection through it and closes each new one at once, as ferry
+    sees a target whose Pod restarts; the replication (the target's server connecting to
+    the source) does not go through it.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._upstream = (host, port)
+        self._listener = socket.create_server((LOOPBACK, 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._cut = threading.Event()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="relay", daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+        self._end_all()
+
+    def restore(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._end_all()
+
+    def _end_all(self) -> None:
+        with self._lock:
+            for end in self._open:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._cut.is_set():
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._open.discard(source)
+        source.close()
+
+
+@pytest.fixture
+def relay(databases: Databases) -> Iterator[Relay]:
+    relaying = Relay(databases.target.host, databases.target.port)
+    yield relaying
+    relaying.close()
+
+
+class Looks:
+    """The watch's heartbeats (one per look, and the watchdog's between), with when each came."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, dict[str, Any]]] = []
+
+    def record(self, *details: Any) -> None:
+        self.seen.append((time.monotonic(), details[0] if details else {}))
+
+    def still_for(self) -> float:
+        """Seconds the slot's confirmed position has stood still, as the watch has seen it."""
+        since, confirmed = None, None
+        for at, details in list(self.seen):
+            if "confirmed_lsn" in details and details["confirmed_lsn"] != confirmed:
+                since, confirmed = at, details["confirmed_lsn"]
+        return 0.0 if since is None else time.monotonic() - since
+
+    def after(self, moment: float) -> list[dict[str, Any]]:
+        return [details for at, details in list(self.seen) if at > moment]
 
 
 def test_a_column_added_on_the_source_and_written_after_replicate_fails_the_watch_with_replication_broken(
@@ -106,6 +213,67 @@ def test_a_healthy_replication_is_watched_until_the_watch_is_cancelled(
     cancelling.cancel()
     running.join(30)
 
+    assert [type(error) for error in ended] == [CancelledError]
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+
+
+def test_a_target_unreachable_for_a_moment_while_the_source_writes_nothing_keeps_the_watch_watching(
+    online: OnlineSteps,
+    databases: Databases,
+    watch: ReplicationWatch,
+    relay: Relay,
+    kube_api: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """An idle source writes no WAL, so the slot's confirmed position stands still for as long as the approval takes.
+    The target's Pod restarting then is a moment's trouble, not a broken replication that needs rolling back."""
+    create_shop(databases.source, customers=10, orders=10)
+    online.replicate()
+    target = databases.target
+    create_secret(
+        kube_api, namespace, RELAYED_TARGET,
+        {"host": LOOPBACK, "port": str(relay.port), "username": target.user, "password": target.password,
+         "database": target.database},
+    )  # fmt: skip
+    driver = online.driver.model_copy(update={"target_secret": RELAYED_TARGET})
+    looks = Looks()
+    watching_env = ActivityEnvironment()
+    watching_env.on_heartbeat = looks.record
+    ended: list[BaseException] = []
+
+    def watching() -> None:
+        try:
+            watching_env.run(watch.watch_replication, WatchReplicationInput(ref=online.ref, driver=driver))
+        except BaseException as error:  # noqa: BLE001 - cancelled, as the saga cancels it once the wait ends
+            ended.append(error)
+
+    running = threading.Thread(target=watching)
+    running.start()
+    eventually(
+        "the watch to see the slot stand still for longer than the stall limit", lambda: looks.still_for() > LIMIT + 1
+    )
+    still = looks.seen[-1][1]["confirmed_lsn"]
+
+    cut = time.monotonic()
+    relay.cut()
+    eventually(
+        "a look to find the target unreachable",
+        lambda: any("cannot reach the target" in (beat.get("trouble") or "") for beat in looks.after(cut)),
+    )
+    relay.restore()
+    restored = time.monotonic()
+    eventually(
+        "the watch to go on looking for longer than the stall limit after the target came back (or to end)",
+        lambda: not running.is_alive() or bool(looks.after(restored + LIMIT + 1)),
+    )
+
+    assert running.is_alive(), f"the watch ended after a moment's trouble: {ended}"
+    assert looks.seen[-1][1].get("trouble") is None, "it finds nothing wrong"
+    unreachable = next(beat for beat in looks.after(cut) if "cannot reach the target" in (beat.get("trouble") or ""))
+    assert unreachable["confirmed_lsn"] == still, "the trouble came while the slot stood still, longer than the limit"
+    watching_env.cancel()
+    running.join(30)
     assert [type(error) for error in ended] == [CancelledError]
     online.undo_replicate()
     assert leftovers(databases) == NOTHING
