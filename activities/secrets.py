@@ -16,12 +16,18 @@ of surfacing as a connection error.
 The Secrets a Migration names are protected while ferry may still need them, the way
 Kubernetes protects a claim a Pod uses: the precheck puts the Migration's own finalizer
 (`secret_finalizer`) on each (SecretProtection), and the watcher takes it off when it
-releases the Migration (watcher/deletion.py). A Secret deleted meanwhile, e.g. with its
-Migration by `kubectl delete -k`, stays readable until then, so the undos can still
-connect. An undo that cannot read a Secret all the same (a run that passed its precheck
-before ferry did this, a finalizer removed by hand) fails with SecretUnreadable, which
-is retried: the rollback waits for a person to create the Secret again instead of
-stopping at its first attempt with the source frozen.
+releases the Migration (watcher/deletion.py), or sees it go. A Secret deleted meanwhile,
+e.g. with its Migration by `kubectl delete -k`, stays readable until then, so the undos
+can still connect. A precheck attempt that runs late (its worker stood still past the
+heartbeat timeout) may mark the Secrets after that release: so it reads the Migration
+after marking them, and if the Migration is gone or no longer held by ferry, it takes its
+mark off again and fails for good. Either its read sees that, or the deletion comes after
+the mark and the watcher, seeing the Migration go, takes the mark off.
+
+An undo that cannot read a Secret all the same (a run that passed its precheck before
+ferry did this, a finalizer removed by hand) fails with SecretUnreadable, which is
+retried: the rollback waits for a person to create the Secret again instead of stopping
+at its first attempt with the source frozen.
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ import base64
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from temporalio.exceptions import ApplicationError
 
 from activities import kube_calls
 from activities.api_refusals import server_message
 from ferry.api.errors import InvalidSpec, MissingSecret, PermissionDenied
-from ferry.api.migration import secret_finalizer
+from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, secret_finalizer
+from ferry.api.saga import MigrationRef
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
 SSLMODE_KEY = "sslmode"
@@ -57,6 +65,9 @@ REDACTED = "[redacted]"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 """A Secret's finalizers merge under this patch (their patch strategy is merge): one finalizer is added or removed
 without a read, and the others, another Migration's or another controller's, stay as they are."""
+MIGRATION_UNHELD = "MigrationUnheld"
+"""Type of the non-retryable failure of a precheck that marked the Secrets of a Migration nothing holds for ferry any
+more (gone, created again, or being deleted without ferry's finalizer): it took its mark off again."""
 
 
 class SecretUnreadable(Exception):
@@ -201,22 +212,81 @@ class SecretProtection:
 
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self._core = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
 
-    def protect(self, namespace: str, uid: str, secrets: Mapping[str, str]) -> None:
-        """Adds `secret_finalizer(uid)` to each Secret of `secrets` (name to the field naming it).
+    def protect(self, ref: MigrationRef, secrets: Mapping[str, str]) -> None:
+        """Adds `secret_finalizer(ref.uid)` to each Secret of `secrets` (name to the field naming it), then makes sure
+        the Migration is still there for the watcher to release them.
 
         Idempotent: the finalizer merges into the Secret's list, once. A Secret that does not exist is left to the
         precheck, which names the keys it needs; one being deleted cannot take a new finalizer and is refused here.
+
+        Then one read of the Migration. If it is gone, another object (created again under the name), or being
+        deleted without ferry's finalizer, no release of the watcher's may come after this mark (a late attempt of
+        the precheck, say, after the watcher let the Migration go): the mark is taken off again, and the precheck
+        fails for good (MIGRATION_UNHELD). Otherwise the Migration goes only later, and the watcher takes the mark
+        off then, when it releases the Migration or sees it go.
         """
-        finalizer = secret_finalizer(uid)
+        finalizer = secret_finalizer(ref.uid)
         for name, field in secrets.items():
             patch = {"metadata": {"finalizers": [finalizer]}}
             try:
-                self._core.patch_namespaced_secret(name, namespace, patch, _content_type=STRATEGIC_MERGE_PATCH)
+                self._core.patch_namespaced_secret(name, ref.namespace, patch, _content_type=STRATEGIC_MERGE_PATCH)
             except ApiException as error:
                 if kube_calls.is_not_found(error):
                     continue
-                raise _not_protected(error, namespace, name, field) from None
+                raise _not_protected(error, ref.namespace, name, field) from None
+        unheld = self._unheld(ref)
+        if unheld is not None:
+            raise self._unprotect(ref, secrets, unheld)
+
+    def _unheld(self, ref: MigrationRef) -> str | None:
+        """Why nothing holds the Migration for ferry any more, or None while something does."""
+        try:
+            found: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return f"Migration {ref.namespace}/{ref.name} no longer exists"
+            raise
+        metadata = found.get("metadata") or {}
+        if metadata.get("uid") != ref.uid:
+            return (
+                f"Migration {ref.namespace}/{ref.name} is another object now (created again, uid {metadata.get('uid')})"
+            )
+        if metadata.get("deletionTimestamp") and FINALIZER not in (metadata.get("finalizers") or []):
+            return (
+                f"Migration {ref.namespace}/{ref.name} is being deleted, and ferry's finalizer {FINALIZER} does not "
+                "hold it"
+            )
+        return None
+
+    def _unprotect(self, ref: MigrationRef, secrets: Mapping[str, str], unheld: str) -> ApplicationError:
+        """Takes the mark `protect` put on the Secrets off again; the failure to raise, saying why."""
+        finalizer = secret_finalizer(ref.uid)
+        patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+        kept: dict[str, str] = {}
+        for name in secrets:
+            try:
+                self._core.patch_namespaced_secret(name, ref.namespace, patch, _content_type=STRATEGIC_MERGE_PATCH)
+            except ApiException as error:
+                if not kube_calls.is_not_found(error):
+                    kept[name] = f"{error.status} {error.reason}"
+        left = ""
+        if kept:
+            listed = ", ".join(f"{name} ({why})" for name, why in kept.items())
+            left = (
+                f"; it could not take it off Secret {listed}: remove it by hand, e.g. kubectl patch secret "
+                f"{next(iter(kept))} -n {ref.namespace} -p "
+                f'\'{{"metadata":{{"$deleteFromPrimitiveList/finalizers":["{finalizer}"]}}}}\''
+            )
+        return ApplicationError(
+            f"{unheld}: ferry no longer holds it, so nothing is to be done for it. The precheck took the finalizer "
+            f"{finalizer} it had just put on its Secrets off again{left}, and did nothing else",
+            type=MIGRATION_UNHELD,
+            non_retryable=True,
+        )
 
 
 def _not_protected(error: ApiException, namespace: str, name: str, field: str) -> Exception:

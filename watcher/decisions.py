@@ -19,6 +19,13 @@ is there. Where the API server sets the finalizer at creation (deploy/admission/
 a Migration is held from the start; a pass that starts its workflow then writes nothing,
 and `start` stays decided until a status or the annotation names the run (the start is
 refused then, and the handler records it: watcher/handling.py).
+
+A Migration the watch saw go (DELETED) leaves one thing to do, decided from its last
+state: take its finalizer off the Secrets its spec names (`release_secrets`). ferry's own
+release did that already (watcher/deletion.py), and then it costs a patch per Secret that
+changes nothing; but a Migration can go without that release: ferry's finalizer removed
+by hand, a deletion ferry's finalizer never held (`cancel` above), or a precheck attempt
+that marked the Secrets after the release (activities/secrets.py).
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ class Action:
     controls: tuple[Control | Rejection, ...] = ()
     check_run: bool = False
     """The resync's query saw the run closed Terminated or TimedOut while the status is not finished."""
+    release_secrets: bool = False
+    """The watch said DELETED: take the Migration's finalizer off the Secrets its spec names (idempotent), however it
+    went. Its last state says which: the names never change (spec.driver and spec.snapshot are immutable)."""
 
     @property
     def nothing(self) -> bool:
@@ -73,6 +83,7 @@ class Action:
                 ("finalizer", self.add_finalizer),
                 ("controls", bool(self.controls)),
                 ("check-run", self.check_run),
+                ("release-secrets", self.release_secrets),
             )
             if wanted
         ]
@@ -99,11 +110,12 @@ def started(migration: Migration) -> bool:
 def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False) -> Action:
     """What to do with this state of a Migration.
 
-    `gone`: the watch said DELETED (the object no longer exists: nothing is left to do).
+    `gone`: the watch said DELETED (the object no longer exists): only its Secrets are left to let go, if its spec
+    parses (one that does not never ran, so never marked them).
     `run_closed`: the resync's query named its run among those terminated or timed out.
     """
     if gone:
-        return NOTHING
+        return Action(release_secrets=migration.spec is not None)
     if migration.metadata.deletion_timestamp is not None:
         if FINALIZER in migration.metadata.finalizers:
             return Action(deletion=True, controls=tuple(_answered_by_deletion(pending(migration))))

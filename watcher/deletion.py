@@ -284,7 +284,12 @@ class DeletionHandler:
 
     async def release_secrets(self, migration: Migration) -> None:
         """Takes the Migration's finalizer (secret_finalizer) off the Secrets its spec names, where the precheck put
-        it; another Migration's stays. A Secret being deleted goes once no finalizer is left."""
+        it; another Migration's stays. A Secret being deleted goes once no finalizer is left.
+
+        Called by `_release`, and again by the pass the Migration's DELETED event brings (watcher/decisions.py), for
+        a Migration that went without `_release`: its finalizer removed by hand, a deletion ferry's finalizer never
+        held (`cancel_unheld`), a precheck attempt that marked the Secrets after the release. Needs nothing but the
+        object's last state."""
         if migration.spec is None:
             return  # a spec that does not parse never ran, so never had its Secrets marked
         ref = ref_of(migration)

@@ -3,6 +3,9 @@
 Events are coalesced per Migration: while one is being handled, newer states of it wait,
 and only the latest is handled next, so a burst of status updates costs one pass.
 A state the pass's own later write superseded is dropped: the watch brings the newer one.
+The one state never dropped is a DELETED one: its pass lets the Migration's Secrets go
+(watcher/decisions.py). A newer state of the same object cannot follow it, but one of a
+Migration created again under the name can: the gone one's pass then runs first.
 Different Migrations are handled concurrently, up to the configured limit, in the order
 they were submitted. A pass that fails is retried with backoff; it never stops the watcher.
 """
@@ -38,6 +41,9 @@ class Pending:
     received: float
     """When the watcher first got a state of this Migration that is still waiting (time.monotonic())."""
     failures: int = 0
+    gone_before: tuple[Migration, ...] = ()
+    """Last states of earlier objects of this name (other uids) that the watch said DELETED before this state
+    superseded them: each gets its pass first."""
 
 
 class Dispatcher:
@@ -64,7 +70,8 @@ class Dispatcher:
         earlier = self._pending.get(key)
         first_seen = earlier.received if earlier else received if received is not None else time.monotonic()
         run_closed = run_closed or bool(earlier and earlier.run_closed)
-        self._pending[key] = Pending(migration, gone, run_closed, first_seen, failures)
+        gone_before = _gone_before(earlier, migration)
+        self._pending[key] = Pending(migration, gone, run_closed, first_seen, failures, gone_before)
         if key not in self._running:
             self._running[key] = asyncio.create_task(self._drain(key))
 
@@ -73,18 +80,22 @@ class Dispatcher:
             while key in self._pending:
                 pending = self._pending.pop(key)
                 async with self._limit:
-                    try:
-                        written = await self._handle(
-                            pending.migration, gone=pending.gone, run_closed=pending.run_closed,
-                            received=pending.received,
-                        )  # fmt: skip
-                        self._drop_superseded(key, written)
-                    except Exception:
-                        delay = RETRY_DELAYS[min(pending.failures, len(RETRY_DELAYS) - 1)]
-                        log.exception("handling Migration %s/%s failed; retrying in %.0fs", *key, delay)
-                        asyncio.get_running_loop().call_later(delay, self._retry, key, pending)
+                    for gone in pending.gone_before:
+                        await self._pass(key, Pending(gone, gone=True, run_closed=False, received=pending.received))
+                    await self._pass(key, pending)
         finally:
             del self._running[key]
+
+    async def _pass(self, key: tuple[str, str], pending: Pending) -> None:
+        try:
+            written = await self._handle(
+                pending.migration, gone=pending.gone, run_closed=pending.run_closed, received=pending.received
+            )
+            self._drop_superseded(key, written)
+        except Exception:
+            delay = RETRY_DELAYS[min(pending.failures, len(RETRY_DELAYS) - 1)]
+            log.exception("handling Migration %s/%s failed; retrying in %.0fs", *key, delay)
+            asyncio.get_running_loop().call_later(delay, self._retry, key, pending)
 
     def _drop_superseded(self, key: tuple[str, str], written: list[str]) -> None:
         """Forgets the states that the pass's own later write superseded (e.g. the finalizer and annotation it wrote
@@ -96,12 +107,23 @@ class Dispatcher:
             return
         self._superseded[key] = superseded
         waiting = self._pending.get(key)
-        if waiting is not None and not waiting.run_closed and waiting.migration.metadata.resource_version in superseded:
+        if (
+            waiting is not None
+            and not (waiting.run_closed or waiting.gone or waiting.gone_before)
+            and waiting.migration.metadata.resource_version in superseded
+        ):
             del self._pending[key]
 
     def _retry(self, key: tuple[str, str], failed: Pending) -> None:
-        if not self._closed and key not in self._pending:  # a newer state supersedes the failed one
+        if self._closed:
+            return
+        waiting = self._pending.get(key)
+        if waiting is None:
             self.submit(failed.migration, gone=failed.gone, run_closed=failed.run_closed, failures=failed.failures + 1)
+        elif failed.gone and failed.migration.metadata.uid != waiting.migration.metadata.uid:
+            # A Migration created again under the name does not supersede the gone one: its Secrets are still to go.
+            self._pending[key] = dataclasses.replace(waiting, gone_before=(failed.migration, *waiting.gone_before))
+        # else a newer state of the same object supersedes the failed one
 
     async def idle(self) -> None:
         """Waits until no pass is under way and none waits."""
@@ -115,3 +137,13 @@ class Dispatcher:
         for task in list(self._running.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _gone_before(earlier: Pending | None, newer: Migration) -> tuple[Migration, ...]:
+    """The gone states `earlier` carries that a state of `newer` must not drop: its own, if the watch said DELETED
+    and `newer` is another object (a Migration created again under the name), and those it carried already."""
+    if earlier is None:
+        return ()
+    if earlier.gone and earlier.migration.metadata.uid != newer.metadata.uid:
+        return (*earlier.gone_before, earlier.migration)
+    return earlier.gone_before

@@ -24,6 +24,9 @@ activity of a run whose Migration does not exist (worker/gate.py), and a status 
 that passed the gate before finds it gone and rolls the run back before its first step
 (workflows/saga.py, `_orphaned`). Held by another finalizer, it lingers, and the state
 its deletion brings has no finalizer of ferry's: that pass cancels the run.
+
+Whichever way a Migration went, the pass its DELETED event brings takes its finalizer off
+the Secrets it names (watcher/deletion.py, `release_secrets`).
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ class MigrationHandler:
         return written
 
     async def _carry_out(self, migration: Migration, ref: MigrationRef, action: Action, received: float) -> None:
+        if action.release_secrets:  # gone: nothing but its Secrets is left to act on
+            await self._deletion.release_secrets(migration)
+            return
         if migration.status_problem:
             log.warning(
                 "Migration %s: its status does not parse; read without the fields at fault: %s",

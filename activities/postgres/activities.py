@@ -142,11 +142,12 @@ class PostgresActivities:
         Idempotent: it reads only, but for a tiny object it writes under the Migration's
         prefix and deletes at once (see prechecks), and for the Migration's finalizer it puts
         on the Secrets it names, once (see SecretProtection): from here on, they stay until
-        the watcher releases the Migration. Raises PrecheckFailed listing the problems.
+        the watcher releases the Migration or sees it go (a Migration gone already has it
+        taken off again, and fails MigrationUnheld). Raises PrecheckFailed listing the problems.
         """
         if self._protection is not None:
             secrets = named_secrets(input.driver, input.snapshot)
-            self._protection.protect(input.ref.namespace, input.ref.uid, secrets)
+            self._protection.protect(input.ref, secrets)
         with Heartbeats(self._settings.heartbeat_interval):
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
         for number, warning in enumerate(result.warnings):

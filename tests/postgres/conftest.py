@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,8 @@ from ferry.api.saga import (
     VerifyResult,
     snapshot_key,
 )
+from tests import samples
+from tests.conftest import Kubectl
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET
 from tests.postgres.online import OnlineSteps
 
@@ -84,6 +87,15 @@ def activity_env(heartbeats: list[dict[str, Any]]) -> ActivityEnvironment:
 @pytest.fixture
 def ref(namespace: str) -> MigrationRef:
     return MigrationRef(namespace=namespace, name="orders-db-to-16", uid=str(uuid.uuid4()))
+
+
+@pytest.fixture
+def applied_ref(kubectl: Kubectl, migration_crd: str, namespace: str) -> MigrationRef:
+    """A Migration created in the cluster, for the tests of the precheck (they take `ref` from here): after marking the
+    Secrets a Migration names, the precheck reads it, and lets them go again if it does not exist (SecretProtection)."""
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(samples.migration("orders-db-to-16")))
+    uid = kubectl("get", "migration", "orders-db-to-16", "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout
+    return MigrationRef(namespace=namespace, name="orders-db-to-16", uid=uid)
 
 
 @pytest.fixture

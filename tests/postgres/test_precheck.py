@@ -21,11 +21,18 @@ from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverSpec
+from ferry.api.saga import MigrationRef
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret, precheck_problems
 from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings
 
 OTHER = "other-db"
+
+
+@pytest.fixture
+def ref(applied_ref: MigrationRef) -> MigrationRef:
+    """A Migration that exists: the precheck reads it after marking its Secrets."""
+    return applied_ref
 
 
 def _connection(endpoint: PostgresEndpoint, **changes: str) -> dict[str, str]:

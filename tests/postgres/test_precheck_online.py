@@ -12,16 +12,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import pytest
 from kubernetes import client as k8s
 
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.migration import DriverMode
+from ferry.api.saga import MigrationRef
 from tests.end_to_end import Databases
 from tests.postgres.conftest import create_secret, precheck_problems
 from tests.postgres.data import connect, connection_of, create_shop, database_owner, database_settings
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers
 
 OTHER = "other-db"
+
+
+@pytest.fixture
+def ref(applied_ref: MigrationRef) -> MigrationRef:
+    """A Migration that exists: the precheck reads it after marking its Secrets."""
+    return applied_ref
 
 
 def _problems(online: OnlineSteps, **changes: Any) -> list[str]:

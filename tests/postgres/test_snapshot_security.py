@@ -19,6 +19,7 @@ import pytest
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import ServerSideEncryption
+from ferry.api.saga import MigrationRef
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import create_shop
@@ -26,6 +27,12 @@ from tests.postgres.data import create_shop
 SSE = "x-amz-server-side-encryption"
 SSE_KEY = "x-amz-server-side-encryption-aws-kms-key-id"
 KMS_KEY = "arn:aws:kms:us-east-1:111122223333:key/ferry-snapshots"
+
+
+@pytest.fixture
+def ref(applied_ref: MigrationRef) -> MigrationRef:
+    """A Migration that exists: the precheck reads it after marking its Secrets."""
+    return applied_ref
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,12 +37,19 @@ from devstack.stack.readiness import PortBook
 from devstack.stack.stack import START_TIMEOUT
 from ferry.api.errors import NON_RETRYABLE_TYPES, PrecheckFailed, TlsMismatch
 from ferry.api.migration import DriverSpec
+from ferry.api.saga import MigrationRef
 from tests.conftest import make_state_dir, remove_state_dir
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import connection_of, create_shop
 
 SOURCE, TARGET = "tls-source", "tls-target"
+
+
+@pytest.fixture
+def ref(applied_ref: MigrationRef) -> MigrationRef:
+    """A Migration that exists: the precheck reads it after marking its Secrets."""
+    return applied_ref
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,8 +114,27 @@ def test_a_deleted_migration_without_the_finalizer_has_its_run_cancelled_until_i
     assert decide(migration(deleted=True, finalizers=held, annotations={"ferry.dev/retry": "bob"})).controls == ()
 
 
-def test_a_migration_the_watch_saw_go_needs_nothing() -> None:
-    assert decide(migration(finalizers=()), gone=True).nothing
+def test_a_migration_the_watch_saw_go_lets_its_secrets_go_however_it_went() -> None:
+    """ferry's own release, its finalizer removed by hand, or a deletion it never held: the last state is the same
+    (deleted, without ferry's finalizer), and its Secrets may still carry its mark."""
+    for state in (
+        migration(finalizers=(), deleted=True, phase="RolledBack"),
+        migration(finalizers=(), deleted=True, **RUNNING),
+        migration(finalizers=("example.com/other",), deleted=True),
+        migration(finalizers=(), annotations={"ferry.dev/retry": "bob"}),
+    ):
+        action = decide(state, gone=True)
+        assert action == Action(release_secrets=True)
+        assert action.summary == "release-secrets"
+        assert not action.urgent
+
+
+def test_a_migration_whose_spec_does_not_parse_needs_nothing_once_gone() -> None:
+    """It never ran, so it never marked a Secret (and its spec names none the watcher could read)."""
+    spec = samples.migration()["spec"]
+    del spec["target"]["image"]
+
+    assert decide(migration(spec=spec, finalizers=(), deleted=True), gone=True).nothing
 
 
 def test_an_invalid_spec_fails_the_migration_once() -> None:

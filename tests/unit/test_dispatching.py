@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ferry.api.migration import Migration
 from tests import samples
+from watcher import dispatching
 from watcher.dispatching import Dispatcher
 
 
-def state(version: str, name: str = "m") -> Migration:
+def state(version: str, name: str = "m", uid: str = "u") -> Migration:
     raw = samples.migration(name)
-    raw["metadata"] = {"name": name, "namespace": "shop", "uid": "u", "resourceVersion": version}
+    raw["metadata"] = {"name": name, "namespace": "shop", "uid": uid, "resourceVersion": version}
     return Migration.parse(raw)
 
 
@@ -76,3 +79,55 @@ async def test_a_superseded_state_that_arrives_after_the_pass_is_not_handled_eit
     await dispatcher.idle()
 
     assert handler.handled == ["1", "3", "2"]
+
+
+async def test_a_migration_created_again_under_its_name_does_not_drop_the_pass_over_the_one_that_went() -> None:
+    """That pass lets the gone one's Secrets go (watcher/decisions.py): `kubectl delete` then `kubectl apply` of the
+    same file brings the DELETED event and the new object's one in a burst."""
+    passes: list[tuple[str, str, bool]] = []
+    release = asyncio.Event()
+
+    async def handle(migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        passes.append((migration.metadata.uid, migration.metadata.resource_version, gone))
+        await release.wait()
+        return []
+
+    dispatcher = Dispatcher(handle, concurrency=4)
+    dispatcher.submit(state("1", uid="old"))
+    await asyncio.sleep(0)
+    dispatcher.submit(state("2", uid="old"), gone=True)
+    dispatcher.submit(state("3", uid="new"))
+    dispatcher.submit(state("4", uid="new"))
+    release.set()
+    await dispatcher.idle()
+
+    assert passes == [("old", "1", False), ("old", "2", True), ("new", "4", False)]
+
+
+async def test_a_failed_pass_over_a_migration_that_went_is_retried_though_one_created_again_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dispatching, "RETRY_DELAYS", (0.05,))
+    passes: list[tuple[str, bool]] = []
+    failed = asyncio.Event()
+
+    async def handle(migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        passes.append((migration.metadata.uid, gone))
+        if gone and not failed.is_set():
+            failed.set()
+            raise RuntimeError("the API server did not answer")
+        if not gone:
+            await asyncio.sleep(0.3)  # the retry comes while the new object's next state waits
+        return []
+
+    dispatcher = Dispatcher(handle, concurrency=4)
+    dispatcher.submit(state("2", uid="old"), gone=True)
+    await failed.wait()
+    await asyncio.sleep(0)
+    dispatcher.submit(state("3", uid="new"))
+    await asyncio.sleep(0.01)
+    dispatcher.submit(state("4", uid="new"))
+    await asyncio.sleep(0.1)
+    await dispatcher.idle()
+
+    assert passes == [("old", True), ("new", False), ("old", True), ("new", False)]

@@ -4,6 +4,7 @@ the samples, a GitOps prune), they are still there for the undo and the retentio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -11,10 +12,12 @@ import psycopg
 import pytest
 from kubernetes import client as k8s
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
-from activities.secrets import SecretProtection
+from activities.secrets import MIGRATION_UNHELD, SecretProtection
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import Migration, secret_finalizer
+from ferry.api.saga import MigrationRef, workflow_id
 from tests.conftest import Kubectl
 from tests.end_to_end import (
     S3_SECRET,
@@ -24,7 +27,9 @@ from tests.end_to_end import (
     apply_migration,
     eventually,
     migration_manifest,
+    running_worker,
     watcher_settings,
+    worker_settings,
 )
 from tests.postgres.data import application_role
 from watcher.deletion import DeletionHandler
@@ -36,6 +41,7 @@ from worker.settings import WorkerSettings
 pytestmark = pytest.mark.usefixtures("migration_crd", "source_workload", "migration_secrets")
 
 SECRETS = (SOURCE_SECRET, TARGET_SECRET, S3_SECRET)
+UNMARKED: dict[str, list[str]] = {name: [] for name in SECRETS}
 
 
 @pytest.fixture
@@ -155,31 +161,114 @@ async def test_a_retention_cleanup_that_fails_leaves_a_warning_naming_the_snapsh
     assert location in warnings[0]
 
 
-async def test_a_released_migration_takes_only_its_own_finalizer_off_a_secret_another_migration_names(
-    stack: StackInfo, bucket: str, namespace: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str,
-) -> None:  # fmt: skip
-    def named(name: str, uid: str) -> Migration:
-        metadata = {"name": name, "namespace": namespace, "uid": uid}
-        return Migration.parse({**migration_manifest(stack, bucket, name=name), "metadata": metadata})
+def _applied(kubectl: Kubectl, stack: StackInfo, bucket: str, namespace: str, name: str) -> Migration:
+    """A Migration created in the cluster (no watcher runs: nothing holds it), as the watcher would parse it."""
+    manifest = migration_manifest(stack, bucket, name=name)
+    ref = apply_migration(kubectl, namespace, manifest)
+    return Migration.parse({**manifest, "metadata": {"name": name, "namespace": namespace, "uid": ref.uid}})
 
-    first = named("first", "00000000-0000-0000-0000-000000000001")
-    second = named("second", "00000000-0000-0000-0000-000000000002")
+
+async def test_a_released_migration_takes_only_its_own_finalizer_off_a_secret_another_migration_names(
+    kubectl: Kubectl, stack: StackInfo, bucket: str, namespace: str, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    first = _applied(kubectl, stack, bucket, namespace, "first")
+    second = _applied(kubectl, stack, bucket, namespace, "second")
     protection = SecretProtection(kube_api)
     for migration in (first, second):  # what each one's precheck does
         assert migration.spec is not None
-        protection.protect(namespace, migration.metadata.uid, migration.spec.secrets())
-        protection.protect(namespace, migration.metadata.uid, migration.spec.secrets())  # a second attempt: once
-    both = [secret_finalizer(first.metadata.uid), secret_finalizer(second.metadata.uid)]
+        ref = MigrationRef(namespace=namespace, name=migration.metadata.name, uid=migration.metadata.uid)
+        protection.protect(ref, migration.spec.secrets())
+        protection.protect(ref, migration.spec.secrets())  # a second attempt: once
+    both = sorted([secret_finalizer(first.metadata.uid), secret_finalizer(second.metadata.uid)])
     assert _secrets_left(kube_api, namespace) == dict.fromkeys(SECRETS, both)
 
     settings = watcher_settings(stack, task_queue, namespace)
     handler = DeletionHandler(temporal_client, MigrationWriter(Kube(kube_api, "test")), settings, lambda ref: None)
     await handler.release_secrets(first)
     await handler.release_secrets(first)  # a watcher that stopped before releasing the Migration does it again
-    assert _secrets_left(kube_api, namespace) == dict.fromkeys(SECRETS, both[1:])
+    assert _secrets_left(kube_api, namespace) == {name: [secret_finalizer(second.metadata.uid)] for name in SECRETS}
 
     k8s.CoreV1Api(kube_api).delete_namespaced_secret(S3_SECRET, namespace)
     assert S3_SECRET in _secrets_left(kube_api, namespace), "held by the second Migration"
     await handler.release_secrets(second)
     assert _secrets_left(kube_api, namespace) == {SOURCE_SECRET: [], TARGET_SECRET: []}
     await handler.release_secrets(second)  # a Secret already gone is no error
+
+
+async def test_a_migration_whose_finalizer_is_removed_by_hand_lets_its_secrets_go(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, kube_api: k8s.ApiClient,
+    temporal_client: Client, task_queue: str, running_watcher: WatcherSettings,
+) -> None:  # fmt: skip
+    """The README's way out of a deletion that waits for a rollback nobody runs (here, no worker is left): removing
+    ferry's finalizer by hand. The Migration then goes without the watcher's release; the pass its DELETED event brings
+    takes its finalizer off the Secrets, and a Secret deleted meanwhile goes too."""
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, soakSeconds=3600))
+    mark = secret_finalizer(ref.uid)
+    try:
+
+        async def marked() -> bool:
+            return await asyncio.to_thread(_secrets_left, kube_api, namespace) == {name: [mark] for name in SECRETS}
+
+        async with running_worker(worker_settings(stack, task_queue)):
+            await eventually("the precheck to mark the Secrets", marked, within=120)
+        kubectl("delete", "secret", S3_SECRET, "-n", namespace, "--wait=false")
+        kubectl("delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+        async def waiting() -> bool:
+            found = await asyncio.to_thread(_migration, kubectl, namespace, ref.name)
+            return bool(((found or {}).get("status") or {}).get("deletion"))
+
+        await eventually("the deletion to wait for the rollback", waiting, within=60)
+        assert S3_SECRET in _secrets_left(kube_api, namespace), "held while the Migration is"
+        kubectl(
+            "patch", "migration", ref.name, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}'
+        )
+
+        async def let_go() -> bool:
+            return await asyncio.to_thread(
+                _migration, kubectl, namespace, ref.name
+            ) is None and await asyncio.to_thread(_secrets_left, kube_api, namespace) == {
+                SOURCE_SECRET: [],
+                TARGET_SECRET: [],
+            }
+
+        seen = lambda: str(_secrets_left(kube_api, namespace))  # noqa: E731
+        await eventually("the Migration to go and its Secrets to be let go", let_go, within=60, seen=seen)
+    finally:
+        with contextlib.suppress(Exception):
+            await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test over")
+
+
+async def test_a_precheck_that_marks_the_secrets_of_a_migration_nothing_holds_any_more_takes_the_mark_off_again(
+    kubectl: Kubectl, stack: StackInfo, bucket: str, namespace: str, kube_api: k8s.ApiClient,
+) -> None:  # fmt: skip
+    """A late attempt of the precheck (its worker stood still past the heartbeat timeout) may mark the Secrets after
+    the watcher let the Migration go: no release would come after it. It reads the Migration after marking, and takes
+    its mark off again when the Migration is gone, is another object, or is being deleted without ferry's finalizer."""
+    protection = SecretProtection(kube_api)
+    first = _applied(kubectl, stack, bucket, namespace, "orders-db-to-16")
+    assert first.spec is not None
+    secrets = first.spec.secrets()
+    gone = MigrationRef(namespace=namespace, name=first.metadata.name, uid=first.metadata.uid)
+    kubectl("delete", "migration", gone.name, "-n", namespace)  # nothing holds it: gone at once
+
+    with pytest.raises(ApplicationError) as refused:
+        protection.protect(gone, secrets)
+    assert (refused.value.type, refused.value.non_retryable) == (MIGRATION_UNHELD, True)
+    assert f"Migration {namespace}/{gone.name} no longer exists" in refused.value.message
+    assert _secrets_left(kube_api, namespace) == UNMARKED
+
+    manifest = migration_manifest(stack, bucket)
+    manifest["metadata"]["finalizers"] = ["example.com/hold"]  # another controller's
+    again = apply_migration(kubectl, namespace, manifest)  # created again under the name: another uid
+    with pytest.raises(ApplicationError, match="is another object now"):
+        protection.protect(gone, secrets)
+    assert _secrets_left(kube_api, namespace) == UNMARKED
+
+    kubectl("delete", "migration", again.name, "-n", namespace, "--wait=false")  # lingers, held by the other one
+    with pytest.raises(
+        ApplicationError, match=r"is being deleted, and ferry's finalizer ferry\.dev/migration does not"
+    ):
+        protection.protect(again, secrets)
+    assert _secrets_left(kube_api, namespace) == UNMARKED
