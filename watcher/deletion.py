@@ -79,7 +79,13 @@ _ENDED_WELL = (
     WorkflowExecutionStatus.CANCELED,
     WorkflowExecutionStatus.CONTINUED_AS_NEW,
 )
-"""How a run ends with nothing of it left to undo: done, rolled back, or (cancelled) rolled back."""
+"""How a run ends when it went as asked: done, or cancelled (which rolls back). A run that rolls back completely after
+a step failed (its precheck's included) ends FAILED all the same (MigrationRolledBack): its status says RolledBack."""
+
+_ALL_UNDONE = frozenset({Phase.ROLLED_BACK, Phase.PLANNED})
+"""Phases the saga writes only when nothing it did is left: RolledBack once every undo has succeeded
+(workflows/saga.py, `_roll_back`; a rollback that stopped or left something writes Failed, RollbackIncomplete), and
+Planned, the end of a dry run, which changes nothing."""
 
 Resubmit = Callable[[MigrationRef], None]
 
@@ -135,7 +141,7 @@ class DeletionHandler:
                 await self._wait_for(migration, cleanup_handle, deadline, why)
                 return
             await self._check_cleanup(migration, cleanup)
-        elif described.status not in _ENDED_WELL:
+        elif described.status not in _ENDED_WELL and migration.status.phase not in _ALL_UNDONE:
             message = (
                 f"its workflow {handle.id} ended {_state(described)}, so what it did may not all be undone: "
                 f"{migration.status.message or 'its status says no more'}. Check the source, the target and the "

@@ -15,8 +15,11 @@ import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.events import record_event
 from devstack.stack.stack import StackInfo
@@ -460,3 +463,116 @@ async def test_a_migration_deleted_once_its_status_says_succeeded_is_not_rolled_
     finally:
         with contextlib.suppress(Exception):
             await run.terminate("test over")
+
+
+async def _reasons(kubectl: Kubectl, namespace: str, name: str) -> dict[str, list[str]]:
+    """The Migration's Events: their messages by reason."""
+    listed = await asyncio.to_thread(
+        kubectl, "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    )
+    reasons: dict[str, list[str]] = {}
+    for event in json.loads(listed.stdout)["items"]:
+        reasons.setdefault(event["reason"], []).append(event["message"])
+    return reasons
+
+
+def _a_row_the_restore_refuses(databases: Databases) -> None:
+    """A customer whose domain was blocked after the row was written, by a CHECK that reads another table: the source
+    keeps the row (a CHECK is checked only on writes), and the restore, which loads blocked_domains first (name
+    order), refuses it. The snapshot step fails for good."""
+    with psycopg.connect(databases.source.dsn) as conn:
+        conn.execute("create table public.blocked_domains (domain text primary key)")
+        conn.execute(
+            "create function public.email_allowed(email text) returns boolean language sql as $$ "
+            "select not exists (select from public.blocked_domains where domain = split_part(email, '@', 2)) $$"
+        )
+        conn.execute(
+            "create table public.customers (id int primary key, email text not null, "
+            "constraint customers_email_allowed check (public.email_allowed(email)))"
+        )
+        conn.execute("insert into public.customers values (1, 'ann@blocked.example')")
+        conn.execute("insert into public.blocked_domains values ('blocked.example')")
+
+
+async def test_deleting_a_migration_that_rolled_back_after_a_step_failed_warns_of_nothing_left(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, databases: Databases, temporal_client: Client,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """Its run ends FAILED by design (MigrationRolledBack), every undo done and its status RolledBack: the deletion
+    has nothing to warn of. A Warning beside that status would send a person looking for what is not there."""
+    _a_row_the_restore_refuses(databases)
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+
+    async def rolled_back() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "RolledBack"
+
+    await eventually("the rollback after the snapshot failed", rolled_back, within=240)
+    assert await _closed(temporal_client, ref) is WorkflowExecutionStatus.FAILED
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+    async def gone() -> bool:
+        return await _migration(kubectl, namespace, ref.name) is None
+
+    await eventually("the Migration to be gone", gone, within=60)
+    reasons = await _reasons(kubectl, namespace, ref.name)
+    assert "StepCompensated" in reasons, "the freeze and the snapshot were undone"
+    assert "UndoIncomplete" not in reasons, reasons["UndoIncomplete"]
+    assert _read_only_default(databases) is None
+
+
+@workflow.defn(name="EndsFailed", sandboxed=False)
+class _EndsFailed:
+    """Stands in for a saga run that has ended FAILED with the error `type`, as workflows/migration.py raises it."""
+
+    @workflow.run
+    async def run(self, type: str) -> None:
+        raise ApplicationError(f"the run ended with {type}", type=type, non_retryable=True)
+
+
+@pytest.mark.parametrize(
+    ("phase", "message", "ended_with", "warned"),
+    [
+        (
+            "Failed",
+            "rollback stopped after step snapshot failed: the undo of freeze kept failing (connection refused)",
+            "RollbackIncomplete",
+            True,
+        ),
+        ("RolledBack", "rolled back: step snapshot failed (psql exited with code 3)", "MigrationRolledBack", False),
+    ],
+)
+async def test_a_deleted_migration_whose_run_failed_is_warned_of_only_when_its_status_says_something_is_left(
+    phase: str, message: str, ended_with: str, warned: bool, kubectl: Kubectl, namespace: str, stack: StackInfo,
+    bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str,
+) -> None:  # fmt: skip
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, ref.name, {"status": {"phase": phase, "message": message}},
+        field_manager="ferry-saga",
+    )  # fmt: skip
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[_EndsFailed], workflow_runner=UnsandboxedWorkflowRunner()
+    ):
+        run = await temporal_client.start_workflow("EndsFailed", ended_with, id=workflow_id(ref), task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError):
+            await run.result()
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+    kube = Kube(kube_api, "test")
+    deleted = await kube.read_migration(ref)
+    assert deleted is not None
+
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
+
+    assert await kube.read_migration(ref) is None, "released"
+    warnings = (await _reasons(kubectl, namespace, ref.name)).get("UndoIncomplete", [])
+    if warned:
+        [warning] = warnings
+        assert "ended FAILED, so what it did may not all be undone" in warning
+        assert message in warning
+    else:
+        assert warnings == []
