@@ -28,6 +28,7 @@ from activities.secrets import STRATEGIC_MERGE_PATCH, SecretProtection
 from devstack.stack.stack import StackInfo
 from ferry import rbac
 from ferry.api.migration import Migration, secret_finalizer
+from ferry.api.saga import MigrationRef
 from ferry.clients import kubernetes_client
 from tests import samples
 from tests.conftest import Kubectl
@@ -254,20 +255,23 @@ def test_other_users_change_secrets_as_their_rbac_allows(kubectl: Kubectl, names
 
 async def test_the_precheck_marks_and_the_watcher_releases_secrets_under_the_policy_by_their_own_code(
     kubectl: Kubectl, namespace: str, secret: str, service_account_kubeconfig: ServiceAccountKubeconfig,
-    stack: StackInfo, temporal_client: Client, task_queue: str,
+    stack: StackInfo, temporal_client: Client, task_queue: str, migration_crd: str,
 ) -> None:  # fmt: skip
     """SecretProtection.protect (the precheck) and DeletionHandler.release_secrets, with the tokens of deploy's
     ServiceAccounts: the patches ferry sends are what the policy admits. Of the Secrets the Migration names, only the
     source exists here (the others are skipped, as a Secret gone is)."""
-    manifest = samples.migration()
-    manifest["metadata"].update(namespace=namespace, uid=UID)
-    migration = Migration.parse(manifest)
+    # The precheck reads the Migration after marking its Secrets (and lets them go if it is gone): it exists here.
+    kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(samples.migration()))
+    applied = json.loads(kubectl("get", "migration", samples.migration()["metadata"]["name"], "-n", namespace,
+                                 "-o", "json").stdout)  # fmt: skip
+    migration = Migration.parse(applied)
     assert migration.spec is not None
+    ref = MigrationRef(namespace=namespace, name=migration.metadata.name, uid=migration.metadata.uid)
     before = _secret(kubectl, namespace)
 
     with contextlib.closing(kubernetes_client(service_account_kubeconfig(rbac.SERVICE_ACCOUNT))) as api:
         for _ in range(2):  # a second attempt of the precheck changes nothing
-            SecretProtection(api).protect(namespace, UID, migration.spec.secrets())
+            SecretProtection(api).protect(ref, migration.spec.secrets())
     marked = _secret(kubectl, namespace)
     with contextlib.closing(kubernetes_client(service_account_kubeconfig(rbac.WATCHER_SERVICE_ACCOUNT))) as api:
         writer = MigrationWriter(Kube(api, "test"))
@@ -278,7 +282,7 @@ async def test_the_precheck_marks_and_the_watcher_releases_secrets_under_the_pol
             await handler.release_secrets(migration)
     released = _secret(kubectl, namespace)
 
-    assert marked["metadata"]["finalizers"] == [secret_finalizer(UID), OTHER]
+    assert marked["metadata"]["finalizers"] == [secret_finalizer(ref.uid), OTHER]
     # release_secrets turns a refusal into a Warning Event and goes on: the finalizer left would say so.
     assert released["metadata"]["finalizers"] == [OTHER]
     assert _kept(marked) == _kept(released) == _kept(before)
