@@ -12,7 +12,7 @@ from ferry.api.errors import InvalidSpec
 from ferry.api.migration import Phase
 from ferry.api.saga import ControlOutcome, ControlRequest, Signal
 from tests.workflows.conftest import migration_input
-from tests.workflows.fakes import PROVISION, SNAPSHOT, SWITCH_TRAFFIC, VERIFY, FakeSaga
+from tests.workflows.fakes import PROVISION, SNAPSHOT, SWITCH_TRAFFIC, UNDO, VERIFY, FakeSaga
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
@@ -128,8 +128,9 @@ async def test_a_change_of_spec_paused_that_cannot_apply_is_still_seen_so_observ
     run_saga: Run,
 ) -> None:
     """`kubectl wait --for=condition=...` reads a condition of an older generation as not met: a spec.paused that
-    asks for what already holds (or comes while rolling back) must still be seen, or every wait hangs."""
-    saga = await run_saga(FakeSaga(hold={SNAPSHOT}))
+    asks for what already holds (or comes while rolling back) must still be seen, or every wait hangs. The undo of
+    snapshot is held, so the rollback is still under way when the second change comes."""
+    saga = await run_saga(FakeSaga(hold={SNAPSHOT, UNDO[SNAPSHOT]}))
     await saga.wait_for("snapshot to start", lambda: saga.fakes.started(SNAPSHOT))
     await update(saga, Signal.PAUSE, by="carol")  # by annotation
 
@@ -143,7 +144,8 @@ async def test_a_change_of_spec_paused_that_cannot_apply_is_still_seen_so_observ
     )
     assert (await saga.progress()).observed_generation == 2
     await update(saga, Signal.ROLLBACK)
-    await saga.wait_for("the rollback", phase=Phase.ROLLING_BACK.value)
+    await saga.wait_for("the rollback to reach the undo of snapshot", lambda: saga.fakes.started(UNDO[SNAPSHOT]))
+    assert (await saga.progress()).phase is Phase.ROLLING_BACK
     resume = spec_paused.model_copy(update={"generation": 3, "request_id": "spec.paused=false@3"})
     outcome = await saga.handle.execute_update(Signal.RESUME.value, resume, result_type=ControlOutcome)
     assert outcome.message.endswith("; nothing to do for this spec")
