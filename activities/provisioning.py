@@ -99,7 +99,9 @@ class Provisioning(ClusterApi):
     def undo_provision(self, input: UndoProvisionInput) -> None:
         """Deletes the target StatefulSet, its headless Service and its claims if they carry this Migration's uid.
 
-        Waits until the Pods and claims with this uid are gone. Safe whatever provision
+        First scales its own target to 0 and waits until the StatefulSet controller has seen
+        that, so that it makes no claim after the deletion (see `_stop_making_claims`). Waits
+        until the Pods and claims with this uid are gone. Safe whatever provision
         did: absent objects are skipped, and anything under the target's names that is
         not this Migration's (another Migration's, an older ferry's, someone else's) is
         left alone with a warning naming it. A target that some Service still sends
@@ -114,6 +116,7 @@ class Provisioning(ClusterApi):
         own_target = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
         if own_target is not None and belongs_to(own_target, ref):
             self._refuse_while_serving(ref, target)
+            self._stop_making_claims(ref, own_target)
 
         read_claim = self._core.read_namespaced_persistent_volume_claim
         deletions: list[tuple[str, Callable[..., Any], Callable[..., Any], str]] = [
@@ -158,6 +161,54 @@ class Provisioning(ClusterApi):
 
         self._wait(pods_and_claims_gone)
         activity.logger.info("nothing of Migration %s (uid %s) is left under %s", ref, ref.uid, target)
+
+    def _stop_making_claims(self, ref: MigrationRef, stateful_set: dict[str, Any]) -> None:
+        """Scales the target to 0 and waits until the StatefulSet controller has seen it (observedGeneration), before
+        anything is deleted.
+
+        The controller creates a Pod's claim as it creates the Pod, acting on its cached copy of
+        the StatefulSet, and a claim it creates has no owner: deleted from under a sync still
+        under way (a provision cancelled right after its apply, a controller slow under load),
+        the StatefulSet leaves a claim and its volume that nobody would ever delete, under the
+        target's names. Once the controller has written that it saw replicas 0, every later sync
+        of it reads a copy at least that new, which creates nothing; the syncs of one StatefulSet
+        never overlap, so the one that made any claim has ended, and the listing below finds it.
+        A StatefulSet that changed meanwhile (another object: its uid) is left to the checks
+        below; one already gone has nothing more to make.
+        """
+        metadata = stateful_set["metadata"]
+        scale = [
+            {"op": "test", "path": "/metadata/uid", "value": metadata["uid"]},
+            {"op": "replace", "path": "/spec/replicas", "value": 0},
+        ]
+        try:
+            scaled = self._apps.patch_namespaced_stateful_set(
+                metadata["name"], ref.namespace, scale, _content_type=kube_calls.JSON_PATCH
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return
+            if error.status == 422:  # a failed test: another object under the name, unless the patch was refused
+                read = self._apps.read_namespaced_stateful_set
+                now = kube_calls.read_json_or_none(read, metadata["name"], ref.namespace)
+                if now is None or now["metadata"]["uid"] != metadata["uid"]:
+                    return
+            raise
+        generation = scaled.metadata.generation or 0
+
+        def seen() -> Progress:
+            current = kube_calls.read_or_none(self._apps.read_namespaced_stateful_set, metadata["name"], ref.namespace)
+            observed = (current.status.observed_generation or 0) if current is not None and current.status else 0
+            return Progress(
+                done=current is None or current.metadata.uid != metadata["uid"] or observed >= generation,
+                waiting_for=(
+                    f"the StatefulSet controller to see StatefulSet {ref.namespace}/{metadata['name']} scaled to 0 "
+                    "(so that it makes no claim after the deletion)"
+                ),
+                counts={"generation": generation, "observed_generation": observed},
+            )
+
+        self._wait(seen)
 
     # --- provision's checks ------------------------------------------------------------------
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +17,33 @@ from kubernetes import client as k8s
 
 from devstack.demo.sample import SOURCE, source_objects
 from devstack.stack.admission import wait_migrations_admitted
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER
 
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
+
+
+def controller_manager(stack: StackInfo) -> int:
+    """The process ID of the stack's kube-controller-manager (its kubeconfig is in the stack's state folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[0].endswith(b"kube-controller-manager") and str(stack.state_dir).encode() in b" ".join(argv):
+                return int(entry.name)
+    raise AssertionError(f"no kube-controller-manager of the stack in {stack.state_dir} runs")
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Stops a process (SIGSTOP) for the block, and lets it go on (SIGCONT) whatever happens. Keep it short: the
+    stack's components run with leader election off, but every test after this one needs them."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 
 import pytest
@@ -12,11 +13,12 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import kube_calls, kube_objects
 from activities.cluster import ClusterActivities
+from devstack.stack.stack import StackInfo
 from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, SwitchTrafficInput, UndoProvisionInput
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import TARGET, TARGET_PODS
-from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, ready_replicas
+from tests.cluster import SOURCE, SOURCE_PODS, controller_manager, endpoint_pods, eventually, ready_replicas, stopped
 
 
 def _nothing_of_the_target_left(kube_api: k8s.ApiClient, namespace: str) -> None:
@@ -67,6 +69,56 @@ def test_undo_provision_after_provision_was_cancelled_while_waiting_removes_what
 
     ActivityEnvironment().run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
 
+    _nothing_of_the_target_left(kube_api, ref.namespace)
+    _source_untouched(kube_api, ref.namespace)
+
+
+def test_undo_provision_deletes_nothing_before_the_statefulset_controller_has_stopped_making_claims(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+    stack: StackInfo,
+) -> None:
+    """The controller makes a Pod's claim from its cached copy of the StatefulSet, and a claim has no owner: one made
+    after the undo's last look (the controller behind, here stopped by SIGSTOP) would stay, with its volume, under the
+    target's names for good. The undo waits until the controller has seen the target scaled to 0, and only then
+    deletes; with the controller stopped, it waits."""
+    activity_env.cancel()
+    with pytest.raises(CancelledError):
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+    looks: list[dict[str, object]] = []
+    undo = ActivityEnvironment()
+    undo.on_heartbeat = lambda *details: looks.append(details[0] if details else {})
+    ended: list[BaseException | None] = []
+
+    def undoing() -> None:
+        try:
+            undo.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+            ended.append(None)
+        except BaseException as error:  # noqa: BLE001 - what the undo met
+            ended.append(error)
+
+    apps = k8s.AppsV1Api(kube_api)
+    with stopped(controller_manager(stack)):
+        running = threading.Thread(target=undoing)
+        running.start()
+        eventually(
+            "the undo to wait for the controller, or to delete the StatefulSet",
+            lambda: (
+                sum("StatefulSet controller" in str(look.get("waiting_for")) for look in looks) >= 3
+                or absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace)
+            ),
+        )
+        assert not absent(apps.read_namespaced_stateful_set, TARGET, ref.namespace), (
+            "the undo deleted the StatefulSet while its controller could still make a claim from its cached copy"
+        )
+        assert not ended
+    running.join(60)
+
+    assert ended == [None]
     _nothing_of_the_target_left(kube_api, ref.namespace)
     _source_untouched(kube_api, ref.namespace)
 
