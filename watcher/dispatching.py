@@ -41,9 +41,9 @@ class Pending:
     received: float
     """When the watcher first got a state of this Migration that is still waiting (time.monotonic())."""
     failures: int = 0
-    gone_before: tuple[Migration, ...] = ()
-    """Last states of earlier objects of this name (other uids) that the watch said DELETED before this state
-    superseded them: each gets its pass first."""
+    gone_before: tuple[Pending, ...] = ()
+    """Passes over the last states of earlier objects of this name (other uids) that the watch said DELETED before
+    this state came, each with its failures so far: each runs first."""
 
 
 class Dispatcher:
@@ -81,7 +81,7 @@ class Dispatcher:
                 pending = self._pending.pop(key)
                 async with self._limit:
                     for gone in pending.gone_before:
-                        await self._pass(key, Pending(gone, gone=True, run_closed=False, received=pending.received))
+                        await self._pass(key, gone)
                     await self._pass(key, pending)
         finally:
             del self._running[key]
@@ -122,7 +122,8 @@ class Dispatcher:
             self.submit(failed.migration, gone=failed.gone, run_closed=failed.run_closed, failures=failed.failures + 1)
         elif failed.gone and failed.migration.metadata.uid != waiting.migration.metadata.uid:
             # A Migration created again under the name does not supersede the gone one: its Secrets are still to go.
-            self._pending[key] = dataclasses.replace(waiting, gone_before=(failed.migration, *waiting.gone_before))
+            again = dataclasses.replace(failed, failures=failed.failures + 1, gone_before=())
+            self._pending[key] = dataclasses.replace(waiting, gone_before=(again, *waiting.gone_before))
         # else a newer state of the same object supersedes the failed one
 
     async def idle(self) -> None:
@@ -139,11 +140,11 @@ class Dispatcher:
                 await task
 
 
-def _gone_before(earlier: Pending | None, newer: Migration) -> tuple[Migration, ...]:
+def _gone_before(earlier: Pending | None, newer: Migration) -> tuple[Pending, ...]:
     """The gone states `earlier` carries that a state of `newer` must not drop: its own, if the watch said DELETED
     and `newer` is another object (a Migration created again under the name), and those it carried already."""
     if earlier is None:
         return ()
     if earlier.gone and earlier.migration.metadata.uid != newer.metadata.uid:
-        return (*earlier.gone_before, earlier.migration)
+        return (*earlier.gone_before, dataclasses.replace(earlier, gone_before=()))
     return earlier.gone_before

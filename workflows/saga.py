@@ -895,7 +895,7 @@ class Saga:
         )
         if old == self.traffic_since_emptied:
             return old
-        return not workflow.patched(TRAFFIC_SINCE_EMPTIED)
+        return self.traffic_since_emptied if workflow.patched(TRAFFIC_SINCE_EMPTIED) else old
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None

@@ -88,29 +88,31 @@ class Stall:
     or cannot start streaming from its slot, fails before the statistics count anything, and tries again every few
     seconds forever; a healthy replication that has nothing to apply still streams, so it is never in trouble.
 
-    An episode of trouble begins at a troubled look and goes on while each troubled look comes at most `grace`
-    seconds after the previous one. The position moving (something was applied) ends it, and so do `grace` seconds
-    without a troubled look, whether the looks found nothing wrong or there were none (the watch does not look while
-    the source is unreachable: nothing says the target stayed wrong meanwhile). Broken: a look that finds trouble in
-    an episode that began more than `limit` seconds ago. Measured from the position's last move instead, a healthy
-    migration would roll back: on an idle source (no writes, so the slot's confirmed position stands still for hours,
-    e.g. over a weekend's approval wait) one look catching the target's Pod restarting, the apply worker
-    reconnecting, or one error the worker recovered from, would find "nothing moved" long past the limit.
+    An episode of trouble begins at a troubled look. It ends when the position moves (something was applied), or
+    at a look that finds nothing wrong, or cannot tell (`unknown`: the watch cannot reach the source), more than
+    `grace` seconds after the last troubled look; time without any look ends nothing (looks may be far apart: a
+    long --replication-poll-interval, a connection slow to fail). Broken: a look that finds trouble in an episode
+    that began more than `limit` seconds ago. Measured from the position's last move instead, a healthy migration
+    would roll back: on an idle source (no writes, so the slot's confirmed position stands still for hours, e.g.
+    over a weekend's approval wait) one look catching the target's Pod restarting, the apply worker reconnecting,
+    or one error the worker recovered from, would find "nothing moved" long past the limit.
 
-    The grace is max(limit / 2, 15 s). It must bridge the healthy-looking gaps of a crash loop: PostgreSQL starts a
-    failed apply worker again after wal_retrieve_retry_interval (5 s by default), and looks between two failures may
-    find it running with no new error; with a look every --replication-poll-interval (1 s by default), 15 s is three
-    retry intervals, room for a worker slow to connect and fail again. Half the limit bridges slower loops when the
-    limit is longer (a raised retry interval, a table's copy that fails after a while), and makes a broken verdict
-    need trouble seen in every half of the limit; two blips further apart than that stay two episodes. The price:
-    failures recurring less often than the grace (a table whose copy fails every few minutes) are episodes of their
-    own and never broken; the step's timeout (spec.timeouts) still bounds that wait.
+    The grace is max(limit / 2, 15 s, twice the interval between looks). It must bridge the healthy-looking gaps of
+    a crash loop: PostgreSQL starts a failed apply worker again after wal_retrieve_retry_interval (5 s by default),
+    and looks between two failures may find it running with no new error; with a look every
+    --replication-poll-interval (1 s by default), 15 s is three retry intervals, room for a worker slow to connect
+    and fail again, and a look every more than 7.5 s sees a new error at nearly every look. Half the limit bridges
+    slower loops when the limit is longer (a raised retry interval, a table's copy that fails after a while), and
+    makes a broken verdict need trouble seen in every half of the limit; two blips further apart than that stay two
+    episodes. The price: failures recurring less often than the grace (a table whose copy fails every few minutes)
+    are episodes of their own and never broken; the step's timeout (spec.timeouts) still bounds that wait.
     """
 
-    def __init__(self, limit: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limit: float, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        """`interval`: the seconds between two looks (--replication-poll-interval)."""
         self._limit = limit
-        self.grace = max(limit / 2, GRACE_FLOOR)
-        """Seconds without a troubled look that end an episode of trouble."""
+        self.grace = max(limit / 2, GRACE_FLOOR, 2 * interval)
+        """Seconds after the last troubled look from which a look that finds nothing wrong ends the episode."""
         self._clock = clock
         self._position: object = None
         self._errors: int | None = None
@@ -137,14 +139,21 @@ class Stall:
             self._position, self._began, self.failing = position, None, False
             return None
         if not rose and streaming:
+            self.unknown()
             return None
-        if self._began is None or now - self._last > self.grace:
+        if self._began is None:
             self._began, self.failing = now, False
             self.episodes += 1
         self._last = now
         self.failing = self.failing or rose
         wrong = now - self._began
         return wrong if wrong > self._limit else None
+
+    def unknown(self) -> None:
+        """A look that found nothing wrong, or could not tell: it ends the episode once `grace` has passed since the
+        last troubled look."""
+        if self._began is not None and self._clock() - self._last > self.grace:
+            self._began, self.failing = None, False
 
 
 def _broken(db: DatabaseConnection, stalled: float, errors: int, failing: bool, doing: str) -> ReplicationBroken:
@@ -188,7 +197,9 @@ class ReplicationActivities:
         replication and starts again; one that finds none starts from an empty target
         (see restoring.prepare_target: an earlier attempt's schema is removed first).
         An attempt scheduled before the activity that ended the replication for good (an
-        undo, catch-up) is late: it fails with ReplicationEnded and makes nothing.
+        undo, catch-up) is late: it fails with ReplicationEnded and makes nothing, or, when
+        that activity came while it held the Migration's lock, fails at its next query of the
+        source, its session ended, having made nothing (see `_start`).
         """
         ref, driver = input.ref, input.driver
         source, target = self._databases(ref, driver.source_secret, driver.target_secret)
@@ -377,7 +388,7 @@ class ReplicationActivities:
         found: subscription.Subscription, threshold: int, heartbeats: Heartbeats,
     ) -> tuple[subscription.Progress, int]:  # fmt: skip
         """Polls until every table is copied and the lag is at most `threshold` bytes; returns both."""
-        stall = Stall(self._settings.replication_stall_timeout)
+        stall = Stall(self._settings.replication_stall_timeout, self._settings.replication_poll_interval)
         while True:
             progress = subscription.progress(tgt, found)
             behind = replication.lag(src, name)
@@ -466,7 +477,7 @@ class ReplicationActivities:
         found: subscription.Subscription, lsn: str, heartbeats: Heartbeats,
     ) -> str:  # fmt: skip
         """Polls until the slot's consumer confirmed `lsn`; returns what it confirmed."""
-        stall = Stall(self._settings.replication_stall_timeout)
+        stall = Stall(self._settings.replication_stall_timeout, self._settings.replication_poll_interval)
         while True:
             left = replication.still_to_apply(src, name, lsn)
             if left is None:
@@ -542,7 +553,7 @@ class ReplicationActivities:
         """
         if ended_by is None:
             return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)
-        between_tries = self._between_tries(heartbeats)
+        between_tries = self._between_tries(heartbeats, ending=True)
         with (
             replication_ended.holding(src, ref.uid, between_tries, ending=True),
             replication_ended.holding(tgt, ref.uid, between_tries, ending=True),
@@ -587,12 +598,21 @@ class ReplicationActivities:
 
         return replication.lock_retry(heartbeats, doing, self._settings.replication_poll_interval)
 
-    def _between_tries(self, heartbeats: Heartbeats) -> Callable[[], None]:
-        """What waiting for a late attempt's lock does between two tries (its session is being ended meanwhile)."""
+    def _between_tries(self, heartbeats: Heartbeats, *, ending: bool = False) -> Callable[[], None]:
+        """What waiting for the Migration's lock does between two tries: heartbeats what it waits for (and raises once
+        the activity is cancelled). `ending`: the caller ends the replication, and waits only while the sessions of
+        late attempts of replicate holding the lock are being ended; replicate also waits for an activity ending the
+        replication (see replication_ended.holding)."""
+        waiting_for = (
+            "the lock of a late attempt of replicate, whose session is being ended"
+            if ending
+            else "the Migration's lock, held by an activity ending the replication (catch-up, an undo) or by a late "
+            "attempt of replicate"
+        )
 
         def between() -> None:
-            heartbeats.progress(waiting_for="the lock of a late attempt of replicate")
-            heartbeats.raise_if_cancelled("waiting for the lock of a late attempt of replicate")
+            heartbeats.progress(waiting_for=waiting_for)
+            heartbeats.raise_if_cancelled(f"waiting for {waiting_for}")
 
         return between
 

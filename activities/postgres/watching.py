@@ -92,7 +92,7 @@ class Look:
         self, source: DatabaseConnection, target: DatabaseConnection, name: str, settings: DataActivitySettings
     ) -> None:
         self._source, self._target, self._name, self._settings = source, target, name, settings
-        self._stall = Stall(settings.replication_stall_timeout)
+        self._stall = Stall(settings.replication_stall_timeout, settings.replication_poll_interval)
         self._src: Connection | None = None
         self._tgt: Connection | None = None
         self._found: subscription.Subscription | None = None
@@ -120,6 +120,7 @@ class Look:
             self._close_source()
             activity.logger.warning("could not look at the source's slot %s: %s", self._name, error)
             heartbeats.progress(source_unreachable=str(error).strip()[:200])
+            self._stall.unknown()  # nothing can be told of the slot, nor so of the trouble
             return
         if behind is None:
             raise self._gone(f"the replication slot {self._name} is gone from the source {self._source.describe()}")

@@ -118,6 +118,7 @@ def test_undo_provision_deletes_nothing_before_the_statefulset_controller_has_st
         assert not ended
     running.join(60)
 
+    assert not running.is_alive(), "the undo ended once the controller went on"
     assert ended == [None]
     _nothing_of_the_target_left(kube_api, ref.namespace)
     _source_untouched(kube_api, ref.namespace)

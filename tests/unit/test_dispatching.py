@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,41 @@ async def test_a_failed_pass_over_a_migration_that_went_is_retried_though_one_cr
     await dispatcher.idle()
 
     assert passes == [("old", True), ("new", False), ("old", True), ("new", False)]
+
+
+async def test_a_failing_pass_over_a_migration_that_went_backs_off_more_each_time_though_one_created_again_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deleted, then applied again while the API server refuses the Secrets' release: the new object's states keep
+    coming, and each retry of the gone one's pass waits longer than the one before, as any failed pass does."""
+    delays_used: list[int] = []
+
+    class Delays(tuple[float, ...]):
+        def __getitem__(self, index: Any) -> Any:
+            delays_used.append(index)
+            return 0.01
+
+    monkeypatch.setattr(dispatching, "RETRY_DELAYS", Delays((0.0,) * 5))
+    gone_passes = 0
+    released = asyncio.Event()
+
+    async def handle(migration: Migration, *, gone: bool, run_closed: bool, received: float) -> list[str]:
+        nonlocal gone_passes
+        if gone:
+            gone_passes += 1
+            if gone_passes <= 3:
+                raise RuntimeError("the API server did not answer")
+            released.set()
+            return []
+        await asyncio.sleep(0.05)  # the gone pass's retry comes meanwhile
+        if gone_passes < 3:
+            dispatcher.submit(state(str(10 + gone_passes), uid="new"))
+        return []
+
+    dispatcher = Dispatcher(handle, concurrency=4)
+    dispatcher.submit(state("2", uid="old"), gone=True)
+    dispatcher.submit(state("3", uid="new"))
+    await released.wait()
+    await dispatcher.idle()
+
+    assert delays_used == [0, 1, 2], "the retries' delays grow"

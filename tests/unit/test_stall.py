@@ -31,16 +31,17 @@ class Clock:
 
 
 class Looks:
-    """A replication looked at every POLL seconds by a Stall on the test's clock."""
+    """A replication looked at every `interval` seconds (POLL by default) by a Stall on the test's clock."""
 
-    def __init__(self, limit: float = LIMIT) -> None:
+    def __init__(self, limit: float = LIMIT, interval: float = POLL) -> None:
         self.clock = Clock()
-        self.stall = Stall(limit, clock=self.clock)
+        self.interval = interval
+        self.stall = Stall(limit, interval, clock=self.clock)
         self.errors = 0
 
     def look(self, *, rose: bool = False, streaming: bool = True, position: str = POSITION) -> float | None:
-        """One look, POLL seconds after the previous one; `rose`: the workers failed once more since then."""
-        self.clock.now += POLL
+        """One look, `interval` seconds after the previous one; `rose`: the workers failed once more since then."""
+        self.clock.now += self.interval
         self.errors += rose
         return self.stall.seconds(position, self.errors, streaming)
 
@@ -116,10 +117,11 @@ def test_a_crash_loop_whose_worker_is_mostly_gone_is_broken_after_the_limit_as_f
     assert idle.stall.failing
 
 
-def test_the_grace_is_half_the_limit_and_at_least_fifteen_seconds() -> None:
+def test_the_grace_is_half_the_limit_at_least_fifteen_seconds_and_two_intervals() -> None:
     assert Stall(60).grace == 30
     assert Stall(600).grace == 300
     assert Stall(10).grace == 15
+    assert Stall(60, interval=45).grace == 90, "and twice the interval between looks"
 
 
 def test_short_episodes_apart_by_more_than_the_grace_are_not_one_long_one(idle: Looks) -> None:
@@ -134,11 +136,23 @@ def test_short_episodes_apart_by_more_than_the_grace_are_not_one_long_one(idle: 
     assert not idle.stall.failing, "this episode counted no error: the earlier one's do not make it failing"
 
 
-def test_looks_far_apart_are_not_one_episode(idle: Looks) -> None:
-    """The watch skips looks while the source is unreachable: nothing says the target stayed wrong meanwhile."""
+def test_a_look_that_cannot_tell_ends_an_episode_once_the_grace_has_passed(idle: Looks) -> None:
+    """The watch cannot look at the slot while the source is unreachable: nothing says the target stayed wrong."""
     assert idle.look(streaming=False) is None
     idle.clock.now += HOURS
+    idle.stall.unknown()
     assert idle.look(streaming=False) is None
+
+
+def test_looks_far_apart_that_all_find_trouble_are_one_episode() -> None:
+    """Looks a long poll interval apart (or slow to connect): no look found anything right in between, so the trouble
+    lasted; the grace covers two intervals, so a look that finds nothing wrong in between does not end it either."""
+    looks = Looks(interval=45)
+    assert looks.stall.grace == 90
+    assert looks.look() is None, "the first look: where the position stands"
+    assert looks.look(streaming=False) is None
+    assert looks.look() is None, "a look that found nothing wrong, within the grace"
+    assert looks.look(streaming=False) == 90, "broken: wrong for longer than the 60 s limit"
 
 
 def test_the_position_moving_ends_an_episode(idle: Looks) -> None:
