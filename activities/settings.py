@@ -189,10 +189,11 @@ class DataActivitySettings:
     """Seconds the replication may stay in trouble, without a break, while the target applies nothing, before
     replicate, catch-up or the watch while the saga waits before the freeze fails for good with ReplicationBroken (mode
     Online). Trouble: its workers' errors rising, or its subscription not streaming from the source (no apply worker,
-    or the slot not active); the watch also counts the subscription disabled, or the target unreachable. Looks that
-    find nothing wrong for half this long (at least 15 s, to bridge a crash-looping apply worker's healthy-looking
-    gaps), or anything applied, end the trouble: one bad look on an idle source, whose slot stands still for hours,
-    fails nothing."""
+    or the slot not active); the watch also counts the subscription disabled, or the target unreachable. The trouble
+    ends when anything is applied, or at a look that finds nothing wrong once half this long has passed since the last
+    bad one (at least 15 s and two poll intervals, so that an apply worker failing again and again, which looks
+    healthy between its failures, stays in trouble): one bad look on an idle source, whose slot stands still for
+    hours, fails nothing."""
 
     def streams_for(self, parallelism: int | None) -> int:
         """The streams a snapshot runs: spec.driver.parallelism, else --snapshot-streams, at most
