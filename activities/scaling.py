@@ -13,11 +13,13 @@ nothing.
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import checks, fences, kube_calls, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.waiting import Progress
+from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import (
     KubeActivity,
     MigrationRef,
@@ -25,6 +27,11 @@ from ferry.api.saga import (
     ScaleDownOldResult,
     UndoScaleDownOldInput,
 )
+
+TRAFFIC_NOT_ON_TARGET = "TrafficNotOnTarget"
+"""The stable Service no longer sends the clients to the target: scaling the source away would leave them nothing."""
+TARGET_NOT_SERVING = "TargetNotServing"
+"""The stable Service lists no Ready Pod of the target at the moment: tried again."""
 
 
 class Scaling(ClusterApi):
@@ -63,6 +70,7 @@ class Scaling(ClusterApi):
                     ref.namespace, name, ref,
                 )  # fmt: skip
                 return 0
+            self._refuse_unless_traffic_on_target(input)
             operations = [
                 fences.fenced_annotations(
                     source,
@@ -84,6 +92,46 @@ class Scaling(ClusterApi):
 
         self._wait(scaled_away)
         return ScaleDownOldResult(previous_replicas=previous)
+
+    def _refuse_unless_traffic_on_target(self, input: ScaleDownOldInput) -> None:
+        """Refuses to scale the source away unless the stable Service still sends the clients to the target.
+
+        Nothing else holds the Service where switch-traffic put it: a GitOps controller healing
+        it back to the selector in git, or a person, may have pointed it at the source again
+        during the soak. Scaling the source to zero then leaves the clients' Service selecting
+        no Pod at all, and the run would end Succeeded. So the selector must be the target's,
+        switched by this Migration (its record), and the EndpointSlices must list the target's
+        Pods, Ready, and no other: a selector not this Migration's fails the step for good
+        (TrafficNotOnTarget: a person decides), Pods not Ready yet fail this attempt only.
+        """
+        ref, name, target = input.ref, input.service, input.target_stateful_set
+        if name is None or target is None:
+            return  # scheduled by a saga from before the check
+        service = self._read_named_in_spec(self._core.read_namespaced_service, name, ref, "spec.source.service")
+        selector = service["spec"].get("selector") or {}
+        record = records.selector_record(kube_calls.annotations_of(service))
+        if selector != {STATEFULSET_LABEL: target} or record is None or record.is_of_another(ref):
+            by = ", switched by another Migration" if record is not None and record.is_of_another(ref) else ""
+            raise ApplicationError(
+                f"refused to scale StatefulSet {ref.namespace}/{input.stateful_set} to zero: Service "
+                f"{ref.namespace}/{name} no longer sends the clients to the target {target} as switch-traffic left it "
+                f"(its selector is {selector}{by}). Something changed it back (a GitOps controller healing it to the "
+                "selector in git, a person); the source still serves them, and ferry changed nothing. Point the "
+                "Service at the target again and retry, or roll back",
+                type=TRAFFIC_NOT_ON_TARGET,
+                non_retryable=True,
+            )
+        slices = self._discovery.list_namespaced_endpoint_slice(
+            ref.namespace, label_selector=f"kubernetes.io/service-name={name}"
+        ).items
+        serving = checks.endpoints_only_of(slices, target, service=name, require_ready=True)
+        if not serving.done:
+            raise ApplicationError(
+                f"not scaling StatefulSet {ref.namespace}/{input.stateful_set} to zero yet: Service "
+                f"{ref.namespace}/{name} lists no Ready Pod of the target {target} (it is waiting for "
+                f"{serving.waiting_for}); the source keeps its replicas, and the step is tried again",
+                type=TARGET_NOT_SERVING,
+            )
 
     @activity.defn(name=KubeActivity.UNDO_SCALE_DOWN_OLD.value)
     @explain_refusals

@@ -375,7 +375,12 @@ SCALE_DOWN_OLD = Step(
     StepName.SCALE_DOWN_OLD,
     kube(KubeActivity.SCALE_DOWN_OLD),
     ScaleDownOldResult,
-    build=lambda c: ScaleDownOldInput(ref=c.ref, stateful_set=c.spec.source.stateful_set),
+    build=lambda c: ScaleDownOldInput(
+        ref=c.ref,
+        stateful_set=c.spec.source.stateful_set,
+        service=c.spec.source.service,
+        target_stateful_set=c.spec.target.stateful_set,
+    ),
     guard=NO_WRITES_SINCE_FREEZE,
     soaks_before=True,
     undo=Undo(

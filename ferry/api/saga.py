@@ -226,6 +226,10 @@ class UndoSwitchTrafficInput(ApiModel):
 class ScaleDownOldInput(ApiModel):
     ref: MigrationRef
     stateful_set: str
+    service: str | None = None
+    """The stable Service switch-traffic pointed at the target: the source is scaled down only while it still does.
+    None in calls scheduled by a saga from before the check."""
+    target_stateful_set: str | None = None
 
 
 class ScaleDownOldResult(ApiModel):

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from kubernetes import client as k8s
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
@@ -348,3 +348,52 @@ def test_the_precheck_names_the_pods_the_stable_service_selects_beside_the_sourc
     assert warnings[0].type == "Warning"
     assert warnings[0].involved_object.uid == ref.uid
     assert f"also selects Pods that are not StatefulSet {SOURCE}'s: {exporter[0]}." in warnings[0].message
+
+
+def _scale_down_behind(ref: MigrationRef) -> ScaleDownOldInput:
+    """scale-down-old as the saga calls it: with the Service that must still send the clients to the target."""
+    return ScaleDownOldInput(ref=ref, stateful_set=SOURCE, service=SOURCE, target_stateful_set=TARGET)
+
+
+def test_scale_down_old_scales_the_source_away_while_the_service_sends_the_clients_to_the_target(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+
+    scaled = activity_env.run(cluster.scale_down_old, _scale_down_behind(ref))
+
+    assert scaled.previous_replicas == 2
+    assert k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(SOURCE, ref.namespace).spec.replicas == 0
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == TARGET_PODS
+
+
+def test_scale_down_old_refuses_when_the_service_was_pointed_back_at_the_source_during_the_soak(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    """A GitOps controller heals the Service back to the selector in git after the switch: the clients are on the
+    source again, and scaling it to zero would leave their Service selecting no Pod at all, the run Succeeded."""
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+    healed = {"spec": {"selector": {STATEFULSET_LABEL: None, **ORIGINAL_SELECTOR}}}
+    k8s.CoreV1Api(kube_api).patch_namespaced_service(SOURCE, ref.namespace, healed)
+    eventually(
+        "the Service to list the source's Pods again",
+        lambda: endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS,
+    )
+
+    with pytest.raises(ApplicationError) as refused:
+        activity_env.run(cluster.scale_down_old, _scale_down_behind(ref))
+
+    assert refused.value.type == "TrafficNotOnTarget"
+    assert refused.value.non_retryable
+    assert f"Service {ref.namespace}/{SOURCE} no longer sends the clients to the target {TARGET}" in str(refused.value)
+    source = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(SOURCE, ref.namespace)
+    assert source.spec.replicas == 2, "the source keeps serving its clients"
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
