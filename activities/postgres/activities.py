@@ -47,6 +47,7 @@ from activities.postgres import (
     unwritten,
     verifying,
 )
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection, connect, privileged, said
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
@@ -318,29 +319,48 @@ class PostgresActivities:
     def check_frozen(self, input: CheckFrozenInput) -> CheckFrozenResult:
         """Fails with WritesAfterFreeze if the source was written after the freeze; ends its sessions first.
 
-        Idempotent: it ends sessions of a frozen database (which only flushes their
-        statistics and makes them reconnect) and reads; see fencing for why the
-        comparison with the freeze's mark is exact enough.
+        Before switch-traffic (it guards scale-down-old too), traffic being about to move,
+        it then seals verify's mark on the target, so that no verify marks it again (see
+        unwritten.seal). Idempotent: it ends sessions of a frozen database (which only
+        flushes their statistics and makes them reconnect) and reads; see fencing for why
+        the comparison with the freeze's mark is exact enough; a sealed mark stays as it is.
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
-            holder = freezing.frozen_by(conn)
-            present, ended = self._mark(conn, db, heartbeats, input.ref)
-            found = fencing.changes(input.fence, present)
-            found.extend(fencing.pending(conn))
-            if holder != owner(input.ref):
-                found.insert(0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})")
-            unfenced = grants.can_connect(conn) if found else []
-        if found:
-            who = f" ({', '.join(unfenced)} can connect despite the freeze)" if unfenced else ""
-            raise WritesAfterFreeze(
-                f"{db.describe()} changed after the freeze, before {input.before}: {'; '.join(found)}. The target "
-                "may lack these writes, so the Migration must not go on: roll back (traffic stays with or returns to "
-                f"the source, which keeps its writes), find the client that writes despite the freeze{who}, and "
-                "migrate again."
-            )
-        activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
+        with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
+            with self._connect(db) as conn:
+                holder = freezing.frozen_by(conn)
+                present, ended = self._mark(conn, db, heartbeats, input.ref)
+                found = fencing.changes(input.fence, present)
+                found.extend(fencing.pending(conn))
+                if holder != owner(input.ref):
+                    found.insert(
+                        0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})"
+                    )
+                unfenced = grants.can_connect(conn) if found else []
+            if found:
+                who = f" ({', '.join(unfenced)} can connect despite the freeze)" if unfenced else ""
+                raise WritesAfterFreeze(
+                    f"{db.describe()} changed after the freeze, before {input.before}: {'; '.join(found)}. The "
+                    "target may lack these writes, so the Migration must not go on: roll back (traffic stays with or "
+                    f"returns to the source, which keeps its writes), find the client that writes despite the "
+                    f"freeze{who}, and migrate again."
+                )
+            activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
+            if input.before == StepName.SWITCH_TRAFFIC:
+                self._seal(input.ref, input.driver, heartbeats)
         return CheckFrozenResult(sessions_ended=ended, fence=present)
+
+    def _seal(self, ref: MigrationRef, driver: DriverSpec, heartbeats: Heartbeats) -> None:
+        """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal)."""
+        target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
+        with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
+            waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
+            if unwritten.seal(conn, owner(ref), Attempt.current(), waiting):
+                activity.logger.info("sealed verify's mark on %s: no verify marks it again", target.describe())
+            else:
+                activity.logger.warning(
+                    "%s holds no mark of verify of Migration %s: nothing to seal", target.describe(), ref
+                )
 
     # --- snapshot ----------------------------------------------------------------------------
 
@@ -632,10 +652,13 @@ class PostgresActivities:
 
         Idempotent: it reads both sides at once, each on its own connection; then it
         ends the target's other sessions (the target is ferry's own until traffic moves)
-        and records the target's mark in the target (ferry.verified_mark), replacing
-        the mark of an earlier attempt. See unwritten for why the mark is exact. While it
-        reads, status.progress shows the rows compared on both sides, of twice the
-        source's estimate (its statistics), when it has one.
+        and records the target's mark in the target (ferry.verified_mark), with this
+        attempt, replacing the mark of an earlier attempt. A late attempt (a later one
+        marked the target, or the check before switch-traffic sealed the mark) is refused
+        with TargetVerified before it ends any session (see unwritten.marking). See
+        unwritten for why the mark is exact. While it reads, status.progress shows the
+        rows compared on both sides, of twice the source's estimate (its statistics),
+        when it has one.
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
@@ -643,7 +666,7 @@ class PostgresActivities:
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._progress(input.ref, StepName.VERIFY) as progress,
         ):
-            compared = self._compared_ahead(source, target, input.ahead, heartbeats)
+            compared = self._compared_ahead(input.ref, source, target, input.ahead, heartbeats)
             with self._checksum_session(source) as conn:
                 estimate = checksums.estimated_rows(conn)
             if estimate is not None:  # both sides read the rows of every table not compared ahead
@@ -683,13 +706,13 @@ class PostgresActivities:
         return VerifyResult(tables=comparison.checks, objects=comparison.objects, target_fence=fence)
 
     def _compared_ahead(
-        self, source: DatabaseConnection, target: DatabaseConnection, compared: AheadComparison | None,
-        heartbeats: Heartbeats,
+        self, ref: MigrationRef, source: DatabaseConnection, target: DatabaseConnection,
+        compared: AheadComparison | None, heartbeats: Heartbeats,
     ) -> dict[str, TableAhead]:  # fmt: skip
         """The tables replicate compared before the freeze that neither side has written since (see ahead)."""
         if compared is None or not compared.tables:
             return {}
-        with self._connect(target) as conn:
+        with self._connect(target) as conn, self._marking(conn, target, ref, heartbeats):
             self._end_sessions(conn, target, heartbeats)  # their counts are flushed when they exit
             target_marks = ahead.marks(conn)
         with self._connect(source) as conn:
@@ -706,13 +729,27 @@ class PostgresActivities:
         return self._connect(db, **checksums.SESSION)
 
     def _mark_target(self, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats) -> FenceMark:
-        """The target's mark, once its other sessions are gone, kept in the target for undos without results."""
-        with self._connect(db) as conn:
+        """The target's mark, once its other sessions are gone, kept in the target for undos without results; refused
+        first, in the same transaction, to a late attempt (see unwritten.marking)."""
+        with self._connect(db) as conn, self._marking(conn, db, ref, heartbeats):
             fence, ended = self._mark(conn, db, heartbeats)
             with privileged(db, "keep ferry's markers"):
-                unwritten.record(conn, owner(ref), fence)
+                unwritten.record(conn, db, owner(ref), fence, Attempt.current())
         activity.logger.info("marked where %s's writes stand; ended %d sessions first", db.describe(), ended)
         return fence
+
+    @contextlib.contextmanager
+    def _marking(
+        self, conn: Connection, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats
+    ) -> Iterator[None]:
+        """unwritten.marking: a transaction in which this attempt of verify may end the target's sessions, or
+        TargetVerified before it ends any."""
+        waiting = lambda: heartbeats.raise_if_cancelled("waiting to mark the target")  # noqa: E731
+        with (
+            privileged(db, "end other sessions and keep ferry's markers"),
+            unwritten.marking(conn, db, owner(ref), waiting),
+        ):
+            yield
 
     # --- check_unwritten ---------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ changes:
   may clean out what an earlier attempt restored;
 - `ferry.verified_mark` on a target: where its writes stood when verify had compared
   it with the source, before traffic moved to it (see unwritten), so that an undo with
-  no step results can still tell whether the target took writes since;
+  no step results can still tell whether the target took writes since; with the attempt
+  of verify that took it, and the seal of the check before switch-traffic, so that a
+  late attempt of verify neither ends the target's sessions nor marks it again;
 - `ferry.replication_ended` on a source of mode Online: which Migrations' replications
   were ended for good, and by which activity, so that a late attempt of replicate
   creates nothing after the end (see replication_ended).

@@ -10,8 +10,8 @@ Nothing would ever drop them.
 
 So whatever ends a replication for good first records it on the source, in the
 database setting ferry.replication_ended: a JSON object with an entry per Migration uid
-saying which activity ended it (`Attempt`: its workflow run, its activity id, when
-Temporal scheduled it). An attempt of replicate refuses, with ReplicationEnded, to
+saying which activity ended it (`attempts.Attempt`: its workflow run, its activity id,
+when Temporal scheduled it). An attempt of replicate refuses, with ReplicationEnded, to
 create the publication, the slot or the subscription when the entry of its Migration
 names an activity scheduled after it (`Attempt.before`): it is a late attempt of a step
 the saga has moved past. An attempt scheduled after the end (failurePolicy Pause undoes
@@ -47,12 +47,12 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 
 import psycopg
 from temporalio import activity
 
-from activities.postgres import database_settings
+from activities.postgres import attempts, database_settings
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import REPLICATION_ENDED
 from activities.secrets import DatabaseConnection
@@ -69,37 +69,6 @@ KEY = "select hashtextextended('ferry replication ' || %s, 0)"
 ENDING_KEY = "select hashtextextended('ferry replication ending ' || %s, 0)"
 """A second lock of the Migration's, which the activities ending its replication hold beside LOCK, and only they: it
 tells replicate which holders of LOCK not to end."""
-HOLDERS = """
-select pid from pg_locks
-where locktype = 'advisory' and objsubid = 1 and granted and pid <> pg_backend_pid()
-and database = (select oid from pg_database where datname = current_database())
-and classid = ((%(key)s >> 32) & 4294967295)::oid and objid = (%(key)s & 4294967295)::oid
-"""
-"""The other sessions of this database holding the advisory lock `key` (a bigint's is classid:objid, objsubid 1)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """Which activity an attempt belongs to, as Temporal scheduled it: its retries share all three."""
-
-    run: str
-    """The workflow run that scheduled it."""
-    activity: str
-    """Its activity id: the run's sequence number of the command that scheduled it (the SDK's default)."""
-    scheduled: datetime
-    """When Temporal scheduled it (its first attempt)."""
-
-    @staticmethod
-    def current() -> Attempt:
-        info = activity.info()
-        return Attempt(run=info.workflow_run_id or "", activity=info.activity_id, scheduled=info.scheduled_time)
-
-    def before(self, other: Attempt) -> bool:
-        """Whether this activity was scheduled before `other`: by the run's sequence when both are of one run (exact),
-        else by the Temporal server's clock (a reset's new run schedules later than the run it replaces)."""
-        if self.run == other.run and self.activity.isdigit() and other.activity.isdigit():
-            return int(self.activity) < int(other.activity)
-        return self.scheduled < other.scheduled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +130,8 @@ def _take(
         row = conn.execute(statement, (lock,)).fetchone()
         if row is not None and row[0]:
             return lock
-        spared = {pid for (pid,) in conn.execute(HOLDERS, {"key": spare}).fetchall()} if spare is not None else set()
-        for (pid,) in conn.execute(HOLDERS, {"key": lock}).fetchall():
+        spared = set(attempts.holders(conn, spare)) if spare is not None else set()
+        for pid in attempts.holders(conn, lock):
             if pid in spared:
                 activity.logger.info("waiting for session %s, which is ending the replication", pid)
                 continue
@@ -179,15 +148,10 @@ def read(conn: Connection) -> dict[str, Ended]:
     try:
         fields = json.loads(value) if value else {}
         for uid, entry in fields.items():
-            attempt = entry["attempt"]
             entries[uid] = Ended(
                 owner=str(entry["owner"]),
                 by=str(entry["by"]),
-                attempt=Attempt(
-                    run=str(attempt["run"]),
-                    activity=str(attempt["activity"]),
-                    scheduled=datetime.fromisoformat(attempt["scheduled"]),
-                ),
+                attempt=Attempt.from_json(entry["attempt"]),
                 at=str(entry["at"]),
             )
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -213,11 +177,7 @@ def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: s
                 uid: {
                     "owner": ended.owner,
                     "by": ended.by,
-                    "attempt": {
-                        "run": ended.attempt.run,
-                        "activity": ended.attempt.activity,
-                        "scheduled": ended.attempt.scheduled.isoformat(),
-                    },
+                    "attempt": ended.attempt.as_json(),
                     "at": ended.at,
                 }
                 for uid, ended in kept

@@ -4,7 +4,7 @@ A rollback after switch-traffic points the clients' Service back at the source, 
 undo_migrate then empties the target: whatever the clients wrote to the target
 meanwhile would be lost without a word. So verify, once it found the target equal to
 the source, takes the target's FenceMark (see fencing) and records it in the target as
-the setting ferry.verified_mark (with the Migration that took it); check_unwritten, run
+the setting ferry.verified_mark (with the Migration and the attempt that took it); check_unwritten, run
 before every attempt of switch-traffic's undo, compares the target with that mark and
 fails with WritesOnTarget when anything changed, so traffic stays on the target. The
 undo that then empties the target (restoring.remove, for undo_migrate, the snapshot's
@@ -78,19 +78,47 @@ session of ferry's, until that restore has committed (it cannot commit before th
 restoring.Restore holds back the end of its input). Only the undos (restoring.remove)
 clear the mark, and only once it vouched for the target (`vouch`); every legitimate
 restore again comes after an undo.
+
+Why a late attempt of verify cannot replace the mark. An attempt of verify whose worker
+stood still between its comparison and its marking is written off; the next one marks,
+traffic moves, the clients write. Going on, the stalled one would end the application's
+sessions on the live target and put in a mark that counts those writes, which an undo
+without step results (check_unwritten's recorded mark, `vouch`) would then take for
+unwritten: traffic back to the source, the target emptied, the writes lost. So the mark
+names the attempt that took it (attempts.Attempt: workflow run, activity id, schedule
+time, Temporal's attempt), and verify, in a transaction holding LOCK (`marking`), first
+refuses with TargetVerified, having done nothing, when the mark there must stay
+(`refuse_if_overtaken`): another Migration's (or not ferry's), one made by an activity
+scheduled after this attempt, or one sealed; only then does it end the target's other
+sessions, read and record (`record`, which checks again). Its start in mode Online, which
+ends the target's sessions too, is refused the same way. The check before switch-traffic
+(check_frozen) seals the mark once it found the source still frozen (`seal`): traffic may
+move from then on, so no verify marks the target again, not even an attempt of the very
+activity that marked it (a late one whose result the saga has) or of a reset's new run,
+which is scheduled later; the undo that empties the target removes the seal with the mark.
+A mark of a ferry from before attempts were recorded names none: it is taken for an
+earlier attempt's and replaced, as before (a late attempt of a newer worker after an older
+worker's marking, while the one replaces the other, is not stopped); a seal that cannot be
+read counts as a seal. LOCK is held in these transactions by ferry alone, so `hold` ends
+a session that keeps it: an attempt the saga wrote off may stand still with it for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import pydantic
 from psycopg import sql
+from temporalio import activity
 
-from activities.postgres import database_settings, fencing, schema
+from activities.postgres import attempts, database_settings, fencing, schema
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection
 from activities.postgres.database_settings import VERIFIED_MARK
 from activities.secrets import DatabaseConnection
@@ -119,12 +147,146 @@ order by 1, 2
 """The user tables, which `vouch` locks: every write that FenceMark counts but sequences and large objects."""
 
 
-def record(conn: Connection, owner: str, fence: FenceMark) -> None:
-    """Keeps `fence` in the target as `owner`'s mark, replacing any earlier one, under LOCK."""
-    value = json.dumps({"migration": owner, "fence": fence.model_dump(mode="json")}, sort_keys=True)
+@dataclasses.dataclass(frozen=True)
+class Mark:
+    """verify's mark as the target keeps it (the setting VERIFIED_MARK, a JSON object)."""
+
+    migration: str | None
+    """The Migration whose verify took it (namespace/name/uid); None when the setting is not ferry's JSON."""
+    attempt: Attempt | None
+    """The attempt of verify that took it; None in a mark of a ferry from before it was kept (unknown)."""
+    sealed_by: Attempt | None
+    """The check before switch-traffic that found the source still frozen (`seal`): from then on traffic may move to
+    the target, and no verify marks it again. None when none did, or in a mark from before seals."""
+    entry: dict[str, Any]
+    """The whole JSON object, kept as it is when it is sealed."""
+
+    @staticmethod
+    def parse(value: str) -> Mark:
+        try:
+            entry = json.loads(value)
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("migration"), str):
+            return Mark(migration=None, attempt=None, sealed_by=None, entry={})
+        return Mark(
+            migration=entry["migration"],
+            attempt=_attempt(entry.get("attempt")),
+            sealed_by=_attempt(entry.get("sealed_by"), unreadable=UNREADABLE_SEAL),
+            entry=entry,
+        )
+
+
+UNREADABLE_SEAL = Attempt(run="", activity="", scheduled=datetime.max.replace(tzinfo=UTC))
+"""What a seal that cannot be read stands for: one (traffic may have moved), later than any attempt."""
+
+
+def _attempt(value: object, unreadable: Attempt | None = None) -> Attempt | None:
+    """The attempt in a mark's field; None when the field is missing, `unreadable` when it cannot be read."""
+    if value is None:
+        return None
+    try:
+        return Attempt.from_json(value)
+    except (KeyError, TypeError, ValueError):
+        return unreadable
+
+
+def read_mark(conn: Connection) -> Mark | None:
+    """The target's mark as it is; None when it has none."""
+    value = database_settings.read(conn).get(VERIFIED_MARK)
+    return None if value is None else Mark.parse(value)
+
+
+@contextlib.contextmanager
+def marking(conn: Connection, db: DatabaseConnection, owner: str, between_tries: Callable[[], None]) -> Iterator[None]:
+    """A transaction on `conn` holding LOCK in which verify of `owner` may end the target's other sessions and mark it:
+    refused first (TargetVerified, nothing done) when the running attempt must leave the target alone
+    (`refuse_if_overtaken`). `between_tries` heartbeats (and raises once the activity is cancelled) while LOCK is
+    taken (`hold`)."""
+    with conn.transaction():
+        hold(conn, between_tries)
+        refuse_if_overtaken(conn, db, owner, Attempt.current())
+        yield
+
+
+def hold(conn: Connection, between_tries: Callable[[], None]) -> None:
+    """Takes LOCK in the transaction open on `conn`, ending the other sessions that hold it meanwhile.
+
+    Only ferry's sessions take LOCK: a restore's (`unverified`, `refuse_if_verified`), verify's marking, the seal. When
+    verify marks or the seal is made, a holder is an attempt the saga wrote off (a restore verify follows, another
+    attempt of verify), which may stand still with it for ever, or one that fails for it and is tried again. Ending it
+    rolls back what it had not committed; the marking then ends the session of its pg_restore, which began before.
+    """
+    while True:
+        row = conn.execute("select pg_try_advisory_xact_lock(%s)", (LOCK,)).fetchone()
+        if row is not None and row[0]:
+            return
+        for pid in attempts.holders(conn, LOCK):
+            activity.logger.warning("ending session %s, which holds the lock of verify's mark", pid)
+            conn.execute("select pg_terminate_backend(%s, 5000)", (pid,))
+        between_tries()
+        time.sleep(POLL)
+
+
+def refuse_if_overtaken(conn: Connection, db: DatabaseConnection, owner: str, attempt: Attempt) -> None:
+    """Raises TargetVerified when `attempt`, of verify of `owner`, must neither end the target's sessions nor mark it:
+    the target carries a mark of another Migration (or one that is not ferry's), a sealed one (`seal`), or one made by
+    an activity scheduled after `attempt` (attempts.Attempt.before). The caller holds LOCK. A mark that names no
+    attempt (an older ferry's) is taken for an earlier attempt's.
+    """
+    mark = read_mark(conn)
+    if mark is None:
+        return
+    done = "It changed nothing: it ended no session of the target and left the mark as it is."
+    undo = (
+        "roll the Migration back (the undo checks the target took no writes, then empties it and removes the mark); "
+        f"a mark left by hand on a database no traffic uses goes with ALTER DATABASE ... RESET {VERIFIED_MARK}."
+    )
+    if mark.migration != owner:
+        whose = f"Migration {mark.migration}" if mark.migration else "a Migration"
+        raise TargetVerified(
+            f"refused to mark {db.describe()} as verified by Migration {owner}: verify of {whose} has marked it "
+            f"({VERIFIED_MARK}), so it may be taking that Migration's traffic. {done} Two Migrations cannot share a "
+            f"target: point this one's spec.driver.targetSecret at a database of its own, or, to use this one, {undo}"
+        )
+    if mark.sealed_by is not None:
+        why = f"traffic may have moved to it: the check before switch-traffic ({mark.sealed_by.describe()}) sealed "
+        why += "verify's mark"
+    elif mark.attempt is not None and attempt.before(mark.attempt):
+        why = f"a later attempt of verify ({mark.attempt.describe()}) has marked it, and traffic may have moved since"
+    else:
+        return
+    raise TargetVerified(
+        f"refused to mark {db.describe()} as verified: {why} ({VERIFIED_MARK}). This is a late attempt of verify "
+        f"({attempt.describe()}) the saga has moved past (its worker stood still past its heartbeat timeout). {done} "
+        f"Nothing to do; to migrate into this target again, {undo}"
+    )
+
+
+def record(conn: Connection, db: DatabaseConnection, owner: str, fence: FenceMark, by: Attempt) -> None:
+    """Keeps `fence` in the target as `owner`'s mark taken by the attempt `by`, replacing an earlier one, under LOCK
+    (taken here unless the caller's transaction, `marking`, holds it); refuses, changing nothing, as
+    `refuse_if_overtaken` says."""
+    entry = {"migration": owner, "fence": fence.model_dump(mode="json"), "attempt": by.as_json()}
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
-        database_settings.change(conn, VERIFIED_MARK, value)
+        refuse_if_overtaken(conn, db, owner, by)
+        database_settings.change(conn, VERIFIED_MARK, json.dumps(entry, sort_keys=True))
+
+
+def seal(conn: Connection, owner: str, by: Attempt, between_tries: Callable[[], None]) -> bool:
+    """Adds to `owner`'s mark on the target that traffic may move to it from now on (the check before switch-traffic,
+    `by`, found the source still frozen): no verify marks it again, whatever attempt it is, until an undo has emptied
+    it and removed the mark. False when the target holds no mark of `owner` (nothing to seal); idempotent."""
+    with conn.transaction():
+        hold(conn, between_tries)
+        mark = read_mark(conn)
+        if mark is None or mark.migration != owner:
+            return False
+        if mark.sealed_by is None:
+            entry = {**mark.entry, "sealed_by": by.as_json()}
+            database_settings.change(conn, VERIFIED_MARK, json.dumps(entry, sort_keys=True))
+        return True
 
 
 def refuse_if_verified(conn: Connection, db: DatabaseConnection, doing: str) -> None:

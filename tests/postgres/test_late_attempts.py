@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client as k8s
@@ -21,6 +22,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeats import Heartbeats
 from activities.postgres import restore_script, restoring, unwritten
 from activities.postgres.activities import PostgresActivities, owner
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import connect as connect_to
 from activities.secrets import DatabaseConnection, SecretReader
 from activities.settings import DataActivitySettings
@@ -31,6 +33,9 @@ from tests.cluster import eventually
 from tests.end_to_end import TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, contents, create_bulky, create_shop, verified_mark
+
+VERIFY = Attempt(run="run-1", activity="20", scheduled=datetime(2026, 1, 1, tzinfo=UTC), number=1)
+"""The attempt of verify that marks the target in the tests that call unwritten.record alone."""
 
 
 @pytest.fixture
@@ -146,7 +151,7 @@ def test_verify_marks_a_target_only_once_a_restore_that_found_it_unmarked_has_co
     with connect_to(target, data_settings) as restore, connect_to(target, data_settings) as verify:
         with restore.transaction():
             unwritten.refuse_if_verified(restore, target, "empty the target")  # no mark yet: goes on
-            marking = threading.Thread(target=unwritten.record, args=(verify, owner(steps.ref), fence))
+            marking = threading.Thread(target=unwritten.record, args=(verify, target, owner(steps.ref), fence, VERIFY))
             marking.start()
             eventually("verify's marking to wait for the lock", lambda: _waiting_for_advisory_lock(databases))
             assert verified_mark(databases.target) is None

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import replicating, replication_ended, restoring
+from activities.postgres import attempts, replicating, restoring
 from ferry.api.errors import ReplicationEnded
 from ferry.api.saga import EndReplicationResult, MigrationRef
 from tests.cluster import eventually
@@ -267,10 +267,10 @@ def _another(ref: MigrationRef) -> str:
 @pytest.mark.unit
 def test_an_attempt_is_late_when_the_end_was_scheduled_after_it() -> None:
     at = SCHEDULED
-    attempt = replication_ended.Attempt(run="r", activity="5", scheduled=at)
+    attempt = attempts.Attempt(run="r", activity="5", scheduled=at)
     assert attempt.before(dataclasses.replace(attempt, activity="9"))
     assert not attempt.before(dataclasses.replace(attempt, activity="3", scheduled=at - timedelta(seconds=1)))
     assert not attempt.before(attempt), "a retry of the activity that ended it is not late"
     # Another run (a reset): by Temporal's clock.
-    assert attempt.before(replication_ended.Attempt(run="s", activity="2", scheduled=at + timedelta(seconds=1)))
-    assert not attempt.before(replication_ended.Attempt(run="s", activity="20", scheduled=at - timedelta(seconds=1)))
+    assert attempt.before(attempts.Attempt(run="s", activity="2", scheduled=at + timedelta(seconds=1)))
+    assert not attempt.before(attempts.Attempt(run="s", activity="20", scheduled=at - timedelta(seconds=1)))

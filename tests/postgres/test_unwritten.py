@@ -40,9 +40,16 @@ def test_verify_marks_the_target_and_keeps_the_mark_in_it(
 ) -> None:
     assert verified.target_fence is not None
     assert verified.target_fence.writes >= 1_100, "the restore's rows are counted in the mark"
+    info = steps.env.info
     assert verified_mark(databases.target) == {
         "migration": f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}",
         "fence": verified.target_fence.model_dump(mode="json"),
+        "attempt": {
+            "run": info.workflow_run_id,
+            "activity": info.activity_id,
+            "scheduled": info.scheduled_time.isoformat(),
+            "number": info.attempt,
+        },
     }
 
 

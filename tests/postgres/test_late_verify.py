@@ -1,0 +1,273 @@
+"""A late attempt of verify neither ends the target's sessions nor marks it once a later activity marked it.
+
+verify ends by marking the target: it ends every other session of the target, reads where
+its writes stand and keeps that in the target (ferry.verified_mark), for the undo of a
+finished run, which has no step results. An attempt whose worker stood still (SIGSTOP, a
+frozen VM) between its comparison and its marking is written off; the saga's next
+attempt verifies and marks, switch-traffic moves the clients to the target and they
+write. Going on then, the stalled attempt would end the application's sessions on the
+live target and put in a mark that counts those writes: the undo would find nothing
+written since, send traffic back to the source and empty the target. So it is refused
+(TargetVerified) before it touches anything. The pause is made by holding the attempt
+right after its comparison; its ActivityEnvironment carries the activity's run, id,
+schedule time and attempt, as Temporal gives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+from psycopg import sql
+from temporalio.testing import ActivityEnvironment
+
+from activities.postgres import unwritten, verifying
+from activities.postgres.attempts import Attempt
+from ferry.api.errors import TargetVerified, WritesOnTarget
+from ferry.api.saga import FenceMark, VerifyResult
+from tests.end_to_end import Databases
+from tests.postgres.conftest import Steps
+from tests.postgres.data import connect, contents, create_shop, verified_mark
+from tests.postgres.online import OnlineSteps
+
+SCHEDULED = datetime(2026, 1, 1, tzinfo=UTC)
+RUN = "run-1"
+S = TypeVar("S", Steps, OnlineSteps)
+
+
+def scheduled_as(
+    steps: S, activity_id: int, *, run: str = RUN, attempt: int = 1, scheduled: datetime | None = None
+) -> S:
+    """The steps as Temporal's attempt `attempt` of the activity `activity_id` of workflow run `run` calls them."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        workflow_run_id=run,
+        activity_id=str(activity_id),
+        attempt=attempt,
+        scheduled_time=scheduled or SCHEDULED + timedelta(seconds=activity_id),
+    )
+    return dataclasses.replace(steps, env=env)
+
+
+@pytest.fixture
+def restored(steps: Steps, databases: Databases) -> Steps:
+    """A small shop frozen and restored into the target: what verify compares."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    return steps
+
+
+class Held:
+    """verify's attempts, the first of which stands still right after its comparison until `go_on`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.compared = threading.Event()
+        self._resume = threading.Event()
+        self._first = True
+        compare = verifying.compare
+
+        def held(*args: Any, **kwargs: Any) -> verifying.Comparison:
+            comparison = compare(*args, **kwargs)
+            if self._first:
+                self._first = False
+                self.compared.set()
+                self._resume.wait(120)
+            return comparison
+
+        monkeypatch.setattr(verifying, "compare", held)
+
+    def start(self, late: Steps) -> dict[str, BaseException | VerifyResult]:
+        """Starts `late`'s verify in a thread of its own; what it ends with is in the result once `go_on` returns."""
+        self._ended: dict[str, BaseException | VerifyResult] = {}
+
+        def run() -> None:
+            try:
+                self._ended["result"] = late.verify()
+            except BaseException as error:  # noqa: BLE001 - handed to the test
+                self._ended["result"] = error
+
+        self._thread = threading.Thread(target=run)
+        self._thread.start()
+        assert self.compared.wait(120), "the first attempt compared"
+        return self._ended
+
+    def go_on(self) -> BaseException | VerifyResult:
+        self._resume.set()
+        self._thread.join(120)
+        assert not self._thread.is_alive()
+        return self._ended["result"]
+
+
+@pytest.mark.parametrize(
+    ("late", "later"),
+    [
+        pytest.param((20, 1), (21, 1), id="the-saga's-next-attempt"),
+        pytest.param((20, 1), (20, 2), id="Temporal's-retry-of-the-activity"),
+    ],
+)
+def test_a_late_verify_after_a_later_attempt_marked_and_clients_wrote_ends_no_session_and_keeps_the_mark(
+    restored: Steps, databases: Databases, monkeypatch: pytest.MonkeyPatch, late: tuple[int, int],
+    later: tuple[int, int],
+) -> None:  # fmt: skip
+    """The later attempt is the saga's next one (an activity of its own, scheduled after) or, in version 1 of the saga,
+    Temporal's retry of the same activity (its id and schedule time, a higher attempt)."""
+    held = Held(monkeypatch)
+    first = scheduled_as(restored, late[0], attempt=late[1])
+    second = scheduled_as(restored, later[0], attempt=later[1], scheduled=SCHEDULED + timedelta(seconds=later[0]))
+    held.start(first)  # compares, then its worker stands still
+    second.verify()  # the saga wrote the first off: this one compares and marks
+    mark = verified_mark(databases.target)
+
+    with connect(databases.target) as application:  # traffic moved: the clients write, and keep their session
+        application.execute("insert into audit.log (order_id, note) values (3, 'written after traffic moved')")
+        written = contents(databases.target)
+
+        ended = held.go_on()  # the stalled worker goes on
+
+        assert isinstance(ended, TargetVerified), ended
+        assert application.execute("select 1").fetchone() == (1,), "the application's session was not ended"
+    message = str(ended)
+    assert message.startswith(f"refused to mark database '{databases.target.database}'"), message
+    assert "This is a late attempt of verify" in message, message
+    assert "it ended no session of the target and left the mark as it is" in message, message
+    assert verified_mark(databases.target) == mark, "the mark stays the later attempt's"
+    assert contents(databases.target) == written
+    with pytest.raises(WritesOnTarget, match="1 row was inserted, updated or deleted"):
+        restored.check_unwritten(None)  # as the undo of a finished run calls it: the recorded mark
+
+
+def test_a_late_verify_of_mode_online_ends_no_session_where_it_starts_either(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """In mode Online verify starts by ending the target's other sessions (to read the tables compared ahead): a late
+    attempt that stood still before it is refused there, under the same lock as the marking."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    replicated = online.replicate()
+    online.freeze()
+    online.catch_up()
+    scheduled_as(online, 20).verify(replicated.ahead)
+    mark = _mark(databases)
+
+    with connect(databases.target) as application:
+        application.execute("insert into audit.log (order_id, note) values (3, 'written after traffic moved')")
+
+        with pytest.raises(TargetVerified, match=r"a later attempt of verify \(activity 20 of .*\) has marked it"):
+            scheduled_as(online, 18).verify(replicated.ahead)
+
+        assert application.execute("select 1").fetchone() == (1,), "the application's session was not ended"
+    assert _mark(databases) == mark
+    online.undo_freeze()
+
+
+def test_a_verify_of_a_later_activity_marks_the_target_again(restored: Steps, databases: Databases) -> None:
+    """A retry cycle's new verify (failurePolicy Pause) is scheduled after the one that marked: it marks."""
+    scheduled_as(restored, 20).verify()
+    assert _mark(databases)["attempt"]["activity"] == "20"
+
+    again = scheduled_as(restored, 31).verify()
+
+    mark = _mark(databases)
+    assert mark["attempt"] == {
+        "run": RUN, "activity": "31", "scheduled": (SCHEDULED + timedelta(seconds=31)).isoformat(), "number": 1,
+    }  # fmt: skip
+    assert again.target_fence is not None
+    assert mark["fence"] == again.target_fence.model_dump(mode="json")
+
+
+def test_once_traffic_may_move_no_verify_marks_the_target_until_the_undo_emptied_it(
+    steps: Steps, databases: Databases
+) -> None:
+    """The check before switch-traffic seals verify's mark: neither the same activity (the worker that marked, going on
+    after its result was lost) nor a reset's new run (scheduled later) marks the live target again."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    frozen = steps.freeze()
+    restored = steps
+    restored.migrate(restored.snapshot())
+    verified = scheduled_as(restored, 20).verify()
+    scheduled_as(restored, 22).check_frozen(frozen.fence)  # switch-traffic's guard: traffic moves after it
+    sealed = _mark(databases)
+    assert verified.target_fence is not None
+    assert sealed["fence"] == verified.target_fence.model_dump(mode="json")
+    assert sealed["sealed_by"]["activity"] == "22"
+
+    for late in (
+        scheduled_as(restored, 20),
+        scheduled_as(restored, 5, run="run-2", scheduled=SCHEDULED.replace(year=2027)),
+    ):
+        with pytest.raises(TargetVerified, match="traffic may have moved to it"):
+            late.verify()
+        assert verified_mark(databases.target) == sealed
+
+    assert restored.undo_migrate().removed  # the way back vouches for the target, empties it and takes the mark away
+    restored.migrate(restored.snapshot())
+    scheduled_as(restored, 40).verify()
+    assert "sealed_by" not in (verified_mark(databases.target) or {})
+
+
+def test_a_mark_written_by_an_older_ferry_is_read_and_replaced(restored: Steps, databases: Databases) -> None:
+    """A mark without the attempt (an older ferry's): its fence is read as before, and a verify marks over it."""
+    verified = restored.verify()
+    assert verified.target_fence is not None
+    _set_mark(databases, {"migration": _owner(restored), "fence": verified.target_fence.model_dump(mode="json")})
+
+    assert restored.check_unwritten(None).fence == verified.target_fence
+
+    scheduled_as(restored, 20).verify()
+    assert _mark(databases)["attempt"]["activity"] == "20"
+
+
+def test_a_late_verify_is_refused_by_the_mark_of_another_migration(restored: Steps, databases: Databases) -> None:
+    other = {"migration": "shop/orders-db-to-16/another-uid", "fence": FenceMark(writes=0, catalog="x").model_dump()}
+    _set_mark(databases, other)
+
+    with pytest.raises(TargetVerified, match="verify of Migration shop/orders-db-to-16/another-uid has marked it"):
+        restored.verify()
+
+    assert verified_mark(databases.target) == other
+
+
+def _mark(databases: Databases) -> dict[str, Any]:
+    """The target's mark, which it must have."""
+    mark = verified_mark(databases.target)
+    assert mark is not None
+    return mark
+
+
+def _owner(steps: Steps) -> str:
+    return f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}"
+
+
+def _set_mark(databases: Databases, mark: dict[str, object]) -> None:
+    with connect(databases.target) as conn:
+        database = sql.Identifier(databases.target.database)
+        conn.execute(
+            sql.SQL("alter database {} set ferry.verified_mark = {}").format(
+                database, sql.Literal(json.dumps(mark, sort_keys=True))
+            )
+        )
+
+
+@pytest.mark.unit
+def test_attempts_of_one_activity_are_ordered_by_temporals_attempt_when_both_are_known() -> None:
+    first = Attempt(run=RUN, activity="20", scheduled=SCHEDULED, number=1)
+    assert first.before(dataclasses.replace(first, number=2))
+    assert not dataclasses.replace(first, number=2).before(first)
+    assert not first.before(first)
+    assert not first.before(dataclasses.replace(first, number=None)), "an attempt not recorded orders nothing"
+    assert Attempt.from_json(first.as_json()) == first
+    assert Attempt.from_json({"run": RUN, "activity": "20", "scheduled": SCHEDULED.isoformat()}).number is None
+
+
+@pytest.mark.unit
+def test_a_mark_is_read_with_what_it_lacks_unknown_and_an_unreadable_seal_as_a_seal() -> None:
+    old = unwritten.Mark.parse(json.dumps({"migration": "ns/name/uid", "fence": {"writes": 1, "catalog": "c"}}))
+    assert (old.migration, old.attempt, old.sealed_by) == ("ns/name/uid", None, None)
+    garbled = unwritten.Mark.parse(json.dumps({"migration": "ns/name/uid", "fence": {}, "sealed_by": "yes"}))
+    assert garbled.sealed_by is not None
+    assert unwritten.Mark.parse("not json").migration is None
