@@ -13,7 +13,8 @@ Ending the replication (`_end`) is one idempotent sequence, the same in catch_up
 both undos: record the subscription in the publication's record, drop the subscription
 on the target without touching the source (see subscription), drop this replication's
 slots on the source (the subscription's and any table synchronization slot the record
-names), give tables their replica identity back, and drop the publication last, with the
+names), then, in one transaction, give tables their replica identity back (those no
+other publication still needs: see replica_identity) and drop the publication, with the
 record. Interrupted anywhere, it finds what is left the next time, so no slot survives a
 completed undo: a slot left behind would keep the source's WAL forever. Where it ends the
 replication for good (catch-up, the undos), it first records so on the source, and a
@@ -41,6 +42,7 @@ from activities.postgres import (
     checksums,
     freezing,
     materialized_views,
+    replica_identity,
     replication,
     replication_ended,
     restoring,
@@ -199,7 +201,9 @@ class ReplicationActivities:
         An attempt scheduled before the activity that ended the replication for good (an
         undo, catch-up) is late: it fails with ReplicationEnded and makes nothing, or, when
         that activity came while it held the Migration's lock, fails at its next query of the
-        source, its session ended, having made nothing (see `_start`).
+        source, its session ended, having made nothing (see `_start`). A source that another
+        Migration replicates is refused (InvalidSpec) before anything is made, and again in
+        the transaction that would publish it (see replication.refuse_others).
         """
         ref, driver = input.ref, input.driver
         source, target = self._databases(ref, driver.source_secret, driver.target_secret)
@@ -248,6 +252,8 @@ class ReplicationActivities:
             # Refused before anything is made, the target included (checked again where the slot is made).
             replication_ended.refuse_if_ended(src, source, ref.uid, "replicate")
             _lacking_identity(src, source, driver.allow_replica_identity_full)
+            if not replication.exists(src, name):  # asked again where it publishes, under the lock that publishes
+                replication.refuse_others(src, name, source.describe())
             found = subscription.find(tgt, name)
             if found is not None and not replication.has_slot(src, name):
                 activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
@@ -303,7 +309,8 @@ class ReplicationActivities:
         ref: MigrationRef, found: subscription.Subscription | None, allow_full: bool, heartbeats: Heartbeats,
     ) -> tuple[list[str], subscription.Subscription]:  # fmt: skip
         """Publishes the source, makes the slot and the subscription (or enables it): what of them is missing. Returns
-        the tables given FULL, and the subscription.
+        the tables given FULL, and the subscription. Refused with InvalidSpec, nothing published, when another
+        Migration's publication is on the source (see replication.publish).
 
         The caller holds the Migration's lock on the source (`_start`). Refused with ReplicationEnded, before anything
         is made, once an activity scheduled after this attempt ended the replication (see replication_ended), which
@@ -329,12 +336,15 @@ class ReplicationActivities:
         self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,
         heartbeats: Heartbeats,
     ) -> list[str]:  # fmt: skip
-        """The publication (with ferry's record), replica identities, the slot; returns the tables given FULL."""
+        """The publication (with ferry's record), replica identities, the slot; returns the tables whose identity the
+        end gives back (those given FULL, and any another Migration's end handed over: see replica_identity)."""
         with privileged(db, "publish the tables and create a replication slot"):
             row = src.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
             retry = self._lock_retry(heartbeats, "publishing the source's tables")
-            record = replication.publish(src, name, owner(ref), every_table=bool(row and row[0]), retry=retry)
-            replication.give_full_identity(src, name, record, _lacking_identity(src, db, allow_full), retry)
+            every_table = bool(row and row[0])
+            replication.publish(src, name, owner(ref), every_table=every_table, where=db.describe(), retry=retry)
+            lacking = _lacking_identity(src, db, allow_full)
+            record = replica_identity.give_full_identity(src, name, lacking, retry)
             if not replication.has_slot(src, name):
                 self._wait_for_prepared(src, db, heartbeats)
             heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions
@@ -377,11 +387,7 @@ class ReplicationActivities:
         self, src: Connection, tgt: Connection, name: str, found: subscription.Subscription
     ) -> None:
         """Keeps the subscription's oid and the target's identifier in the record: they name its sync slots."""
-        record = replication.read_record(src, name)
-        system = subscription.system_identifier(tgt)
-        if record is not None and (record.subscription_oid, record.target_system) != (found.oid, system):
-            record.subscription_oid, record.target_system = found.oid, system
-            replication.write_record(src, name, record)
+        replication.record_subscription(src, name, found.oid, subscription.system_identifier(tgt))
 
     def _wait_until_close(
         self, src: Connection, tgt: Connection, target: DatabaseConnection, name: str,
@@ -581,13 +587,11 @@ class ReplicationActivities:
             if leftover:
                 replication.drop_slots(src, leftover, lambda: heartbeats.progress(dropping_slots=leftover))
                 ended = True
-            if record is not None:
-                restored = replication.restore_identities(
-                    src, record, self._lock_retry(heartbeats, "giving tables their replica identity back")
-                )
-                if restored:
-                    activity.logger.info("gave back their replica identity to %s", ", ".join(restored))
-            ended = replication.drop_publication(src, name) or ended
+            retry = self._lock_retry(heartbeats, "giving back replica identities and dropping the publication")
+            given = replica_identity.unpublish(src, name, retry)
+            if given is not None:
+                _log_given_back(source, given)
+                ended = True
         return ended
 
     # --- shared ------------------------------------------------------------------------------
@@ -632,9 +636,27 @@ class ReplicationActivities:
         return connect(db, self._settings, **WRITABLE)
 
 
+def _log_given_back(db: DatabaseConnection, given: replica_identity.GivenBack) -> None:
+    """Says what the end did with the replica identities its record named (see replica_identity)."""
+    if given.restored:
+        activity.logger.info("gave back their replica identity to %s", ", ".join(given.restored))
+    for table, heir in sorted(given.handed_over.items()):
+        activity.logger.info(
+            "left %s REPLICA IDENTITY FULL: publication %s of another Migration still publishes it, and the end of "
+            "that replication gives its identity back",
+            table, heir,
+        )  # fmt: skip
+    for kept in given.kept:
+        activity.logger.warning(
+            "left %s of %s REPLICA IDENTITY FULL: publication %s, not ferry's (or whose record this user may not "
+            "write), still publishes its updates or deletes, which need it. Once none does, give it back: %s",
+            kept.table, db.describe(), ", ".join(kept.publications), kept.restore_statement(),
+        )  # fmt: skip
+
+
 def _lacking_identity(conn: Connection, db: DatabaseConnection, allow_full: bool) -> dict[str, str]:
     """The tables replicate must give REPLICA IDENTITY FULL; InvalidSpec when there are some and the spec says no."""
-    lacking = replication.lacking_identity(conn)
+    lacking = replica_identity.lacking_identity(conn)
     if lacking and not allow_full:
         raise InvalidSpec(
             f"these tables of {db.describe()} have no primary key and no replica identity, so the source would "

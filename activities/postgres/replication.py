@@ -6,9 +6,10 @@ subscription on the target. Any attempt and any undo finds them by that name, so
 never makes a second one, and an undo needs no step result.
 
 The publication carries ferry's record of the replication as its comment, in JSON
-(`Record`): which Migration it serves, which tables replicate gave REPLICA IDENTITY FULL
-and what their identity was before, and which subscription copies from it (the
-subscription's oid and the target server's system identifier). The last two name the
+(`Record`): which Migration it serves, which tables are REPLICA IDENTITY FULL for the
+replication and what their identity was before (see replica_identity), and which
+subscription copies from it (the subscription's oid and the target server's system
+identifier). The last two name the
 table synchronization slots that the subscription's initial copy makes on the source
 (pg_<subscription oid>_sync_<table oid>_<system identifier>): a subscription dropped
 without reaching the source leaves them, and they would keep WAL forever. Each part of
@@ -17,6 +18,15 @@ last, so an undo interrupted anywhere still finds everything to undo.
 
 A slot is dropped only once no walsender uses it: its walsender is terminated first (the
 subscription is already gone or disabled then, so nothing reconnects).
+
+One source database has one ferry replication at a time: replicate refuses to publish
+a source on which another Migration's publication is (`refuse_others`), as the precheck
+does, but the precheck comes hours earlier (mode Online publishes only after
+provision and the recovery snapshot). The check and the creation are one transaction
+under PUBLICATIONS_LOCK, an advisory lock of the source database that every change of
+any ferry record takes too, so two replicates racing cannot both pass, and an end that
+hands a table's replica identity over to another record (see replica_identity) never
+interleaves with that record's other changes.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres.connection import Connection
-from ferry.api.errors import ReplicationBroken
+from ferry.api.errors import InvalidSpec, ReplicationBroken
 
 T = TypeVar("T")
 
@@ -55,16 +65,14 @@ where n.nspname !~ '^pg_' and n.nspname <> 'information_schema' and c.relpersist
 and not exists (select from pg_depend d where d.classid = 'pg_class'::regclass and d.objid = c.oid and d.deptype = 'e')
 """
 """The tables a publication of every table carries: user tables that no extension owns, temporary ones left out."""
-LACKING_IDENTITY = f"""
-select format('%I.%I', n.nspname, c.relname), c.relreplident {USER_TABLES}
-and c.relkind = 'r' and c.relpersistence = 'p' and (
-    c.relreplident = 'n'
-    or (c.relreplident = 'd' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisprimary))
-    or (c.relreplident = 'i' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisreplident))
-)
-order by 1
+PUBLICATIONS_LOCK = 0x6665727279_7075
+"""The advisory lock (transaction-level, of the source database) under which ferry creates a publication, changes
+any of its records, and gives replica identities back before dropping one."""
+OTHER_REPLICATIONS = """
+select pubname, obj_description(oid, 'pg_publication') from pg_publication
+where pubname like 'ferry\\_%%' and pubname <> %(slot)s order by 1
 """
-"""Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity."""
+"""ferry's publications on the source other than this Migration's: replications of other Migrations."""
 
 
 def name(uid: str) -> str:
@@ -79,7 +87,9 @@ class Record:
     owner: str
     """The Migration (namespace/name/uid) the replication serves."""
     replica_identity: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Tables given REPLICA IDENTITY FULL, and their relreplident before ('d' default, 'n' nothing)."""
+    """Tables whose identity the end of this replication gives back, with their relreplident before ('d' default, 'n'
+    nothing): those replicate gave REPLICA IDENTITY FULL, and those another ended replication handed over because
+    this one still published them (see replica_identity)."""
     subscription_oid: int | None = None
     """The oid of the subscription on the target, which names its table synchronization slots."""
     target_system: str | None = None
@@ -125,6 +135,59 @@ def write_record(conn: Connection, publication: str, record: Record) -> None:
     conn.execute(sql.SQL("comment on publication {} is {}").format(sql.Identifier(publication), sql.Literal(text)))
 
 
+def lock_publications(conn: Connection) -> None:
+    """Takes PUBLICATIONS_LOCK in the transaction open on `conn`, until it ends."""
+    conn.execute("select pg_advisory_xact_lock(%s)", (PUBLICATIONS_LOCK,))
+
+
+def record_subscription(conn: Connection, publication: str, oid: int, system: str) -> None:
+    """Keeps the subscription's oid and the target's system identifier in the record (unless it has them)."""
+    with conn.transaction():
+        lock_publications(conn)
+        record = read_record(conn, publication)
+        if record is not None and (record.subscription_oid, record.target_system) != (oid, system):
+            write_record(conn, publication, dataclasses.replace(record, subscription_oid=oid, target_system=system))
+
+
+def other_replications(conn: Connection, publication: str) -> list[tuple[str, str]]:
+    """The other Migrations' ferry publications on the source: (publication, Migration), "unknown" without a record."""
+    rows = conn.execute(OTHER_REPLICATIONS, {"slot": publication}).fetchall()
+    return [(name, record.owner if (record := parse_record(comment)) else "unknown") for name, comment in rows]
+
+
+def replicated_by_others(where: str, others: list[tuple[str, str]]) -> str:
+    """What the precheck and replicate say of a source that `others` (other_replications) replicate."""
+    whose = ", ".join(f"{name} (Migration {owner})" for name, owner in others)
+    return (
+        f"{where} is being replicated by another Migration already: publication {whose}. Online Migrations of one "
+        "source run one at a time: the freeze of either ends the other's replication connections, and its "
+        "scale-down-old stops the source the other replicates. Wait until that Migration has finished or rolled "
+        "back, or use mode Snapshot. One left behind by a Migration that no longer runs is dropped with DROP "
+        "PUBLICATION and pg_drop_replication_slot (the slot has the publication's name)."
+    )
+
+
+def refuse_others(conn: Connection, publication: str, where: str) -> None:
+    """Raises InvalidSpec when another Migration's ferry publication is on the source (`where` describes it).
+
+    Permanent, not retried: the other replication lasts as long as its Migration (hours, or
+    days awaiting an approval), and a retry that passed once it ended would start this one
+    at a time nobody chose; a person decides (wait, then migrate again, or mode Snapshot).
+    InvalidSpec, as the precheck's refusal of the same source is permanent, rather than a
+    new type: an attempt keeps the retry policy its activity was scheduled with (by a
+    workflow worker of an earlier version during an upgrade), which would retry a type it
+    does not name.
+    """
+    others = other_replications(conn, publication)
+    if others:
+        raise InvalidSpec(
+            f"{replicated_by_others(where, others)} replicate refused to publish the source for this Migration, "
+            "whose precheck found no other replication there (mode Online publishes only after provision and the "
+            "recovery snapshot, so another Migration's may begin in between); none of this Migration's replication "
+            "was made."
+        )
+
+
 def briefly_locked(conn: Connection, work: Callable[[], T], retry: Retry) -> T:
     """Runs `work` in one transaction whose statements wait at most LOCK_WAIT for a lock; when one would wait
     longer, the transaction is rolled back (nothing of it stays), `retry` pauses, and `work` runs again."""
@@ -150,19 +213,24 @@ def lock_retry(heartbeats: Heartbeats, doing: str, pause: float) -> Retry:
     return retry
 
 
-def publish(conn: Connection, publication: str, owner: str, every_table: bool, retry: Retry) -> Record:
+def publish(conn: Connection, publication: str, owner: str, every_table: bool, where: str, retry: Retry) -> Record:
     """Creates the publication with its record, unless it is there; returns the record.
 
     `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE
     with every user table there is now, which the user must own (the precheck says so).
+    Refused (InvalidSpec, see `refuse_others`) when another Migration's publication is on
+    the source `where` describes: checked under PUBLICATIONS_LOCK, in the transaction that
+    creates the publication.
     """
-    return briefly_locked(conn, lambda: _publish(conn, publication, owner, every_table), retry)
+    return briefly_locked(conn, lambda: _publish(conn, publication, owner, every_table, where), retry)
 
 
-def _publish(conn: Connection, publication: str, owner: str, every_table: bool) -> Record:
+def _publish(conn: Connection, publication: str, owner: str, every_table: bool, where: str) -> Record:
+    lock_publications(conn)
     record = read_record(conn, publication)
     if record is not None:
-        return record
+        return record  # made by an earlier attempt, which was checked as this one is below
+    refuse_others(conn, publication, where)
     record = Record(owner=owner)
     with conn.transaction():
         # The publication and its record are made in one transaction: one without a record is not from an attempt.
@@ -187,64 +255,6 @@ def _publish(conn: Connection, publication: str, owner: str, every_table: bool) 
             conn.execute(statement)
         write_record(conn, publication, record)
     return record
-
-
-def lacking_identity(conn: Connection) -> dict[str, str]:
-    """Tables that have no primary key and no replica identity, with their relreplident."""
-    return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
-
-
-def give_full_identity(
-    conn: Connection, publication: str, record: Record, tables: dict[str, str], retry: Retry
-) -> None:
-    """REPLICA IDENTITY FULL for `tables`, recorded (with what they had) before the change, in one transaction."""
-    if not tables:
-        return
-    wanted = {t: v for t, v in tables.items() if t not in record.replica_identity}
-
-    def give() -> None:
-        write_record(
-            conn, publication, dataclasses.replace(record, replica_identity={**record.replica_identity, **wanted})
-        )
-        for table in tables:
-            _set_identity(conn, table, "full")
-
-    briefly_locked(conn, give, retry)
-    record.replica_identity.update(wanted)
-
-
-def restore_identities(conn: Connection, record: Record, retry: Retry) -> list[str]:
-    """Gives the recorded tables their identity back (those still FULL); returns them."""
-
-    def restore() -> list[str]:
-        restored = []
-        for table, before in sorted(record.replica_identity.items()):
-            if _identity(conn, table) != "f":
-                continue  # dropped since, or changed by someone else: theirs now
-            _set_identity(conn, table, "nothing" if before == "n" else "default")
-            restored.append(table)
-        return restored
-
-    return briefly_locked(conn, restore, retry)
-
-
-def _identity(conn: Connection, table: str) -> str | None:
-    row = conn.execute("select relreplident from pg_class where oid = to_regclass(%s)", (table,)).fetchone()
-    return str(row[0]) if row is not None else None
-
-
-def _set_identity(conn: Connection, table: str, identity: str) -> None:
-    """ALTER TABLE ... REPLICA IDENTITY, the table's name read back from the catalog rather than from the record."""
-    row = conn.execute(
-        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
-        "where c.oid = to_regclass(%s)",
-        (table,),
-    ).fetchone()
-    if row is None:
-        return
-    conn.execute(
-        sql.SQL("alter table {} replica identity {}").format(sql.Identifier(row[0], row[1]), sql.SQL(identity))
-    )
 
 
 def drop_publication(conn: Connection, publication: str) -> bool:

@@ -18,6 +18,9 @@ precheck, listed with the others, each saying what to change:
 - no table hash-partitioned on an enum: an enum's hash is its oid, which is not the
   same in the target, so the target's partitions would refuse the rows replicated into
   them by name; mode Snapshot loads such a table through its root (pg_dump does so);
+- no other Migration replicates the source (one at a time: see
+  replication.replicated_by_others); replicate asks again where it publishes, since
+  another Migration may publish the source between this precheck and then;
 - the target's user must be allowed to create a subscription (a superuser, or from
   PostgreSQL 16 a member of pg_create_subscription with CREATE on the database).
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from activities.postgres import replication
+from activities.postgres import replica_identity, replication
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import REPLICATION_ENDED
 from activities.secrets import DatabaseConnection
@@ -73,24 +76,12 @@ from pg_roles r where r.rolname = current_user
 """
 
 
-OTHER_REPLICATIONS = """
-select pubname, obj_description(oid, 'pg_publication') from pg_publication
-where pubname like 'ferry\\_%%' and pubname <> %(slot)s order by 1
-"""
-"""ferry's publications on the source other than this Migration's: replications of other Migrations."""
-
-
 def _may_set(conn: Connection, parameter: str) -> bool:
     """Whether the current user may set `parameter` for a database; before PostgreSQL 15 anyone could."""
     if conn.info.server_version < 150000:
         return True
     row = conn.execute("select has_parameter_privilege(current_user, %s, 'SET')", (parameter,)).fetchone()
     return bool(row and row[0])
-
-
-def _owner(comment: str | None) -> str:
-    record = replication.parse_record(comment)
-    return record.owner if record is not None else "unknown"
 
 
 def check(
@@ -167,17 +158,10 @@ def check_source(
             "rollback): since PostgreSQL 15 only superusers may set custom parameters. As a superuser, GRANT SET ON "
             f"PARAMETER {REPLICATION_ENDED} TO {db.username}, or use a superuser."
         )
-    others = conn.execute(OTHER_REPLICATIONS, {"slot": slot}).fetchall()
-    if others:
-        whose = ", ".join(f"{name} (Migration {_owner(comment)})" for name, comment in others)
-        problems.append(
-            f"{db.describe()} is being replicated by another Migration already: publication {whose}. Online "
-            "Migrations of one source run one at a time: ending one gives the tables their replica identity back, "
-            "which the other's replication still needs. Wait until that Migration has finished or rolled back, or "
-            "use mode Snapshot. One left behind by a Migration that no longer runs is dropped with DROP PUBLICATION "
-            "and pg_drop_replication_slot (the slot has the publication's name)."
-        )
-    lacking = replication.lacking_identity(conn)
+    others = replication.other_replications(conn, slot)
+    if others:  # replicate asks again where it publishes (see replication.refuse_others)
+        problems.append(replication.replicated_by_others(db.describe(), others))
+    lacking = replica_identity.lacking_identity(conn)
     if lacking and not driver.allow_replica_identity_full:
         problems.append(
             f"these tables of {db.describe()} have no primary key and no replica identity, so the source cannot "

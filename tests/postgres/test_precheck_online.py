@@ -256,8 +256,8 @@ def _empty_database(admin: PostgresEndpoint) -> Iterator[PostgresEndpoint]:
 def test_a_source_another_migration_replicates_is_refused_naming_that_migration(
     online: OnlineSteps, databases: Databases
 ) -> None:
-    """Ending a replication gives the tables ferry made REPLICA IDENTITY FULL their identity back: with another
-    replication still publishing their updates, the source would then refuse every update of them."""
+    """The freeze of either Migration would end the other's replication connections; replicate asks again where it
+    publishes (tests/postgres/test_replicate_one_source_twice.py)."""
     create_shop(databases.source, customers=10, orders=10)
     with connect(databases.source) as conn:
         conn.execute("create publication ferry_0ther for all tables")

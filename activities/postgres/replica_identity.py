@@ -1,0 +1,205 @@
+"""REPLICA IDENTITY FULL for the tables mode Online publishes without a key, given back without breaking a publication.
+
+The source refuses to publish the updates and deletes of a table that has no primary key
+and no other replica identity. With spec.driver.allowReplicaIdentityFull, replicate gives
+such tables REPLICA IDENTITY FULL for the time of the replication, recording first in
+ferry's record on its publication (see replication) what each had before, and the end of
+the replication gives it back.
+
+The identity belongs to the table, not to one publication: every publication that
+publishes the table's updates or deletes needs it, and once it is gone every UPDATE and
+DELETE of the table on the live source fails ("cannot update table ... because it does
+not have a replica identity and publishes updates"). Another publication may rely on the
+FULL ferry set: another Migration's (its replicate found the table FULL already, so it
+set and recorded nothing; replicate refuses a source another Migration replicates, but
+replications begun by a ferry without that refusal can overlap), or someone's own
+logical replication. So the end gives a table back only when no other publication
+publishes its updates or deletes (pg_publication_tables, which expands FOR ALL TABLES
+and FOR TABLES IN SCHEMA; a partition counts as published when an ancestor is, as a
+publication may publish through the root). Otherwise:
+- another ferry publication publishes it: the table is handed over, its identity from
+  before written into that publication's record (unless it is there), so the last of the
+  replications to end gives it back, as it was before either began;
+- only publications not ferry's do: it stays FULL, and the end logs what it was, to be
+  given back by hand once they no longer publish it (ferry cannot tell when).
+
+Giving back, handing over and dropping the publication are one transaction (`unpublish`),
+under replication.PUBLICATIONS_LOCK, which every change of a ferry record takes: two
+replications ending at once never each hand a table to the other and both drop their
+publication, and a hand-over never interleaves with the other record's own changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import psycopg
+from psycopg import sql
+
+from activities.postgres import replication
+from activities.postgres.connection import Connection
+
+LACKING_IDENTITY = f"""
+select format('%I.%I', n.nspname, c.relname), c.relreplident {replication.USER_TABLES}
+and c.relkind = 'r' and c.relpersistence = 'p' and (
+    c.relreplident = 'n'
+    or (c.relreplident = 'd' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisprimary))
+    or (c.relreplident = 'i' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisreplident))
+)
+order by 1
+"""
+"""Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity."""
+OTHER_PUBLISHERS = """
+with recursive published_as(relid) as (
+    select to_regclass(%(table)s)::oid
+    union
+    select i.inhparent from published_as a
+    join pg_class c on c.oid = a.relid and c.relispartition
+    join pg_inherits i on i.inhrelid = a.relid
+)
+select p.pubname, obj_description(p.oid, 'pg_publication') from pg_publication p
+where p.pubname <> %(own)s and (p.pubupdate or p.pubdelete) and exists (
+    select from pg_publication_tables t
+    join pg_namespace n on n.nspname = t.schemaname
+    join pg_class c on c.relnamespace = n.oid and c.relname = t.tablename
+    join published_as a on a.relid = c.oid
+    where t.pubname = p.pubname
+)
+order by 1
+"""
+"""The publications other than `own` that publish the updates or deletes of `table`, or of a partitioned table it is
+a partition of (publish_via_partition_root lists the root), with their comments. pg_inherits rather than
+pg_partition_ancestors, which PostgreSQL 11 and older lack."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """A table left REPLICA IDENTITY FULL for publications that are not ferry's."""
+
+    table: str
+    before: str
+    """Its relreplident before ferry made it FULL ('d' default, 'n' nothing)."""
+    publications: list[str]
+    """The publications that still publish its updates or deletes."""
+
+    def restore_statement(self) -> str:
+        return f"ALTER TABLE {self.table} REPLICA IDENTITY {_identity_clause(self.before).upper()}"
+
+
+@dataclasses.dataclass
+class GivenBack:
+    """What the end of a replication did with the tables its record names (those no longer FULL are left out)."""
+
+    restored: list[str] = dataclasses.field(default_factory=list)
+    """Given their identity back."""
+    handed_over: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Left FULL, by table: the other ferry publication whose record now gives it back."""
+    kept: list[Kept] = dataclasses.field(default_factory=list)
+    """Left FULL for publications that are not ferry's (or whose record the source's user may not write)."""
+
+
+def lacking_identity(conn: Connection) -> dict[str, str]:
+    """Tables that have no primary key and no replica identity, with their relreplident."""
+    return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
+
+
+def give_full_identity(
+    conn: Connection, publication: str, tables: dict[str, str], retry: replication.Retry
+) -> replication.Record:
+    """REPLICA IDENTITY FULL for `tables`, recorded (with what they had) before the change, in one transaction; returns
+    the record as it is then. A table the record names already keeps what the record says it had."""
+
+    def give() -> replication.Record:
+        replication.lock_publications(conn)
+        record = replication.read_record(conn, publication)
+        if record is None:
+            raise RuntimeError(f"publication {publication} has no record of ferry's: drop it, then retry")
+        wanted = {t: v for t, v in tables.items() if t not in record.replica_identity}
+        if wanted:
+            record = dataclasses.replace(record, replica_identity={**record.replica_identity, **wanted})
+            replication.write_record(conn, publication, record)
+        for table in tables:
+            _set_identity(conn, table, "full")
+        return record
+
+    return replication.briefly_locked(conn, give, retry)
+
+
+def unpublish(conn: Connection, publication: str, retry: replication.Retry) -> GivenBack | None:
+    """Gives back the identities the record names (`restore_identities`) and drops the publication, in one transaction
+    under PUBLICATIONS_LOCK; None when there is no publication."""
+
+    def end() -> GivenBack | None:
+        replication.lock_publications(conn)
+        if not replication.exists(conn, publication):
+            return None
+        record = replication.read_record(conn, publication)
+        given = restore_identities(conn, publication, record) if record is not None else GivenBack()
+        replication.drop_publication(conn, publication)
+        return given
+
+    return replication.briefly_locked(conn, end, retry)
+
+
+def restore_identities(conn: Connection, publication: str, record: replication.Record) -> GivenBack:
+    """Gives the tables `record` names their identity back, those still FULL that no other publication publishes; hands
+    those another ferry publication publishes over to its record; keeps the others FULL.
+
+    The caller holds PUBLICATIONS_LOCK in the transaction open on `conn` (see `unpublish`).
+    """
+    given = GivenBack()
+    for table, before in sorted(record.replica_identity.items()):
+        if _identity(conn, table) != "f":
+            continue  # dropped since, or changed by someone else: theirs now
+        others = conn.execute(OTHER_PUBLISHERS, {"own": publication, "table": table}).fetchall()
+        if not others:
+            _set_identity(conn, table, _identity_clause(before))
+            given.restored.append(table)
+            continue
+        heir = _hand_over(conn, table, before, others)
+        if heir is not None:
+            given.handed_over[table] = heir
+        else:
+            given.kept.append(Kept(table, before, [name for name, _ in others]))
+    return given
+
+
+def _hand_over(conn: Connection, table: str, before: str, others: list[tuple[str, str | None]]) -> str | None:
+    """The ferry publication among `others` whose record gives `table` back when its replication ends: one whose record
+    names it already, else the first whose record takes it; None when none is ferry's, or none may be written."""
+    records = [(name, record) for name, comment in others if (record := replication.parse_record(comment)) is not None]
+    for name, record in records:
+        if table in record.replica_identity:
+            return name
+    for name, record in records:
+        heir = dataclasses.replace(record, replica_identity={**record.replica_identity, table: before})
+        try:
+            with conn.transaction():  # a savepoint: a record this user may not write (not its publication) is skipped
+                replication.write_record(conn, name, heir)
+        except psycopg.errors.InsufficientPrivilege:
+            continue
+        return name
+    return None
+
+
+def _identity_clause(before: str) -> str:
+    return "nothing" if before == "n" else "default"
+
+
+def _identity(conn: Connection, table: str) -> str | None:
+    row = conn.execute("select relreplident from pg_class where oid = to_regclass(%s)", (table,)).fetchone()
+    return str(row[0]) if row is not None else None
+
+
+def _set_identity(conn: Connection, table: str, identity: str) -> None:
+    """ALTER TABLE ... REPLICA IDENTITY, the table's name read back from the catalog rather than from the record."""
+    row = conn.execute(
+        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
+        "where c.oid = to_regclass(%s)",
+        (table,),
+    ).fetchone()
+    if row is None:
+        return
+    conn.execute(
+        sql.SQL("alter table {} replica identity {}").format(sql.Identifier(row[0], row[1]), sql.SQL(identity))
+    )
