@@ -23,16 +23,17 @@ from ferry.api.migration import FINALIZER
 SOURCE_PODS = ["orders-db-0", "orders-db-1"]
 
 
-def controller_manager(stack: StackInfo) -> int:
-    """The process ID of the stack's kube-controller-manager (its kubeconfig is in the stack's state folder)."""
+def stack_process(stack: StackInfo, program: str) -> int:
+    """The process ID of the stack's `program` (e.g. kube-controller-manager): its arguments name the stack's state
+    folder (a kubeconfig, a data folder in it)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if argv[0].endswith(b"kube-controller-manager") and str(stack.state_dir).encode() in b" ".join(argv):
+            if argv[0].endswith(program.encode()) and str(stack.state_dir).encode() in b" ".join(argv):
                 return int(entry.name)
-    raise AssertionError(f"no kube-controller-manager of the stack in {stack.state_dir} runs")
+    raise AssertionError(f"no {program} of the stack in {stack.state_dir} runs")
 
 
 @contextlib.contextmanager

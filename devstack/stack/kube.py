@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devstack.stack import admission, pki
 from devstack.stack.install import Binaries
-from devstack.stack.processes import ManagedProcess
+from devstack.stack.processes import ManagedProcess, go_environment
 from devstack.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
 
 SERVICE_CIDR = "10.0.0.0/24"
@@ -85,7 +85,9 @@ class KubeControlPlane:
         # The API server's graceful shutdown waits on clients' open requests; its state is
         # in etcd, which stops gracefully after it, so a short wait is enough.
         stop_timeout = 5.0 if name == "kube-apiserver" else 15.0
-        process = ManagedProcess(name=name, argv=argv, log_path=self.logs / f"{name}.log", stop_timeout=stop_timeout)
+        process = ManagedProcess(
+            name=name, argv=argv, log_path=self.logs / f"{name}.log", stop_timeout=stop_timeout, env=go_environment()
+        )
         self.processes.append(process)
         return process
 

@@ -15,7 +15,7 @@ from devstack.stack.install import Binaries
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-from devstack.stack.processes import ManagedProcess
+from devstack.stack.processes import ManagedProcess, go_environment
 from devstack.stack.readiness import LOOPBACK, PortBook, wait_until
 
 REGION = "us-east-1"
@@ -50,7 +50,7 @@ class S3Server:
         data = self.folder / "data"
         data.mkdir(parents=True, exist_ok=True)
         access, secret = self.credentials
-        env = dict(os.environ, ROOT_ACCESS_KEY=access, ROOT_SECRET_KEY=secret)
+        env = go_environment(dict(os.environ, ROOT_ACCESS_KEY=access, ROOT_SECRET_KEY=secret))
         self.process = ManagedProcess(
             name="s3",
             argv=[str(self.binaries.versitygw), f"--port={LOOPBACK}:{self.ports.port('s3')}", "posix", str(data)],

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from devstack.stack.install import Binaries
-from devstack.stack.processes import ManagedProcess
+from devstack.stack.processes import ManagedProcess, go_environment
 from devstack.stack.readiness import LOOPBACK, PortBook, http_ok, wait_until
 from ferry.api import search_attributes
 
@@ -69,7 +69,9 @@ class TemporalDevServer:
             argv.append(f"--ui-codec-endpoint={self.codec_endpoint}")
         for key in search_attributes.ALL:
             argv.append(f"--search-attribute={key.name}=Keyword")
-        self.process = ManagedProcess(name="temporal", argv=argv, log_path=self.logs / "temporal.log")
+        self.process = ManagedProcess(
+            name="temporal", argv=argv, log_path=self.logs / "temporal.log", env=go_environment()
+        )
         self.process.start()
         return self.process
 

@@ -18,7 +18,7 @@ from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, SwitchTrafficInput, UndoProvisionInput
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import TARGET, TARGET_PODS
-from tests.cluster import SOURCE, SOURCE_PODS, controller_manager, endpoint_pods, eventually, ready_replicas, stopped
+from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas, stack_process, stopped
 
 
 def _nothing_of_the_target_left(kube_api: k8s.ApiClient, namespace: str) -> None:
@@ -102,7 +102,7 @@ def test_undo_provision_deletes_nothing_before_the_statefulset_controller_has_st
             ended.append(error)
 
     apps = k8s.AppsV1Api(kube_api)
-    with stopped(controller_manager(stack)):
+    with stopped(stack_process(stack, "kube-controller-manager")):
         running = threading.Thread(target=undoing)
         running.start()
         eventually(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from kubernetes import client as k8s
 
-from tests.cluster import crd_established
+from devstack.stack.processes import GOGC
+from devstack.stack.stack import StackInfo
+from tests.cluster import crd_established, stack_process
 from tests.conftest import Kubectl
 
 WIDGET_CRD = """
@@ -130,3 +134,12 @@ def test_statefulset_with_volume_claims_becomes_ready_without_help(kube_api: k8s
     pods = core.list_namespaced_pod(namespace).items
     assert {p.status.phase for p in pods} == {"Running"}
     assert all(p.spec.node_name for p in pods)
+
+
+def test_the_stacks_go_programs_collect_garbage_less_often_than_gos_default(stack: StackInfo) -> None:
+    """CPU, not memory, runs short on the stack's machine (devstack/stack/processes.py GOGC): its API server and etcd
+    run with the stack's GOGC unless the environment set one."""
+    wanted = os.environ.get("GOGC", GOGC)
+    for program in ("kube-apiserver", "etcd"):
+        environ = Path(f"/proc/{stack_process(stack, program)}/environ").read_bytes().split(b"\0")
+        assert f"GOGC={wanted}".encode() in environ, program
