@@ -54,7 +54,13 @@ from activities.secrets import DatabaseConnection, SecretProtection, Secrets, re
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import REPORTING_COMPONENT
-from ferry.api.errors import BadCredentials, VerificationMismatch, WritesAfterFreeze, WritesOnTarget
+from ferry.api.errors import (
+    BadCredentials,
+    DatabaseUnreachable,
+    VerificationMismatch,
+    WritesAfterFreeze,
+    WritesOnTarget,
+)
 from ferry.api.migration import DriverSpec, DriverType, EventType, StepName, named_secrets
 from ferry.api.saga import (
     AheadComparison,
@@ -351,16 +357,29 @@ class PostgresActivities:
         return CheckFrozenResult(sessions_ended=ended, fence=present)
 
     def _seal(self, ref: MigrationRef, driver: DriverSpec, heartbeats: Heartbeats) -> None:
-        """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal)."""
+        """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal).
+
+        Best effort: a target that cannot be reached now (restarting, recovering) leaves the mark unsealed with a
+        warning, and the check passes, as it did before seals. Failing it instead would end the migration at once
+        (the target unreachable is not retried), and the rollback's first guard, which needs the target too, would
+        stop there with the source frozen. Unsealed, a late verify is still refused by the mark's attempt, unless it
+        is a late attempt of the very activity that marked, or of a reset's new run."""
         target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
-        with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
-            waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
-            if unwritten.seal(conn, owner(ref), Attempt.current(), waiting):
-                activity.logger.info("sealed verify's mark on %s: no verify marks it again", target.describe())
-            else:
-                activity.logger.warning(
-                    "%s holds no mark of verify of Migration %s: nothing to seal", target.describe(), ref
-                )
+        try:
+            with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
+                waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
+                sealed = unwritten.seal(conn, owner(ref), Attempt.current(), waiting)
+        except (DatabaseUnreachable, psycopg.OperationalError) as error:
+            activity.logger.warning(
+                "could not seal verify's mark on %s (%s): the check goes on without it", target.describe(), error
+            )
+            return
+        if sealed:
+            activity.logger.info("sealed verify's mark on %s: no verify marks it again", target.describe())
+        else:
+            activity.logger.warning(
+                "%s holds no mark of verify of Migration %s: nothing to seal", target.describe(), ref
+            )
 
     # --- snapshot ----------------------------------------------------------------------------
 

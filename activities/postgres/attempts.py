@@ -78,12 +78,10 @@ class Attempt:
         number = value.get("number")
         if number is not None and not isinstance(number, int):
             raise TypeError(f"an attempt's number is not a number: {number!r}")
-        return Attempt(
-            run=str(value["run"]),
-            activity=str(value["activity"]),
-            scheduled=datetime.fromisoformat(value["scheduled"]),
-            number=number,
-        )
+        scheduled = datetime.fromisoformat(value["scheduled"])
+        if scheduled.tzinfo is None:
+            raise ValueError(f"an attempt's time names no time zone: {value['scheduled']!r}")
+        return Attempt(run=str(value["run"]), activity=str(value["activity"]), scheduled=scheduled, number=number)
 
     def describe(self) -> str:
         number = f", attempt {self.number}" if self.number is not None else ""

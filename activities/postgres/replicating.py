@@ -49,6 +49,7 @@ from activities.postgres import (
     schema_copy,
     sequences,
     subscription,
+    unwritten,
 )
 from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.connection import Connection, connect, privileged
@@ -448,7 +449,11 @@ class ReplicationActivities:
                 started = time.monotonic()
                 applied = self._wait_until_applied(src, tgt, target, name, found, frozen, heartbeats)
                 waited = time.monotonic() - started
-            with privileged(target, "set the sequences"):
+            # Under verify's lock, refused once verify marked the target: a late attempt (its worker stood still past
+            # its heartbeat timeout) would set a live target's sequences back to the frozen source's, and its clients'
+            # next inserts would take numbers already used.
+            with privileged(target, "set the sequences"), tgt.transaction():
+                unwritten.refuse_if_verified(tgt, target, "set the target's sequences from the source's")
                 copied = sequences.copy(src, tgt)
             refreshed = self._refresh_materialized_views(src, tgt, target, heartbeats)
             self._end(src, tgt, source, target, ref, heartbeats, ended_by="catch-up")

@@ -203,6 +203,7 @@ def marking(conn: Connection, db: DatabaseConnection, owner: str, between_tries:
     refused first (TargetVerified, nothing done) when the running attempt must leave the target alone
     (`refuse_if_overtaken`). `between_tries` heartbeats (and raises once the activity is cancelled) while LOCK is
     taken (`hold`)."""
+    conn.execute(NO_TRANSACTION_TIMEOUTS)  # the transaction spans ending sessions and reading every sequence
     with conn.transaction():
         hold(conn, between_tries)
         refuse_if_overtaken(conn, db, owner, Attempt.current())
@@ -278,6 +279,7 @@ def seal(conn: Connection, owner: str, by: Attempt, between_tries: Callable[[], 
     """Adds to `owner`'s mark on the target that traffic may move to it from now on (the check before switch-traffic,
     `by`, found the source still frozen): no verify marks it again, whatever attempt it is, until an undo has emptied
     it and removed the mark. False when the target holds no mark of `owner` (nothing to seal); idempotent."""
+    conn.execute(NO_TRANSACTION_TIMEOUTS)
     with conn.transaction():
         hold(conn, between_tries)
         mark = read_mark(conn)

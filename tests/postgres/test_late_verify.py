@@ -17,20 +17,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes import client as k8s
 from psycopg import sql
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres import unwritten, verifying
 from activities.postgres.attempts import Attempt
+from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.readiness import LOOPBACK
 from ferry.api.errors import TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark, VerifyResult
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps
+from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import connect, contents, create_shop, verified_mark
 from tests.postgres.online import OnlineSteps
 
@@ -271,3 +275,69 @@ def test_a_mark_is_read_with_what_it_lacks_unknown_and_an_unreadable_seal_as_a_s
     garbled = unwritten.Mark.parse(json.dumps({"migration": "ns/name/uid", "fence": {}, "sealed_by": "yes"}))
     assert garbled.sealed_by is not None
     assert unwritten.Mark.parse("not json").migration is None
+
+
+def test_a_late_catch_up_after_verify_marked_leaves_the_live_targets_sequences_alone(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """catch-up sets the target's sequences from the frozen source's. An attempt whose worker stood still past its
+    heartbeat timeout, going on once verify marked the target and the clients wrote to it, would set them back: the
+    clients' next inserts would take numbers already used. It is refused, and the sequences stay where they are."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    replicated = online.replicate()
+    online.freeze()
+    online.catch_up()
+    online.verify(replicated.ahead)
+    with connect(databases.target) as application:
+        application.execute("insert into audit.log (order_id, note) values (3, 'written after traffic moved')")
+    moved = _ticket_seq(databases.target)
+
+    with pytest.raises(TargetVerified, match="refused to set the target's sequences from the source's"):
+        scheduled_as(online, 9).catch_up()  # the attempt that stood still
+
+    assert _ticket_seq(databases.target) == moved, "the live target's sequence was not set back"
+    online.undo_freeze()
+
+
+def _ticket_seq(db: PostgresEndpoint) -> tuple[int, bool]:
+    with connect(db) as conn:
+        row = conn.execute("select last_value, is_called from audit.ticket_seq").fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
+
+
+def test_the_check_before_switch_traffic_passes_unsealed_when_the_target_cannot_be_reached(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The seal is a second line (the mark's attempt refuses a late verify already): a target restarting at that moment
+    leaves the mark unsealed, and the check passes, as before seals. Failing it would end the migration for good, and
+    the rollback's first guard, which needs the target too, would stop there with the source frozen."""
+    create_shop(databases.source, customers=10, orders=10)
+    frozen = steps.freeze()
+    steps.migrate(steps.snapshot())
+    scheduled_as(steps, 20).verify()
+    target = databases.target
+    create_secret(
+        kube_api, namespace, UNREACHABLE_TARGET,
+        {"host": LOOPBACK, "port": str(_closed_port()), "username": target.user, "password": target.password,
+         "database": target.database},
+    )  # fmt: skip
+    unreachable = dataclasses.replace(
+        steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET})
+    )
+
+    checked = scheduled_as(unreachable, 22).check_frozen(frozen.fence)
+
+    assert checked.fence is not None
+    assert "sealed_by" not in _mark(databases), "nothing sealed the mark"
+    steps.undo_freeze()
+
+
+UNREACHABLE_TARGET = "unreachable-target-db"
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (one that was free a moment ago)."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
