@@ -2,9 +2,11 @@
 
 The source refuses to publish the updates and deletes of a table that has no primary key
 and no other replica identity. With spec.driver.allowReplicaIdentityFull, replicate gives
-such tables REPLICA IDENTITY FULL for the time of the replication, recording first in
-ferry's record on its publication (see replication) what each had before, and the end of
-the replication gives it back.
+such tables REPLICA IDENTITY FULL for the time of the replication, recording in ferry's
+record on its publication (see replication) what each had before, and the end of the
+replication gives it back. The publication, the identities and the record are made in
+one transaction (`publish`): a table published without the identity it needs would have
+the source refuse its updates and deletes, as the next paragraph says.
 
 The identity belongs to the table, not to one publication: every publication that
 publishes the table's updates or deletes needs it, and once it is gone every UPDATE and
@@ -32,6 +34,7 @@ publication, and a hand-over never interleaves with the other record's own chang
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -103,26 +106,49 @@ def lacking_identity(conn: Connection) -> dict[str, str]:
     return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
 
 
-def give_full_identity(
-    conn: Connection, publication: str, tables: dict[str, str], retry: replication.Retry
-) -> replication.Record:
-    """REPLICA IDENTITY FULL for `tables`, recorded (with what they had) before the change, in one transaction; returns
-    the record as it is then. A table the record names already keeps what the record says it had."""
+def publish(
+    conn: Connection, publication: str, owner: str, *, every_table: bool, where: str,
+    lacking: Callable[[], dict[str, str]], retry: replication.Retry,
+) -> replication.Record:  # fmt: skip
+    """Publishes the source with ferry's record and gives the tables `lacking` names REPLICA IDENTITY FULL, recorded
+    with what they had, all in one transaction; returns the record as it is then. A publication already there (an
+    earlier attempt's) keeps its record, and the tables lacking an identity now are given FULL and added to it; a
+    table the record names already keeps what the record says it had.
 
-    def give() -> replication.Record:
+    No table is ever published without the identity its updates need: the source refuses every UPDATE and DELETE of
+    such a table ("cannot update table ... because it does not have a replica identity and publishes updates").
+    Published first and given FULL after, a table the application held (a long transaction, a vacuum) stayed so for
+    as long as replicate waited for its lock. So the transaction takes every lock it needs first, each waiting at
+    most LOCK_WAIT (`replication.briefly_locked`: when one would wait longer, nothing of it stays, and it tries again
+    after `retry`), and commits the publication, the identities and the record together.
+
+    `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE with every user table there
+    is now, which the user must own (the precheck says so), listed before `lacking` runs, so that every table listed
+    is one `lacking` sees. `lacking` (the tables needing FULL; it raises InvalidSpec when the spec allows none) runs
+    in the transaction, under PUBLICATIONS_LOCK. Refused (InvalidSpec, see `replication.refuse_others`), nothing
+    made, when another Migration's publication is on the source `where` describes.
+    """
+
+    def work() -> replication.Record:
         replication.lock_publications(conn)
         record = replication.read_record(conn, publication)
+        made, tables = record is None, None
         if record is None:
-            raise RuntimeError(f"publication {publication} has no record of ferry's: drop it, then retry")
-        wanted = {t: v for t, v in tables.items() if t not in record.replica_identity}
-        if wanted:
-            record = dataclasses.replace(record, replica_identity={**record.replica_identity, **wanted})
-            replication.write_record(conn, publication, record)
-        for table in tables:
+            replication.refuse_others(conn, publication, where)
+            tables = None if every_table else replication.tables_to_publish(conn)
+            record = replication.Record(owner=owner)
+        wanted = lacking()
+        for table in sorted(wanted):  # before the publication: the locks it needs first, in one order
             _set_identity(conn, table, "full")
+        if made:
+            replication.create_publication(conn, publication, tables)
+        added = {t: v for t, v in wanted.items() if t not in record.replica_identity}
+        if made or added:
+            record = dataclasses.replace(record, replica_identity={**record.replica_identity, **added})
+            replication.write_record(conn, publication, record)
         return record
 
-    return replication.briefly_locked(conn, give, retry)
+    return replication.briefly_locked(conn, work, retry)
 
 
 def unpublish(conn: Connection, publication: str, retry: replication.Retry) -> GivenBack | None:

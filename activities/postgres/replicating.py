@@ -311,7 +311,7 @@ class ReplicationActivities:
     ) -> tuple[list[str], subscription.Subscription]:  # fmt: skip
         """Publishes the source, makes the slot and the subscription (or enables it): what of them is missing. Returns
         the tables given FULL, and the subscription. Refused with InvalidSpec, nothing published, when another
-        Migration's publication is on the source (see replication.publish).
+        Migration's publication is on the source (see replica_identity.publish).
 
         The caller holds the Migration's lock on the source (`_start`). Refused with ReplicationEnded, before anything
         is made, once an activity scheduled after this attempt ended the replication (see replication_ended), which
@@ -337,15 +337,16 @@ class ReplicationActivities:
         self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,
         heartbeats: Heartbeats,
     ) -> list[str]:  # fmt: skip
-        """The publication (with ferry's record), replica identities, the slot; returns the tables whose identity the
-        end gives back (those given FULL, and any another Migration's end handed over: see replica_identity)."""
+        """The publication (with ferry's record) and the replica identities its tables need, in one transaction (see
+        replica_identity.publish), then the slot; returns the tables whose identity the end gives back (those given
+        FULL, and any another Migration's end handed over: see replica_identity)."""
         with privileged(db, "publish the tables and create a replication slot"):
             row = src.execute("select rolsuper from pg_roles where rolname = current_user").fetchone()
-            retry = self._lock_retry(heartbeats, "publishing the source's tables")
-            every_table = bool(row and row[0])
-            replication.publish(src, name, owner(ref), every_table=every_table, where=db.describe(), retry=retry)
-            lacking = _lacking_identity(src, db, allow_full)
-            record = replica_identity.give_full_identity(src, name, lacking, retry)
+            retry = self._lock_retry(heartbeats, "publishing the source's tables with the replica identities they need")
+            record = replica_identity.publish(
+                src, name, owner(ref), every_table=bool(row and row[0]), where=db.describe(),
+                lacking=lambda: _lacking_identity(src, db, allow_full), retry=retry,
+            )  # fmt: skip
             if not replication.has_slot(src, name):
                 self._wait_for_prepared(src, db, heartbeats)
             heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions

@@ -13,8 +13,9 @@ identifier). The last two name the
 table synchronization slots that the subscription's initial copy makes on the source
 (pg_<subscription oid>_sync_<table oid>_<system identifier>): a subscription dropped
 without reaching the source leaves them, and they would keep WAL forever. Each part of
-the record is written before what it records is done, and the publication is dropped
-last, so an undo interrupted anywhere still finds everything to undo.
+the record is written before what it records is done, or in the same transaction, and
+the publication is dropped last, so an undo interrupted anywhere still finds everything
+to undo.
 
 A slot is dropped only once no walsender uses it: its walsender is terminated first (the
 subscription is already gone or disabled then, so nothing reconnects).
@@ -136,7 +137,8 @@ def write_record(conn: Connection, publication: str, record: Record) -> None:
 
 
 def lock_publications(conn: Connection) -> None:
-    """Takes PUBLICATIONS_LOCK in the transaction open on `conn`, until it ends."""
+    """Takes PUBLICATIONS_LOCK in the transaction open on `conn`, until it ends: in `briefly_locked`, whose
+    lock_timeout bounds the wait (a holder may stand still: another Migration's worker stopped mid-transaction)."""
     conn.execute("select pg_advisory_xact_lock(%s)", (PUBLICATIONS_LOCK,))
 
 
@@ -190,13 +192,15 @@ def refuse_others(conn: Connection, publication: str, where: str) -> None:
 
 def briefly_locked(conn: Connection, work: Callable[[], T], retry: Retry) -> T:
     """Runs `work` in one transaction whose statements wait at most LOCK_WAIT for a lock; when one would wait
-    longer, the transaction is rolled back (nothing of it stays), `retry` pauses, and `work` runs again."""
+    longer, the transaction is rolled back (nothing of it stays), `retry` pauses, and `work` runs again. So does a
+    deadlock the server broke by ending this transaction: `work` taking several tables' locks (the publication's,
+    the replica identities') may meet the application's transactions taking them in another order."""
     while True:
         try:
             with conn.transaction():
                 conn.execute(f"set local lock_timeout = '{LOCK_WAIT}'")
                 return work()
-        except psycopg.errors.LockNotAvailable as error:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as error:
             retry(str(error).strip())
 
 
@@ -213,48 +217,30 @@ def lock_retry(heartbeats: Heartbeats, doing: str, pause: float) -> Retry:
     return retry
 
 
-def publish(conn: Connection, publication: str, owner: str, every_table: bool, where: str, retry: Retry) -> Record:
-    """Creates the publication with its record, unless it is there; returns the record.
+def tables_to_publish(conn: Connection) -> list[str]:
+    """Every user table a publication by name lists (partitions through their root), quoted by format('%I.%I')."""
+    return [
+        row[0]
+        for row in conn.execute(
+            f"select format('%I.%I', n.nspname, c.relname) {USER_TABLES} "
+            "and c.relkind in ('r', 'p') and not c.relispartition order by 1"
+        )
+    ]
 
-    `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE
-    with every user table there is now, which the user must own (the precheck says so).
-    Refused (InvalidSpec, see `refuse_others`) when another Migration's publication is on
-    the source `where` describes: checked under PUBLICATIONS_LOCK, in the transaction that
-    creates the publication.
-    """
-    return briefly_locked(conn, lambda: _publish(conn, publication, owner, every_table, where), retry)
 
-
-def _publish(conn: Connection, publication: str, owner: str, every_table: bool, where: str) -> Record:
-    lock_publications(conn)
-    record = read_record(conn, publication)
-    if record is not None:
-        return record  # made by an earlier attempt, which was checked as this one is below
-    refuse_others(conn, publication, where)
-    record = Record(owner=owner)
-    with conn.transaction():
-        # The publication and its record are made in one transaction: one without a record is not from an attempt.
-        if exists(conn, publication):
-            raise RuntimeError(f"publication {publication} exists without ferry's record: drop it, then retry")
-        if every_table:
-            conn.execute(sql.SQL("create publication {} for all tables").format(sql.Identifier(publication)))
-        else:
-            tables = [
-                row[0]
-                for row in conn.execute(
-                    f"select format('%I.%I', n.nspname, c.relname) {USER_TABLES} "
-                    "and c.relkind in ('r', 'p') and not c.relispartition order by 1"
-                )
-            ]
-            listed = sql.SQL(", ").join(sql.SQL(table) for table in tables)  # quoted by format('%I.%I')
-            statement = (
-                sql.SQL("create publication {} for table {}").format(sql.Identifier(publication), listed)
-                if tables
-                else sql.SQL("create publication {}").format(sql.Identifier(publication))
-            )
-            conn.execute(statement)
-        write_record(conn, publication, record)
-    return record
+def create_publication(conn: Connection, publication: str, tables: list[str] | None) -> None:
+    """CREATE PUBLICATION, FOR ALL TABLES when `tables` is None (only a superuser may), else FOR TABLE `tables`
+    (from `tables_to_publish`; the user must own them). The caller holds PUBLICATIONS_LOCK in the transaction open on
+    `conn`, which writes ferry's record before it commits: a publication without a record is not from an attempt."""
+    if exists(conn, publication):
+        raise RuntimeError(f"publication {publication} exists without ferry's record: drop it, then retry")
+    if tables is None:
+        conn.execute(sql.SQL("create publication {} for all tables").format(sql.Identifier(publication)))
+    elif tables:
+        listed = sql.SQL(", ").join(sql.SQL(table) for table in tables)  # quoted by format('%I.%I')
+        conn.execute(sql.SQL("create publication {} for table {}").format(sql.Identifier(publication), listed))
+    else:
+        conn.execute(sql.SQL("create publication {}").format(sql.Identifier(publication)))
 
 
 def drop_publication(conn: Connection, publication: str) -> bool:

@@ -7,12 +7,15 @@ databases, and the slots, publications and subscriptions left (tests/postgres/on
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
+from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
@@ -21,10 +24,11 @@ from activities.postgres.freezing import PreparedTransactionsPending
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
-from ferry.api.saga import ReplicateInput, VerifyResult
+from ferry.api.saga import ReplicateInput, ReplicateResult, VerifyResult
 from tests.cluster import eventually
 from tests.end_to_end import Databases
-from tests.postgres.data import connect, contents, create_shop, database_settings
+from tests.postgres.conftest import create_secret
+from tests.postgres.data import connect, connection_of, contents, create_shop, database_owner, database_settings
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers, replica_identity, slots
 
 MIB = 2**20
@@ -278,6 +282,107 @@ def test_replicate_never_holds_the_applications_queries_behind_its_change_of_a_t
     online.undo_replicate()
     assert replica_identity(databases.source, "public.notes") == "d"
     assert leftovers(databases) == NOTHING
+
+
+@pytest.mark.parametrize("superuser", [True, False], ids=["for-all-tables", "by-name-as-the-tables-owner"])
+def test_no_table_is_published_without_the_replica_identity_its_updates_need_while_replicate_waits_for_a_lock(
+    online: OnlineSteps, databases: Databases, heartbeats: list[dict[str, Any]], superuser: bool,
+    kube_api: k8s.ApiClient, namespace: str,
+) -> None:  # fmt: skip
+    """A long transaction reads public.held, a table without a key, so replicate cannot give it REPLICA IDENTITY FULL
+    yet (it waits LOCK_WAIT, lets go, tries again). Meanwhile the application updates public.notes, another table
+    without a key: the source refuses the update of a table that is published without the identity it needs, so
+    neither table may be published before both are FULL. A session looking all along never sees one that is. As a
+    superuser ferry publishes FOR ALL TABLES; as the tables' owner with REPLICATION, every table by name."""
+    with contextlib.ExitStack() as cleanup:
+        publisher = databases.source
+        if not superuser:
+            publisher = cleanup.enter_context(database_owner(databases.source))
+            with connect(databases.source) as conn:
+                conn.execute(f'alter role "{publisher.user}" replication')
+            create_secret(kube_api, namespace, TABLES_OWNER, connection_of(publisher))
+            online.driver = online.driver.model_copy(update={"source_secret": TABLES_OWNER})
+        with connect(publisher) as conn:
+            for table in ("public.held", "public.notes"):
+                conn.execute(f"create table {table} (body text not null)")
+                conn.execute(f"insert into {table} select 'note ' || i from generate_series(1, 50) as i")
+        online.driver = online.driver.model_copy(update={"allow_replica_identity_full": True})
+        replicated, seen = _replicate_while_a_table_is_held(online, databases, heartbeats)
+
+        assert seen == [], "a table was published without the replica identity its updates need"
+        assert replicated.replica_identity_full == ["public.held", "public.notes"]
+        with connect(databases.source) as conn:
+            every_table = conn.execute("select puballtables from pg_publication").fetchall()
+        assert every_table == [(superuser,)]
+        eventually("the target to have the update", lambda: contents(databases.target) == contents(databases.source))
+        online.undo_replicate()
+        assert [replica_identity(databases.source, t) for t in ("public.held", "public.notes")] == ["d", "d"]
+        assert leftovers(databases) == NOTHING
+
+
+TABLES_OWNER = "tables-owner"
+
+
+def _replicate_while_a_table_is_held(
+    online: OnlineSteps, databases: Databases, heartbeats: list[dict[str, Any]]
+) -> tuple[ReplicateResult, list[tuple[str, str]]]:
+    """replicate, while a transaction holds public.held until replicate has let go of a lock it waited for and the
+    application has updated public.notes; returns its result, and every table a session looking all along saw
+    published without the replica identity its updates need."""
+    results: list[object] = []
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def look() -> None:
+        with connect(databases.source) as conn:
+            while not done.is_set():
+                seen.extend(conn.execute(PUBLISHED_WITHOUT_IDENTITY).fetchall())
+                time.sleep(0.02)
+
+    def replicate() -> None:
+        try:
+            results.append(online.replicate())
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            results.append(error)
+        finally:
+            done.set()
+
+    looking = threading.Thread(target=look)
+    looking.start()
+    with connect(databases.source) as reading:
+        reading.execute("begin")
+        reading.execute("select count(*) from public.held")  # holds the table's lock until it ends
+        running = threading.Thread(target=replicate)
+        running.start()
+        try:
+            eventually("replicate to let go of a lock it waited for", lambda: _let_go_of_a_lock(heartbeats))
+            with connect(databases.source) as application:
+                application.execute("set statement_timeout = '15s'")
+                # refused before the fix: "cannot update table "notes" because it does not have a replica identity
+                # and publishes updates"
+                application.execute("update public.notes set body = body || ' (edited)' where body like 'note 1%'")
+        finally:
+            reading.execute("commit")
+            running.join(120)
+            done.set()
+            looking.join(30)
+    assert [type(result).__name__ for result in results] == ["ReplicateResult"], results
+    assert isinstance(results[0], ReplicateResult)
+    return results[0], seen
+
+
+PUBLISHED_WITHOUT_IDENTITY = """
+select t.pubname, format('%I.%I', t.schemaname, t.tablename) from pg_publication_tables t
+join pg_namespace n on n.nspname = t.schemaname
+join pg_class c on c.relnamespace = n.oid and c.relname = t.tablename
+where c.relreplident = 'n'
+or (c.relreplident = 'd' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisprimary))
+"""
+"""Tables published whose updates and deletes the source refuses: no replica identity."""
+
+
+def _let_go_of_a_lock(heartbeats: list[dict[str, Any]]) -> bool:
+    return any("waiting_for_lock" in details for details in list(heartbeats))
 
 
 def _waiting_to_alter(source: PostgresEndpoint) -> bool:
