@@ -330,7 +330,7 @@ class ReplicationActivities:
                 subscription.enable(tgt, name)
             # Raises as well when the source's session, and with it the lock, was ended meanwhile.
             replication_ended.refuse_if_ended(src, source, ref.uid, "create the subscription")
-        self._record_subscription(src, tgt, name, found)
+        self._record_subscription(src, tgt, name, found, heartbeats)
         return full, found
 
     def _publish(
@@ -386,10 +386,11 @@ class ReplicationActivities:
             time.sleep(self._settings.replication_poll_interval)
 
     def _record_subscription(
-        self, src: Connection, tgt: Connection, name: str, found: subscription.Subscription
+        self, src: Connection, tgt: Connection, name: str, found: subscription.Subscription, heartbeats: Heartbeats
     ) -> None:
         """Keeps the subscription's oid and the target's identifier in the record: they name its sync slots."""
-        replication.record_subscription(src, name, found.oid, subscription.system_identifier(tgt))
+        retry = self._lock_retry(heartbeats, "recording the subscription in ferry's record of the publication")
+        replication.record_subscription(src, name, found.oid, subscription.system_identifier(tgt), retry)
 
     def _wait_until_close(
         self, src: Connection, tgt: Connection, target: DatabaseConnection, name: str,
@@ -583,7 +584,7 @@ class ReplicationActivities:
         if found is not None:
             if record is not None:
                 with privileged(source, "keep ferry's record on the publication"):
-                    self._record_subscription(src, tgt, name, found)
+                    self._record_subscription(src, tgt, name, found, heartbeats)
                 record = replication.read_record(src, name)
             with privileged(target, "drop the subscription"):
                 subscription.drop(tgt, name)

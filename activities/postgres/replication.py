@@ -142,13 +142,21 @@ def lock_publications(conn: Connection) -> None:
     conn.execute("select pg_advisory_xact_lock(%s)", (PUBLICATIONS_LOCK,))
 
 
-def record_subscription(conn: Connection, publication: str, oid: int, system: str) -> None:
-    """Keeps the subscription's oid and the target's system identifier in the record (unless it has them)."""
-    with conn.transaction():
+def record_subscription(conn: Connection, publication: str, oid: int, system: str, retry: Retry) -> None:
+    """Keeps the subscription's oid and the target's system identifier in the record (unless it has them).
+
+    Under PUBLICATIONS_LOCK, which another Migration's replicate or end may hold, its worker stopped in the middle
+    of its transaction: the wait is bounded as every other (`briefly_locked`, which `retry` heartbeats between
+    tries), rather than as long as that holder stands still, while the caller holds its own Migration's lock.
+    """
+
+    def record() -> None:
         lock_publications(conn)
-        record = read_record(conn, publication)
-        if record is not None and (record.subscription_oid, record.target_system) != (oid, system):
-            write_record(conn, publication, dataclasses.replace(record, subscription_oid=oid, target_system=system))
+        found = read_record(conn, publication)
+        if found is not None and (found.subscription_oid, found.target_system) != (oid, system):
+            write_record(conn, publication, dataclasses.replace(found, subscription_oid=oid, target_system=system))
+
+    briefly_locked(conn, record, retry)
 
 
 def other_replications(conn: Connection, publication: str) -> list[tuple[str, str]]:

@@ -385,6 +385,48 @@ def _let_go_of_a_lock(heartbeats: list[dict[str, Any]]) -> bool:
     return any("waiting_for_lock" in details for details in list(heartbeats))
 
 
+def test_replicate_says_it_waits_for_the_lock_of_ferrys_records_and_goes_on_once_it_is_let_go(
+    online: OnlineSteps, databases: Databases, heartbeats: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another Migration's replicate or end holds PUBLICATIONS_LOCK, its worker stopped in the middle of its
+    transaction, just as this replicate records its subscription: it waits LOCK_WAIT at a time, heartbeating that
+    it waits, rather than for as long as the other stands still, without a word, holding this Migration's lock."""
+    create_shop(databases.source, customers=10, orders=10)
+    create = subscription.create
+    with connect(databases.source) as holder:
+
+        def create_then_hold(*args: Any, **kwargs: Any) -> subscription.Subscription:
+            made = create(*args, **kwargs)
+            holder.execute("select pg_advisory_lock(%s)", (replication.PUBLICATIONS_LOCK,))
+            return made
+
+        monkeypatch.setattr(subscription, "create", create_then_hold)
+        results: list[object] = []
+
+        def replicate() -> None:
+            try:
+                results.append(online.replicate())
+            except BaseException as error:  # noqa: BLE001 - the test reports it
+                results.append(error)
+
+        running = threading.Thread(target=replicate)
+        running.start()
+        try:
+            eventually("replicate to say it waits for a lock", lambda: _let_go_of_a_lock(heartbeats), timeout=30)
+            assert results == [], "it waits while the lock is held"
+        finally:
+            holder.execute("select pg_advisory_unlock_all()")
+            running.join(120)
+
+    assert [type(result).__name__ for result in results] == ["ReplicateResult"], results
+    with connect(databases.source) as conn:
+        record = replication.read_record(conn, online.name)
+    assert record is not None
+    assert record.subscription_oid is not None, "the subscription is recorded"
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+
+
 def _waiting_to_alter(source: PostgresEndpoint) -> bool:
     with connect(source) as conn:
         row = conn.execute(
