@@ -108,7 +108,7 @@ def lacking_identity(conn: Connection) -> dict[str, str]:
 
 def publish(
     conn: Connection, publication: str, owner: str, *, every_table: bool, where: str,
-    lacking: Callable[[], dict[str, str]], retry: replication.Retry,
+    lacking: Callable[[], dict[str, str]], refuse_others: bool, retry: replication.Retry,
 ) -> replication.Record:  # fmt: skip
     """Publishes the source with ferry's record and gives the tables `lacking` names REPLICA IDENTITY FULL, recorded
     with what they had, all in one transaction; returns the record as it is then. A publication already there (an
@@ -125,8 +125,10 @@ def publish(
     `every_table`: FOR ALL TABLES, which only a superuser may create; otherwise FOR TABLE with every user table there
     is now, which the user must own (the precheck says so), listed before `lacking` runs, so that every table listed
     is one `lacking` sees. `lacking` (the tables needing FULL; it raises InvalidSpec when the spec allows none) runs
-    in the transaction, under PUBLICATIONS_LOCK. Refused (InvalidSpec, see `replication.refuse_others`), nothing
-    made, when another Migration's publication is on the source `where` describes.
+    in the transaction, under PUBLICATIONS_LOCK. With `refuse_others`, refused (InvalidSpec, see
+    `replication.refuse_others`), nothing made, when another Migration's publication is on the source `where`
+    describes; without it (replicate found this Migration's replication under way when it started, see
+    ReplicationActivities._start), it publishes whatever else does.
     """
 
     def work() -> replication.Record:
@@ -134,7 +136,8 @@ def publish(
         record = replication.read_record(conn, publication)
         made, tables = record is None, None
         if record is None:
-            replication.refuse_others(conn, publication, where)
+            if refuse_others:
+                replication.refuse_others(conn, publication, where)
             tables = None if every_table else replication.tables_to_publish(conn)
             record = replication.Record(owner=owner)
         wanted = lacking()

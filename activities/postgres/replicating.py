@@ -204,7 +204,9 @@ class ReplicationActivities:
         that activity came while it held the Migration's lock, fails at its next query of the
         source, its session ended, having made nothing (see `_start`). A source that another
         Migration replicates is refused (InvalidSpec) before anything is made, and again in
-        the transaction that would publish it (see replication.refuse_others).
+        the transaction that would publish it (see replication.refuse_others), unless this
+        Migration's replication was under way already (its publication or subscription found):
+        that one goes on, even when it starts again after losing its slot.
         """
         ref, driver = input.ref, input.driver
         source, target = self._databases(ref, driver.source_secret, driver.target_secret)
@@ -253,9 +255,13 @@ class ReplicationActivities:
             # Refused before anything is made, the target included (checked again where the slot is made).
             replication_ended.refuse_if_ended(src, source, ref.uid, "replicate")
             _lacking_identity(src, source, driver.allow_replica_identity_full)
-            if not replication.exists(src, name):  # asked again where it publishes, under the lock that publishes
-                replication.refuse_others(src, name, source.describe())
             found = subscription.find(tgt, name)
+            # This Migration's replication under way (an earlier attempt published, or subscribed) goes on whatever
+            # else publishes the source, also when it starts again below, after it lost its slot: its refusal is
+            # decided here, before the target is touched. A new one is refused, and asked again where it publishes.
+            under_way = found is not None or replication.exists(src, name)
+            if not under_way:
+                replication.refuse_others(src, name, source.describe())
             if found is not None and not replication.has_slot(src, name):
                 activity.logger.warning("subscription %s has lost its slot on the source: starting again", name)
                 self._end(src, tgt, source, target, ref, heartbeats)
@@ -272,8 +278,9 @@ class ReplicationActivities:
                     "copied the schema of %s into %s (%d bytes)", source.describe(), target.describe(), size
                 )
             full, found = self._create(
-                src, tgt, source, target, ref, found, driver.allow_replica_identity_full, heartbeats
-            )
+                src, tgt, source, target, ref, found, driver.allow_replica_identity_full, heartbeats,
+                refuse_others=not under_way,
+            )  # fmt: skip
         return full, found, schema_copied
 
     def _compare_ahead(
@@ -307,11 +314,13 @@ class ReplicationActivities:
 
     def _create(
         self, src: Connection, tgt: Connection, source: DatabaseConnection, target: DatabaseConnection,
-        ref: MigrationRef, found: subscription.Subscription | None, allow_full: bool, heartbeats: Heartbeats,
+        ref: MigrationRef, found: subscription.Subscription | None, allow_full: bool, heartbeats: Heartbeats, *,
+        refuse_others: bool,
     ) -> tuple[list[str], subscription.Subscription]:  # fmt: skip
         """Publishes the source, makes the slot and the subscription (or enables it): what of them is missing. Returns
-        the tables given FULL, and the subscription. Refused with InvalidSpec, nothing published, when another
-        Migration's publication is on the source (see replica_identity.publish).
+        the tables given FULL, and the subscription. With `refuse_others` (a replication not under way when the
+        attempt started), refused with InvalidSpec, nothing published, when another Migration's publication is on the
+        source (see replica_identity.publish).
 
         The caller holds the Migration's lock on the source (`_start`). Refused with ReplicationEnded, before anything
         is made, once an activity scheduled after this attempt ended the replication (see replication_ended), which
@@ -321,7 +330,7 @@ class ReplicationActivities:
         name = replication.name(ref.uid)
         between_tries = self._between_tries(heartbeats)
         replication_ended.refuse_if_ended(src, source, ref.uid, "publish the source and make a replication slot")
-        full = self._publish(src, source, name, ref, allow_full, heartbeats)
+        full = self._publish(src, source, name, ref, allow_full, heartbeats, refuse_others=refuse_others)
         with privileged(target, "create a subscription"), tgt.transaction():
             replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
             if found is None:
@@ -335,7 +344,7 @@ class ReplicationActivities:
 
     def _publish(
         self, src: Connection, db: DatabaseConnection, name: str, ref: MigrationRef, allow_full: bool,
-        heartbeats: Heartbeats,
+        heartbeats: Heartbeats, *, refuse_others: bool,
     ) -> list[str]:  # fmt: skip
         """The publication (with ferry's record) and the replica identities its tables need, in one transaction (see
         replica_identity.publish), then the slot; returns the tables whose identity the end gives back (those given
@@ -345,7 +354,7 @@ class ReplicationActivities:
             retry = self._lock_retry(heartbeats, "publishing the source's tables with the replica identities they need")
             record = replica_identity.publish(
                 src, name, owner(ref), every_table=bool(row and row[0]), where=db.describe(),
-                lacking=lambda: _lacking_identity(src, db, allow_full), retry=retry,
+                lacking=lambda: _lacking_identity(src, db, allow_full), refuse_others=refuse_others, retry=retry,
             )  # fmt: skip
             if not replication.has_slot(src, name):
                 self._wait_for_prepared(src, db, heartbeats)

@@ -243,3 +243,29 @@ def test_a_replicate_is_refused_where_it_publishes_when_another_migration_publis
     assert leftovers(databases) == NOTHING
     with pytest.raises(psycopg.errors.UndefinedTable), connect(second_target) as conn:
         conn.execute(f"select from {NOTES}")
+
+
+def test_a_replication_begun_beside_another_starts_again_after_losing_its_slot(
+    online: OnlineSteps, second: OnlineSteps, databases: Databases, second_target: PostgresEndpoint,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """B's replication, begun beside A's before replicate refused that, loses its slot; the retry of B's replicate
+    ends what is left of it and starts again. It goes on: the refusal is for a Migration that has not published the
+    source yet, and it comes before the target is touched, never after B's target was emptied and copied again."""
+    _notes(databases.source)
+    _both_replicating(online, second, monkeypatch)
+    with connect(second_target) as conn:
+        conn.execute(f"alter subscription {second.name} disable")
+    with connect(databases.source) as conn:
+        replication.drop_slots(conn, [second.name], lambda: None)
+
+    again = second.replicate()  # refused before the fix (InvalidSpec), once it had emptied and copied B's target
+
+    assert again.schema_copied
+    assert leftovers(databases)["publications"] == sorted([online.name, second.name])
+    _edit_notes(databases.source, "note 4%")
+    eventually("B's target to receive the update", lambda: _edited(second_target) == 11)
+    second.undo_replicate()
+    online.undo_replicate()
+    assert replica_identity(databases.source, NOTES) == "d"
+    assert leftovers(databases) == NOTHING
