@@ -53,26 +53,30 @@ order by 1
 """
 """Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity."""
 OTHER_PUBLISHERS = """
-with recursive published_as(relid) as (
-    select to_regclass(%(table)s)::oid
+with recursive published_as(name, relid) as (
+    select r.name, to_regclass(r.name)::oid from unnest(%(tables)s::text[]) as r(name)
     union
-    select i.inhparent from published_as a
+    select a.name, i.inhparent from published_as a
     join pg_class c on c.oid = a.relid and c.relispartition
     join pg_inherits i on i.inhrelid = a.relid
 )
-select p.pubname, obj_description(p.oid, 'pg_publication') from pg_publication p
-where p.pubname <> %(own)s and (p.pubupdate or p.pubdelete) and exists (
-    select from pg_publication_tables t
-    join pg_namespace n on n.nspname = t.schemaname
-    join pg_class c on c.relnamespace = n.oid and c.relname = t.tablename
-    join published_as a on a.relid = c.oid
-    where t.pubname = p.pubname
-)
-order by 1
+select distinct a.name, p.pubname, obj_description(p.oid, 'pg_publication') from published_as a
+join pg_class c on c.oid = a.relid
+join pg_namespace n on n.oid = c.relnamespace
+join pg_publication_tables t on t.schemaname = n.nspname and t.tablename = c.relname
+join pg_publication p on p.pubname = t.pubname
+where p.pubname <> %(own)s and (p.pubupdate or p.pubdelete)
+order by 1, 2
 """
-"""The publications other than `own` that publish the updates or deletes of `table`, or of a partitioned table it is
-a partition of (publish_via_partition_root lists the root), with their comments. pg_inherits rather than
-pg_partition_ancestors, which PostgreSQL 11 and older lack."""
+"""For each of `tables`, the publications other than `own` that publish its updates or deletes, or those of a
+partitioned table it is a partition of (publish_via_partition_root lists the root), with their comments: (table,
+publication, comment). pg_inherits rather than pg_partition_ancestors, which PostgreSQL 11 and older lack."""
+TABLES = """
+select r.name, n.nspname, c.relname, c.relreplident from unnest(%(tables)s::text[]) as r(name)
+join pg_class c on c.oid = to_regclass(r.name)
+join pg_namespace n on n.oid = c.relnamespace
+"""
+"""Each of `tables` that exists: its schema and name as the catalog has them, and its relreplident."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +145,9 @@ def publish(
             tables = None if every_table else replication.tables_to_publish(conn)
             record = replication.Record(owner=owner)
         wanted = lacking()
-        for table in sorted(wanted):  # before the publication: the locks it needs first, in one order
-            _set_identity(conn, table, "full")
+        names = {table: name for table, (name, _) in _tables(conn, list(wanted)).items()}
+        for table in sorted(names):  # before the publication: the locks it needs first, in one order
+            _set_identity(conn, names[table], "full")
         if made:
             replication.create_publication(conn, publication, tables)
         added = {t: v for t, v in wanted.items() if t not in record.replica_identity}
@@ -174,39 +179,56 @@ def restore_identities(conn: Connection, publication: str, record: replication.R
     """Gives the tables `record` names their identity back, those still FULL that no other publication publishes; hands
     those another ferry publication publishes over to its record; keeps the others FULL.
 
-    The caller holds PUBLICATIONS_LOCK in the transaction open on `conn` (see `unpublish`).
+    The caller holds PUBLICATIONS_LOCK in the transaction open on `conn` (see `unpublish`). Each ALTER TABLE holds
+    its table's exclusive lock until that transaction ends, and every query of the table waits meanwhile: so what
+    the tables are and who publishes them is read for all of them, in two queries, before the first ALTER.
     """
     given = GivenBack()
-    for table, before in sorted(record.replica_identity.items()):
-        if _identity(conn, table) != "f":
-            continue  # dropped since, or changed by someone else: theirs now
-        others = conn.execute(OTHER_PUBLISHERS, {"own": publication, "table": table}).fetchall()
+    found = _tables(conn, sorted(record.replica_identity))
+    # Only those still FULL: the others (dropped since, or changed by someone else) are theirs now.
+    tables = {table: name for table, (name, identity) in found.items() if identity == "f"}
+    publishers: dict[str, list[str]] = {}
+    records: dict[str, replication.Record | None] = {}
+    for table, other, comment in conn.execute(OTHER_PUBLISHERS, {"own": publication, "tables": list(tables)}):
+        publishers.setdefault(table, []).append(other)
+        records[other] = replication.parse_record(comment)
+    for table, name in sorted(tables.items()):
+        before = record.replica_identity[table]
+        others = publishers.get(table)
         if not others:
-            _set_identity(conn, table, _identity_clause(before))
+            _set_identity(conn, name, _identity_clause(before))
             given.restored.append(table)
             continue
-        heir = _hand_over(conn, table, before, others)
+        heir = _hand_over(conn, table, before, others, records)
         if heir is not None:
             given.handed_over[table] = heir
         else:
-            given.kept.append(Kept(table, before, [name for name, _ in others]))
+            given.kept.append(Kept(table, before, others))
     return given
 
 
-def _hand_over(conn: Connection, table: str, before: str, others: list[tuple[str, str | None]]) -> str | None:
+def _hand_over(
+    conn: Connection, table: str, before: str, others: list[str], records: dict[str, replication.Record | None]
+) -> str | None:
     """The ferry publication among `others` whose record gives `table` back when its replication ends: one whose record
-    names it already, else the first whose record takes it; None when none is ferry's, or none may be written."""
-    records = [(name, record) for name, comment in others if (record := replication.parse_record(comment)) is not None]
-    for name, record in records:
+    names it already, else the first whose record takes it; None when none is ferry's, or none may be written.
+
+    `records` holds each publication's record as read before the first hand-over (None: not ferry's, or this user
+    may not write it), and is kept as written since: a record taking several tables keeps every one of them.
+    """
+    ferrys = [(name, record) for name in others if (record := records.get(name)) is not None]
+    for name, record in ferrys:
         if table in record.replica_identity:
             return name
-    for name, record in records:
+    for name, record in ferrys:
         heir = dataclasses.replace(record, replica_identity={**record.replica_identity, table: before})
         try:
             with conn.transaction():  # a savepoint: a record this user may not write (not its publication) is skipped
                 replication.write_record(conn, name, heir)
         except psycopg.errors.InsufficientPrivilege:
+            records[name] = None
             continue
+        records[name] = heir
         return name
     return None
 
@@ -215,20 +237,12 @@ def _identity_clause(before: str) -> str:
     return "nothing" if before == "n" else "default"
 
 
-def _identity(conn: Connection, table: str) -> str | None:
-    row = conn.execute("select relreplident from pg_class where oid = to_regclass(%s)", (table,)).fetchone()
-    return str(row[0]) if row is not None else None
+def _tables(conn: Connection, tables: list[str]) -> dict[str, tuple[sql.Identifier, str]]:
+    """Each of `tables` that exists, by its name in the record: its name as the catalog has it (not as the record
+    spells it) and its relreplident; one query, whatever their number."""
+    rows = conn.execute(TABLES, {"tables": tables}).fetchall()
+    return {table: (sql.Identifier(schema, name), str(identity)) for table, schema, name, identity in rows}
 
 
-def _set_identity(conn: Connection, table: str, identity: str) -> None:
-    """ALTER TABLE ... REPLICA IDENTITY, the table's name read back from the catalog rather than from the record."""
-    row = conn.execute(
-        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace "
-        "where c.oid = to_regclass(%s)",
-        (table,),
-    ).fetchone()
-    if row is None:
-        return
-    conn.execute(
-        sql.SQL("alter table {} replica identity {}").format(sql.Identifier(row[0], row[1]), sql.SQL(identity))
-    )
+def _set_identity(conn: Connection, table: sql.Identifier, identity: str) -> None:
+    conn.execute(sql.SQL("alter table {} replica identity {}").format(table, sql.SQL(identity)))

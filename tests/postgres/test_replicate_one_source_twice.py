@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +25,7 @@ from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
 from activities.postgres import replication, schema_copy
+from activities.postgres.connection import Session
 from devstack.stack.postgres import PostgresEndpoint
 from ferry.api.errors import InvalidSpec
 from ferry.api.saga import MigrationRef
@@ -268,4 +270,62 @@ def test_a_replication_begun_beside_another_starts_again_after_losing_its_slot(
     second.undo_replicate()
     online.undo_replicate()
     assert replica_identity(databases.source, NOTES) == "d"
+    assert leftovers(databases) == NOTHING
+
+
+def test_the_end_reads_which_publications_publish_its_tables_before_it_gives_any_back(
+    online: OnlineSteps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Giving a table its identity back takes its exclusive lock until the end's transaction commits: every query of
+    the tables already given back waits meanwhile, so the end asks which publications publish its tables once, for
+    all of them, before the first ALTER TABLE, rather than once per table in between."""
+    with connect(databases.source) as conn:
+        for table in ("public.kept", "public.notes", "public.notes_2"):
+            conn.execute(f"create table {table} (body text not null)")
+    online.driver = online.driver.model_copy(update={"allow_replica_identity_full": True})
+    assert online.replicate().replica_identity_full == ["public.kept", "public.notes", "public.notes_2"]
+    with connect(databases.source) as conn:
+        conn.execute("create publication by_hand for table public.kept")
+    statements: list[str] = []
+    execute = Session.execute
+
+    def traced(self: Session, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(query if isinstance(query, str) else query.as_string(self))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "execute", traced)
+
+    online.undo_replicate()
+
+    monkeypatch.undo()
+    dropped = next(i for i, statement in enumerate(statements) if statement.lower().startswith("drop publication"))
+    altered = [i for i, statement in enumerate(statements[:dropped]) if statement.lower().startswith("alter table")]
+    assert len(altered) == 2, statements
+    between = statements[altered[0] : dropped]
+    assert [s for s in between if "pg_publication_tables" in s or "pg_class" in s] == [], between
+    assert [replica_identity(databases.source, t) for t in ("public.kept", "public.notes", "public.notes_2")] == [
+        "f", "d", "d"
+    ]  # fmt: skip
+    with connect(databases.source) as conn:
+        conn.execute("drop publication by_hand")
+    assert leftovers(databases) == NOTHING
+
+
+def test_the_end_hands_several_tables_over_to_another_migrations_record_and_that_end_gives_every_one_back(
+    online: OnlineSteps, second: OnlineSteps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's end hands both tables over to B's record in one transaction; the second hand-over must keep the first."""
+    _notes(databases.source)
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes_2 (body text not null)")
+    _both_replicating(online, second, monkeypatch)
+
+    online.undo_replicate()
+
+    with connect(databases.source) as conn:
+        record = replication.read_record(conn, second.name)
+    assert record is not None
+    assert record.replica_identity == {NOTES: "d", "public.notes_2": "d"}
+    second.undo_replicate()
+    assert [replica_identity(databases.source, t) for t in (NOTES, "public.notes_2")] == ["d", "d"]
     assert leftovers(databases) == NOTHING
