@@ -90,7 +90,7 @@ class Kept:
     """The publications that still publish its updates or deletes."""
 
     def restore_statement(self) -> str:
-        return f"ALTER TABLE {self.table} REPLICA IDENTITY {_identity_clause(self.before).upper()}"
+        return replication.restore_statement(self.table, self.before)
 
 
 @dataclasses.dataclass

@@ -74,6 +74,8 @@ select pubname, obj_description(oid, 'pg_publication') from pg_publication
 where pubname like 'ferry\\_%%' and pubname <> %(slot)s order by 1
 """
 """ferry's publications on the source other than this Migration's: replications of other Migrations."""
+RESTORES_SHOWN = 5
+"""Statements giving back replica identities that a refusal names, per publication left behind."""
 
 
 def name(uid: str) -> str:
@@ -159,22 +161,55 @@ def record_subscription(conn: Connection, publication: str, oid: int, system: st
     briefly_locked(conn, record, retry)
 
 
-def other_replications(conn: Connection, publication: str) -> list[tuple[str, str]]:
-    """The other Migrations' ferry publications on the source: (publication, Migration), "unknown" without a record."""
+def other_replications(conn: Connection, publication: str) -> list[tuple[str, Record | None]]:
+    """The other Migrations' ferry publications on the source, with their records (None: no record of ferry's)."""
     rows = conn.execute(OTHER_REPLICATIONS, {"slot": publication}).fetchall()
-    return [(name, record.owner if (record := parse_record(comment)) else "unknown") for name, comment in rows]
+    return [(name, parse_record(comment)) for name, comment in rows]
 
 
-def replicated_by_others(where: str, others: list[tuple[str, str]]) -> str:
+def replicated_by_others(where: str, others: list[tuple[str, Record | None]]) -> str:
     """What the precheck and replicate say of a source that `others` (other_replications) replicate."""
-    whose = ", ".join(f"{name} (Migration {owner})" for name, owner in others)
+    whose = ", ".join(f"{name} (Migration {record.owner if record else 'unknown'})" for name, record in others)
+    removals = "; ".join(f"for {name}, {removal(name, record)}" for name, record in others)
     return (
         f"{where} is being replicated by another Migration already: publication {whose}. Online Migrations of one "
         "source run one at a time: the freeze of either ends the other's replication connections, and its "
         "scale-down-old stops the source the other replicates. Wait until that Migration has finished or rolled "
-        "back, or use mode Snapshot. One left behind by a Migration that no longer runs is dropped with DROP "
-        "PUBLICATION and pg_drop_replication_slot (the slot has the publication's name)."
+        "back, or use mode Snapshot. One left behind by a Migration that no longer runs is removed once its "
+        f"subscription is dropped on the target (see the README, Recovery): on the source, {removals}."
     )
+
+
+def restore_statement(table: str, before: str) -> str:
+    """The statement giving `table` back the identity a record keeps for it ('d' default, 'n' nothing)."""
+    return f"ALTER TABLE {table} REPLICA IDENTITY {'NOTHING' if before == 'n' else 'DEFAULT'}"
+
+
+def removal(publication: str, record: Record | None) -> str:
+    """The statements that remove a ferry publication left behind, its subscription gone: the slot, the identities
+    its record keeps, then the publication. Dropped first, the publication takes the record along, and the tables it
+    names stay REPLICA IDENTITY FULL: those its replicate gave FULL, and those another Migration's end handed over
+    to it (see replica_identity), which nothing else gives back."""
+    kept = record.replica_identity if record is not None else {}
+    restores = [restore_statement(table, before) for table, before in sorted(kept.items())]
+    steps = [f"SELECT pg_drop_replication_slot('{publication}')"]
+    if restores:
+        more = (
+            f"; and {len(restores) - RESTORES_SHOWN} more, as its record lists them"
+            if len(restores) > RESTORES_SHOWN
+            else ""
+        )
+        steps.append(
+            "give back the replica identities its record (the publication's comment, replica_identity) keeps, each "
+            f"table unless another publication still publishes it: {'; '.join(restores[:RESTORES_SHOWN])}{more}"
+        )
+        steps.append(
+            f"last DROP PUBLICATION {publication} (dropped first, it takes the record along and those tables stay "
+            "REPLICA IDENTITY FULL)"
+        )
+    else:
+        steps.append(f"DROP PUBLICATION {publication}")
+    return ", then ".join(steps)
 
 
 def refuse_others(conn: Connection, publication: str, where: str) -> None:

@@ -271,3 +271,27 @@ def test_a_source_another_migration_replicates_is_refused_naming_that_migration(
         "shop/orders-db-to-17/0ther). Online Migrations of one source run one at a time"
     ) in problem
     assert "Wait until that Migration has finished or rolled back, or use mode Snapshot." in problem
+
+
+def test_the_refusal_says_to_give_back_the_identities_a_leftover_publications_record_keeps_before_dropping_it(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """A ferry publication's record may keep the identity of tables its own replicate never touched: another
+    Migration's end handed them over. Dropped first, the publication takes the record along, and the tables stay
+    REPLICA IDENTITY FULL for good."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (body text not null)")
+        conn.execute("alter table public.notes replica identity full")
+        conn.execute("create publication ferry_0ther for all tables")
+        conn.execute(
+            """comment on publication ferry_0ther is """
+            """'{"owner": "shop/orders-db-to-17/0ther", "replica_identity": {"public.notes": "d"}}'"""
+        )
+
+    (problem,) = _problems(online)
+
+    restore = problem.index("ALTER TABLE public.notes REPLICA IDENTITY DEFAULT")
+    assert restore < problem.index("DROP PUBLICATION ferry_0ther"), problem
+    assert "pg_drop_replication_slot('ferry_0ther')" in problem
+    with connect(databases.source) as conn:
+        conn.execute("drop publication ferry_0ther")
