@@ -580,7 +580,8 @@ class ReplicationActivities:
             replication_ended.holding(src, ref.uid, between_tries, ending=True),
             replication_ended.holding(tgt, ref.uid, between_tries, ending=True),
         ):
-            replication_ended.record(src, source, ref.uid, owner(ref), ended_by)
+            recording = self._lock_retry(heartbeats, "record the end of the replication")
+            replication_ended.record(src, source, ref.uid, owner(ref), ended_by, recording)
             return self._end_now(src, tgt, source, target, replication.name(ref.uid), heartbeats)
 
     def _end_now(

@@ -55,6 +55,7 @@ from activities.postgres import attempts, database_settings
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import REPLICATION_ENDED
+from activities.postgres.replication import Retry, briefly_locked
 from activities.secrets import DatabaseConnection
 from ferry.api.errors import ReplicationEnded
 
@@ -159,30 +160,36 @@ def read(conn: Connection) -> dict[str, Ended]:
     return entries
 
 
-def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: str) -> bool:
+def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: str, retry: Retry) -> bool:
     """Records on the source that the current activity, `by`, ends `owner`'s replication; False when the Secret's user
     may not set the setting (then a late attempt is not refused: see the warning logged).
 
-    The caller holds the Migration's LOCK (`holding`), from before this until the replication is ended.
+    The caller holds the Migration's LOCK (`holding`), from before this until the replication is ended. SETTING_LOCK,
+    which every Migration's end of this source takes, is waited for LOCK_WAIT at a time (replication.briefly_locked):
+    an end of another Migration whose worker stood still in its transaction would otherwise hold this one, without a
+    word, for as long; `retry` says so, heartbeats, and raises once the activity is cancelled.
     """
     attempt = Attempt.current()
-    try:
-        with conn.transaction():
-            conn.execute("select pg_advisory_xact_lock(%s)", (SETTING_LOCK,))
-            entries = read(conn)
-            now = conn.execute("select now()::text").fetchone()
-            entries[uid] = Ended(owner=owner, by=by, attempt=attempt, at=str(now[0]) if now else "")
-            kept = sorted(entries.items(), key=lambda item: item[1].at)[-KEPT:]
-            value = {
-                uid: {
-                    "owner": ended.owner,
-                    "by": ended.by,
-                    "attempt": ended.attempt.as_json(),
-                    "at": ended.at,
-                }
-                for uid, ended in kept
+
+    def write() -> None:
+        conn.execute("select pg_advisory_xact_lock(%s)", (SETTING_LOCK,))
+        entries = read(conn)
+        now = conn.execute("select now()::text").fetchone()
+        entries[uid] = Ended(owner=owner, by=by, attempt=attempt, at=str(now[0]) if now else "")
+        kept = sorted(entries.items(), key=lambda item: item[1].at)[-KEPT:]
+        value = {
+            uid: {
+                "owner": ended.owner,
+                "by": ended.by,
+                "attempt": ended.attempt.as_json(),
+                "at": ended.at,
             }
-            database_settings.change(conn, REPLICATION_ENDED, json.dumps(value, sort_keys=True))
+            for uid, ended in kept
+        }
+        database_settings.change(conn, REPLICATION_ENDED, json.dumps(value, sort_keys=True))
+
+    try:
+        briefly_locked(conn, write, retry)
     except psycopg.errors.InsufficientPrivilege as error:
         activity.logger.warning(
             "could not record on %s that the replication of Migration %s has ended (%s): a late attempt of its "

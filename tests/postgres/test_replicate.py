@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import replicating, replication, restoring, subscription
+from activities.postgres import replicating, replication, replication_ended, restoring, subscription
 from activities.postgres.freezing import PreparedTransactionsPending
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
@@ -729,3 +729,36 @@ def test_catch_up_fills_the_materialized_views_the_source_has_populated_in_depen
     assert len(filled["shop.a_top_customers"]) == 5  # type: ignore[arg-type]
     online.verify()  # compares the populated materialized views' rows and every one's populated flag
     online.undo_freeze()
+
+
+def test_an_end_says_it_waits_for_the_lock_of_the_ended_record_and_goes_on_once_it_is_let_go(
+    online: OnlineSteps, databases: Databases, heartbeats: list[dict[str, Any]]
+) -> None:
+    """The end of another Migration's replication of the same source, its worker stopped in the middle of its
+    transaction, holds the lock under which ends record themselves on the source (replication_ended.SETTING_LOCK): this
+    end waits LOCK_WAIT at a time, heartbeating that it waits and cancellable, rather than silently for as long."""
+    create_shop(databases.source, customers=10, orders=10)
+    online.replicate()
+    results: list[object] = []
+
+    def undo() -> None:
+        try:
+            results.append(online.undo_replicate())
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            results.append(error)
+
+    with connect(databases.source) as holder:
+        holder.execute("select pg_advisory_lock(%s)", (replication_ended.SETTING_LOCK,))
+        running = threading.Thread(target=undo)
+        running.start()
+        try:
+            eventually("the end to say it waits for a lock", lambda: _let_go_of_a_lock(heartbeats), timeout=30)
+            assert results == [], "it waits while the lock is held"
+        finally:
+            holder.execute("select pg_advisory_unlock_all()")
+            running.join(120)
+
+    assert [type(result).__name__ for result in results] == ["EndReplicationResult"], results
+    assert leftovers(databases) == NOTHING
+    with connect(databases.source) as conn:
+        assert online.ref.uid in replication_ended.read(conn), "the end is recorded"
