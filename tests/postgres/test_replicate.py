@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -385,6 +386,32 @@ def _let_go_of_a_lock(heartbeats: list[dict[str, Any]]) -> bool:
     return any("waiting_for_lock" in details for details in list(heartbeats))
 
 
+def _waits_then_goes_on(
+    what: str, step: Callable[[], object], holder: psycopg.Connection[Any], heartbeats: list[dict[str, Any]]
+) -> object:
+    """Runs `step` in a thread while `holder` holds an advisory lock it needs (taken before it, or while it runs): it
+    must say it waits for a lock and not end while the lock is held, then end once `holder` lets go; what it returned.
+    """
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            results.append(step())
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            results.append(error)
+
+    running = threading.Thread(target=run)
+    running.start()
+    try:
+        eventually(f"{what} to say it waits for a lock", lambda: _let_go_of_a_lock(heartbeats), timeout=30)
+        assert results == [], "it waits while the lock is held"
+    finally:
+        holder.execute("select pg_advisory_unlock_all()")
+        running.join(120)
+    assert len(results) == 1, f"{what} has not ended"
+    return results[0]
+
+
 def test_replicate_says_it_waits_for_the_lock_of_ferrys_records_and_goes_on_once_it_is_let_go(
     online: OnlineSteps, databases: Databases, heartbeats: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -401,24 +428,9 @@ def test_replicate_says_it_waits_for_the_lock_of_ferrys_records_and_goes_on_once
             return made
 
         monkeypatch.setattr(subscription, "create", create_then_hold)
-        results: list[object] = []
+        replicated = _waits_then_goes_on("replicate", online.replicate, holder, heartbeats)
 
-        def replicate() -> None:
-            try:
-                results.append(online.replicate())
-            except BaseException as error:  # noqa: BLE001 - the test reports it
-                results.append(error)
-
-        running = threading.Thread(target=replicate)
-        running.start()
-        try:
-            eventually("replicate to say it waits for a lock", lambda: _let_go_of_a_lock(heartbeats), timeout=30)
-            assert results == [], "it waits while the lock is held"
-        finally:
-            holder.execute("select pg_advisory_unlock_all()")
-            running.join(120)
-
-    assert [type(result).__name__ for result in results] == ["ReplicateResult"], results
+    assert isinstance(replicated, ReplicateResult), replicated
     with connect(databases.source) as conn:
         record = replication.read_record(conn, online.name)
     assert record is not None
@@ -739,26 +751,12 @@ def test_an_end_says_it_waits_for_the_lock_of_the_ended_record_and_goes_on_once_
     end waits LOCK_WAIT at a time, heartbeating that it waits and cancellable, rather than silently for as long."""
     create_shop(databases.source, customers=10, orders=10)
     online.replicate()
-    results: list[object] = []
-
-    def undo() -> None:
-        try:
-            results.append(online.undo_replicate())
-        except BaseException as error:  # noqa: BLE001 - the test reports it
-            results.append(error)
 
     with connect(databases.source) as holder:
         holder.execute("select pg_advisory_lock(%s)", (replication_ended.SETTING_LOCK,))
-        running = threading.Thread(target=undo)
-        running.start()
-        try:
-            eventually("the end to say it waits for a lock", lambda: _let_go_of_a_lock(heartbeats), timeout=30)
-            assert results == [], "it waits while the lock is held"
-        finally:
-            holder.execute("select pg_advisory_unlock_all()")
-            running.join(120)
+        ended = _waits_then_goes_on("the end", online.undo_replicate, holder, heartbeats)
 
-    assert [type(result).__name__ for result in results] == ["EndReplicationResult"], results
+    assert type(ended).__name__ == "EndReplicationResult", ended
     assert leftovers(databases) == NOTHING
     with connect(databases.source) as conn:
         assert online.ref.uid in replication_ended.read(conn), "the end is recorded"
