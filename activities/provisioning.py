@@ -4,7 +4,9 @@ provision reads and checks everything before its first write, so a refusal leave
 cluster exactly as it was: the source and its Service exist, the storage class
 exists, the target does not already serve the stable Service's traffic, and nothing
 under the target's names (StatefulSet, Service, claims) belongs to anyone but this
-Migration (ownership.py: by uid). undo_provision deletes what carries this Migration's
+Migration (ownership.py: by uid). Its writes create what does not exist yet, so of two
+Migrations whose checks ran at the same moment, the second to write finds the names taken
+and refuses. undo_provision deletes what carries this Migration's
 uid, whatever provision got to do (nothing, the Service alone, everything), and
 nothing else.
 
@@ -61,16 +63,24 @@ class Provisioning(ClusterApi):
         target, switched by an earlier run); no StatefulSet, Service or claim with the
         target's names exists unless it carries this Migration's uid; the StorageClass
         exists; and the API server accepts both objects in a dry run. Idempotent: both
-        objects are server-side applied from the same source and spec, labelled with the
-        Migration's uid, so a retry finds them its own and applies the same manifests again. Refuses (Overtaken,
+        objects are created, labelled with the Migration's uid, so a retry finds them its own
+        and server-side applies the same manifests again; a name another Migration took after
+        the checks is refused (`_create_or_apply`). Refuses (Overtaken,
         writing nothing) when the source carries the fence of a later action of this Migration (see above).
         """
         ref, target = input.ref, input.spec.target.stateful_set
         headless, stateful_set = self._checked_manifests(ref, input.spec)
         self._refuse_if_overtaken(ref, input.spec.source.stateful_set)
 
-        kube_calls.apply(self._core.patch_namespaced_service, headless, self._settings.field_manager)
-        kube_calls.apply(self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager)
+        core, apps = self._core, self._apps
+        self._create_or_apply(
+            ref, "Service", core.read_namespaced_service, core.create_namespaced_service,
+            core.patch_namespaced_service, headless,
+        )  # fmt: skip
+        self._create_or_apply(
+            ref, "StatefulSet", apps.read_namespaced_stateful_set, apps.create_namespaced_stateful_set,
+            apps.patch_namespaced_stateful_set, stateful_set,
+        )  # fmt: skip
         activity.logger.info("applied StatefulSet and Service %s/%s for Migration %s", ref.namespace, target, ref)
 
         ready = self._wait(
@@ -331,6 +341,42 @@ class Provisioning(ClusterApi):
             f"nothing and will not provision over a live database: delete Migration {ref} (the live target stays), "
             "or to migrate again create a Migration with another spec.target.statefulSet."
         )
+
+    def _create_or_apply(
+        self,
+        ref: MigrationRef,
+        kind: str,
+        read: Callable[..., Any],
+        create: Callable[..., Any],
+        patch: Callable[..., Any],
+        manifest: dict[str, Any],
+    ) -> None:
+        """Creates the object when it does not exist, else applies the manifest to it if it is this Migration's.
+
+        A server-side apply creates or takes over alike: two Migrations naming one target,
+        whose checks both ran before either wrote, would relabel each other's objects, and
+        each undo would then delete the other's. A create is refused (409) when the name is
+        taken, so the first Migration to write keeps the target, and the other refuses here
+        as its checks would have, having written nothing. An object of this Migration's (an
+        earlier attempt made it) gets the same manifest applied again.
+        """
+        name = manifest["metadata"]["name"]
+        existing = kube_calls.read_json_or_none(read, name, ref.namespace)
+        if existing is None:
+            try:
+                create(ref.namespace, manifest, field_manager=self._settings.field_manager)
+                return
+            except ApiException as error:
+                if not kube_calls.is_conflict(error):
+                    raise
+            existing = kube_calls.read_json_or_none(read, name, ref.namespace)
+            if existing is None:
+                raise ApplicationError(
+                    f"{kind} {ref.namespace}/{name} was created and deleted by someone else while provision created "
+                    "it; provision is retried from its checks."
+                )
+        self._refuse_foreign(ref, kind, existing, name)
+        kube_calls.apply(patch, manifest, self._settings.field_manager)
 
     def _refuse_foreign(self, ref: MigrationRef, kind: str, existing: dict[str, Any] | None, name: str) -> None:
         if existing is None or belongs_to(existing, ref):

@@ -278,6 +278,42 @@ def test_provision_refuses_the_target_of_another_migration_with_the_same_name_an
     assert target_objects(kube_api, ref.namespace, TARGET) == before
 
 
+def test_two_migrations_naming_one_target_at_the_same_moment_leave_it_to_the_first_that_creates_it(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    """Both pass their checks while the target does not exist yet; the second one's writes then find it made.
+
+    The interleaving is injected: the second Migration's provision runs the first one's, whole,
+    right after its own checks and before its first write (the moment two workers can meet).
+    """
+    other = MigrationRef(namespace=ref.namespace, name="orders-db-to-16-too", uid=str(uuid.uuid4()))
+    checked = cluster._refuse_if_overtaken
+
+    def first_migration_provisions_meanwhile(*args: Any) -> None:
+        checked(*args)
+        cluster._refuse_if_overtaken = checked  # type: ignore[method-assign]
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+
+    cluster._refuse_if_overtaken = first_migration_provisions_meanwhile  # type: ignore[method-assign]
+
+    with pytest.raises(InvalidSpec) as refused:
+        activity_env.run(cluster.provision, ProvisionInput(ref=other, spec=spec))
+
+    assert f"Service {ref.namespace}/{TARGET} already exists and belongs to another Migration" in str(refused.value)
+    apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    for made in (
+        apps.read_namespaced_stateful_set(TARGET, ref.namespace),
+        core.read_namespaced_service(TARGET, ref.namespace),
+    ):
+        assert made.metadata.labels[MIGRATION_UID_LABEL] == ref.uid, "the first Migration's, untouched by the second"
+    assert all(c.metadata.labels[MIGRATION_UID_LABEL] == ref.uid for c in claims_of(kube_api, ref.namespace, TARGET))
+
+
 def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_same_name(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
