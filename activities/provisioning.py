@@ -35,11 +35,21 @@ from activities import checks, fences, kube_calls, kube_objects, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
-from activities.ownership import belongs_to, own_selector, owner
+from activities.ownership import belongs_to, labels_of, name_of, own_selector, owner
 from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import GROUP, PLURAL, STATEFULSET_LABEL, VERSION, EventType, MigrationSpec
+from ferry.api.migration import (
+    FINISHED_PHASES,
+    GROUP,
+    MIGRATION_LABEL,
+    MIGRATION_UID_LABEL,
+    PLURAL,
+    STATEFULSET_LABEL,
+    VERSION,
+    EventType,
+    MigrationSpec,
+)
 from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
 
 TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
@@ -59,9 +69,10 @@ class Provisioning(ClusterApi):
 
         Checks everything first and writes nothing when one check fails (InvalidSpec, not
         retried): the source StatefulSet and stable Service exist and the Service has a
-        selector; the stable Service does not already select the target's Pods (a live
-        target, switched by an earlier run); no StatefulSet, Service or claim with the
-        target's names exists unless it carries this Migration's uid; the StorageClass
+        selector; the source is not the target of a Migration that has not finished; the
+        stable Service does not already select the target's Pods (a live target, switched
+        by an earlier run); no StatefulSet, Service or claim with the target's names
+        exists unless it carries this Migration's uid; the StorageClass
         exists; and the API server accepts both objects in a dry run. Idempotent: both
         objects are created, labelled with the Migration's uid, so a retry finds them its own
         and server-side applies the same manifests again; a name another Migration took after
@@ -227,6 +238,7 @@ class Provisioning(ClusterApi):
         source = self._read_named_in_spec(
             self._apps.read_namespaced_stateful_set, spec.source.stateful_set, ref, "spec.source.statefulSet"
         )
+        self._refuse_unfinished_source(ref, source)
         service = self._read_named_in_spec(
             self._core.read_namespaced_service, spec.source.service, ref, "spec.source.service"
         )
@@ -260,6 +272,38 @@ class Provisioning(ClusterApi):
             self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager, dry_run=True
         )
         return headless, stateful_set
+
+    def _refuse_unfinished_source(self, ref: MigrationRef, source: dict[str, Any]) -> None:
+        """Refuses a source that another Migration made as its target and that Migration has not finished.
+
+        Until it has, that Migration may still roll back (its Pause, its rollback, its
+        deletion), and its rollback empties and deletes its target: this Migration's source,
+        taken from under it while it copies, and the way its own rollback would send traffic
+        back to. A finished Migration undoes nothing more, so chaining waits for it.
+        """
+        labels = labels_of(source)
+        uid, name = labels.get(MIGRATION_UID_LABEL), labels.get(MIGRATION_LABEL)
+        if not uid or not name or uid == ref.uid:
+            return
+        try:
+            maker: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, name
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return
+            raise
+        if maker["metadata"].get("uid") != uid:
+            return
+        phase = (maker.get("status") or {}).get("phase")
+        if phase in {finished.value for finished in FINISHED_PHASES}:
+            return
+        raise InvalidSpec(
+            f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is the target of Migration "
+            f"{ref.namespace}/{name} (uid {uid}), which has not finished (phase {phase or 'not set yet'}): until it "
+            "has, it may roll back, and its rollback deletes that StatefulSet. ferry changed nothing. Wait until "
+            f"Migration {name} is Succeeded, then delete Migration {ref} and create it again."
+        )
 
     def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:
         """A Warning Event naming the Pods the stable Service selects beside the source's: they lose its traffic.

@@ -14,13 +14,17 @@ from activities.cluster import ClusterActivities
 from devstack.demo.sample import source_objects
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import (
+    GROUP,
     MANAGED_BY_LABEL,
     MIGRATION_LABEL,
     MIGRATION_UID_LABEL,
+    PLURAL,
     STATEFULSET_LABEL,
+    VERSION,
     MigrationSpec,
 )
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
+from tests import samples
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
@@ -312,6 +316,50 @@ def test_two_migrations_naming_one_target_at_the_same_moment_leave_it_to_the_fir
     ):
         assert made.metadata.labels[MIGRATION_UID_LABEL] == ref.uid, "the first Migration's, untouched by the second"
     assert all(c.metadata.labels[MIGRATION_UID_LABEL] == ref.uid for c in claims_of(kube_api, ref.namespace, TARGET))
+
+
+def test_a_migration_whose_source_is_the_target_of_one_not_finished_is_refused_until_that_one_succeeded(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    spec: MigrationSpec,
+    namespace: str,
+    source: str,
+    migration_crd: str,
+) -> None:
+    """The first one may still roll back, and its rollback deletes its target: the second one's source."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    first = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, samples.migration())
+    first_ref = MigrationRef(namespace=namespace, name=first["metadata"]["name"], uid=first["metadata"]["uid"])
+    activity_env.run(cluster.provision, ProvisionInput(ref=first_ref, spec=spec))
+    chained = MigrationSpec.model_validate(
+        samples.migration(
+            source={"statefulSet": TARGET, "service": SOURCE},
+            target={"statefulSet": "orders-db-17", "image": "postgres:17", "storageSize": "2Gi"},
+        )["spec"]
+    )
+    second = MigrationRef(namespace=namespace, name="orders-db-to-17", uid=str(uuid.uuid4()))
+
+    for phase in (None, "Running", "AwaitingApproval", "RollingBack"):
+        if phase is not None:
+            custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": phase}}
+            )
+        with pytest.raises(InvalidSpec) as refused:
+            activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
+        assert (
+            f"spec.source.statefulSet: StatefulSet {namespace}/{TARGET} is the target of Migration "
+            f"{namespace}/{first_ref.name} (uid {first_ref.uid}), which has not finished "
+            f"(phase {phase or 'not set yet'})"
+        ) in str(refused.value)
+        with pytest.raises(InvalidSpec, match="which has not finished"):
+            activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=chained))
+        assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, "orders-db-17", namespace)
+
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": "Succeeded"}}
+    )
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
 
 
 def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_same_name(
