@@ -360,6 +360,13 @@ def test_a_migration_whose_source_is_the_target_of_one_not_finished_is_refused_u
         GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": "Succeeded"}}
     )
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
+    activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=chained))
+    made = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-db-17", namespace)
+    assert made.metadata.labels[MIGRATION_UID_LABEL] == second.uid
+    assert made.spec.template.metadata.labels[MIGRATION_UID_LABEL] == second.uid, "not the first one's, from its source"
+    assert {c.metadata.labels[MIGRATION_UID_LABEL] for c in claims_of(kube_api, namespace, "orders-db-17")} == {
+        second.uid
+    }
 
 
 def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_same_name(
