@@ -279,7 +279,9 @@ class Provisioning(ClusterApi):
         Until it has, that Migration may still roll back (its Pause, its rollback, its
         deletion), and its rollback empties and deletes its target: this Migration's source,
         taken from under it while it copies, and the way its own rollback would send traffic
-        back to. A finished Migration undoes nothing more, so chaining waits for it.
+        back to. A finished Migration undoes nothing more, so chaining waits for it; unless
+        it is being deleted, since a deletion asked for while it ran rolls back even a run
+        that succeeded meanwhile (watcher/deletion.py).
         """
         labels = labels_of(source)
         uid, name = labels.get(MIGRATION_UID_LABEL), labels.get(MIGRATION_LABEL)
@@ -296,13 +298,25 @@ class Provisioning(ClusterApi):
         if maker["metadata"].get("uid") != uid:
             return
         phase = (maker.get("status") or {}).get("phase")
-        if phase in {finished.value for finished in FINISHED_PHASES}:
+        deleted = maker["metadata"].get("deletionTimestamp") is not None
+        if phase in {finished.value for finished in FINISHED_PHASES} and not deleted:
             return
+        what = f"the target of Migration {ref.namespace}/{name} (uid {uid}), which"
+        if deleted:
+            why = (
+                f"{what} is being deleted (phase {phase or 'not set yet'}): a deletion asked for before it finished "
+                "rolls it back, even once it has succeeded, and its rollback deletes that StatefulSet"
+            )
+            wait = f"Wait until Migration {name} is gone and its target still there"
+        else:
+            why = (
+                f"{what} has not finished (phase {phase or 'not set yet'}): until it has, it may roll back, and its "
+                "rollback deletes that StatefulSet"
+            )
+            wait = f"Wait until Migration {name} is Succeeded"
         raise InvalidSpec(
-            f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is the target of Migration "
-            f"{ref.namespace}/{name} (uid {uid}), which has not finished (phase {phase or 'not set yet'}): until it "
-            "has, it may roll back, and its rollback deletes that StatefulSet. ferry changed nothing. Wait until "
-            f"Migration {name} is Succeeded, then delete Migration {ref} and create it again."
+            f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is {why}. ferry changed "
+            f"nothing. {wait}, then delete Migration {ref} and create it again."
         )
 
     def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:

@@ -318,7 +318,7 @@ def test_two_migrations_naming_one_target_at_the_same_moment_leave_it_to_the_fir
     assert all(c.metadata.labels[MIGRATION_UID_LABEL] == ref.uid for c in claims_of(kube_api, ref.namespace, TARGET))
 
 
-def test_a_migration_whose_source_is_the_target_of_one_not_finished_is_refused_until_that_one_succeeded(
+def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_is_refused(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
     cluster: ClusterActivities,
@@ -327,7 +327,8 @@ def test_a_migration_whose_source_is_the_target_of_one_not_finished_is_refused_u
     source: str,
     migration_crd: str,
 ) -> None:
-    """The first one may still roll back, and its rollback deletes its target: the second one's source."""
+    """Until it has finished, or while its deletion may still roll it back, the first one's rollback can delete its
+    target: the second one's source. Refused with nothing changed; accepted once the first is Succeeded for good."""
     custom = k8s.CustomObjectsApi(kube_api)
     first = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, samples.migration())
     first_ref = MigrationRef(namespace=namespace, name=first["metadata"]["name"], uid=first["metadata"]["uid"])
@@ -360,6 +361,25 @@ def test_a_migration_whose_source_is_the_target_of_one_not_finished_is_refused_u
         GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": "Succeeded"}}
     )
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
+
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"metadata": {"finalizers": ["example.com/hold"]}}
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first_ref.name)
+    with pytest.raises(InvalidSpec, match=r"which is being deleted \(phase Succeeded\): a deletion asked for before"):
+        activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"metadata": {"finalizers": None}}
+    )
+    eventually(
+        "the first Migration to be gone",
+        lambda: absent(
+            lambda name, namespace: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+            first_ref.name,
+            namespace,
+        ),
+    )
+
     activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=chained))
     made = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-db-17", namespace)
     assert made.metadata.labels[MIGRATION_UID_LABEL] == second.uid
