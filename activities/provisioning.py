@@ -40,7 +40,6 @@ from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import (
-    FINISHED_PHASES,
     GROUP,
     MIGRATION_LABEL,
     MIGRATION_UID_LABEL,
@@ -48,6 +47,7 @@ from ferry.api.migration import (
     STATEFULSET_LABEL,
     VERSION,
     EventType,
+    Migration,
     MigrationSpec,
 )
 from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
@@ -281,7 +281,7 @@ class Provisioning(ClusterApi):
         taken from under it while it copies, and the way its own rollback would send traffic
         back to. A finished Migration undoes nothing more, so chaining waits for it; unless
         it is being deleted, since a deletion asked for while it ran rolls back even a run
-        that succeeded meanwhile (watcher/deletion.py).
+        that succeeded meanwhile (`Migration.may_still_undo`).
         """
         labels = labels_of(source)
         uid, name = labels.get(MIGRATION_UID_LABEL), labels.get(MIGRATION_LABEL)
@@ -295,23 +295,21 @@ class Provisioning(ClusterApi):
             if kube_calls.is_not_found(error):
                 return
             raise
-        if maker["metadata"].get("uid") != uid:
+        migration = Migration.parse(maker)
+        if migration.metadata.uid != uid or not migration.may_still_undo:
             return
-        phase = (maker.get("status") or {}).get("phase")
-        deleted = maker["metadata"].get("deletionTimestamp") is not None
-        if phase in {finished.value for finished in FINISHED_PHASES} and not deleted:
-            return
+        phase = migration.status.phase.value if migration.status.phase else "not set yet"
         what = f"the target of Migration {ref.namespace}/{name} (uid {uid}), which"
-        if deleted:
+        if migration.finished:
             why = (
-                f"{what} is being deleted (phase {phase or 'not set yet'}): a deletion asked for before it finished "
-                "rolls it back, even once it has succeeded, and its rollback deletes that StatefulSet"
+                f"{what} is being deleted (phase {phase}): a deletion asked for before it finished rolls it back, "
+                "even once it has succeeded, and its rollback deletes that StatefulSet"
             )
             wait = f"Wait until Migration {name} is gone and its target still there"
         else:
             why = (
-                f"{what} has not finished (phase {phase or 'not set yet'}): until it has, it may roll back, and its "
-                "rollback deletes that StatefulSet"
+                f"{what} has not finished (phase {phase}): until it has, it may roll back, and its rollback deletes "
+                "that StatefulSet"
             )
             wait = f"Wait until Migration {name} is Succeeded"
         raise InvalidSpec(

@@ -353,19 +353,10 @@ async def _succeeded_after(
         return False
     if run.close_time < requested + timedelta(seconds=1):
         return False
-    if succeeded_before(status, requested):
+    if status.succeeded_before(requested):
         return False
     result = await handle.result()
     return result.phase is Phase.SUCCEEDED
-
-
-def succeeded_before(status: MigrationStatus, requested: datetime) -> bool:
-    """Whether the status says the saga had succeeded before `requested` (within its whole second): the time of its
-    Succeeded transition, by the workflow's clock, not the run's close, which may come much later (the run's last
-    workflow task redone after its worker died)."""
-    if status.phase is not Phase.SUCCEEDED or status.transitioned_at is None:
-        return False
-    return status.transitioned_at < requested + timedelta(seconds=1)
 
 
 def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:

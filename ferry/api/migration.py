@@ -12,7 +12,7 @@ import contextlib
 import enum
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -739,6 +739,14 @@ class MigrationStatus(ApiModel):
     deletion: DeletionStatus | None = None
     progress: ProgressStatus | None = None
 
+    def succeeded_before(self, requested: datetime) -> bool:
+        """Whether this status says the saga had succeeded before `requested` (within its whole second): the time of
+        its Succeeded transition, by the workflow's clock, not the run's close, which may come much later (the run's
+        last workflow task redone after its worker died)."""
+        if self.phase is not Phase.SUCCEEDED or self.transitioned_at is None:
+            return False
+        return self.transitioned_at < requested + timedelta(seconds=1)
+
 
 # --- the object ----------------------------------------------------------------------------
 
@@ -797,6 +805,20 @@ class Migration(ApiModel):
     @property
     def finished(self) -> bool:
         return self.status.phase is not None and self.status.phase.finished
+
+    @property
+    def may_still_undo(self) -> bool:
+        """Whether this Migration may yet undo what it did: it has not finished, or it is being deleted and its status
+        does not show a success from before the deletion was asked for (a deletion asked for while it ran undoes even
+        a run that succeeded meanwhile: watcher/deletion.py)."""
+        if not self.finished:
+            return True
+        requested = self.metadata.deletion_timestamp
+        return (
+            requested is not None
+            and self.status.phase is Phase.SUCCEEDED
+            and not self.status.succeeded_before(requested)
+        )
 
 
 def _salvaged(raw: object) -> MigrationStatus:

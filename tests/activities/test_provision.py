@@ -368,6 +368,11 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first_ref.name)
     with pytest.raises(InvalidSpec, match=r"which is being deleted \(phase Succeeded\): a deletion asked for before"):
         activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
+    # Its status shows when it succeeded: long before the deletion, which then undoes nothing.
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"transitionedAt": "2026-01-01T00:00:00Z"}}
+    )
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
     custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, first_ref.name, {"metadata": {"finalizers": None}}
     )

@@ -6,8 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ferry.api.migration import MigrationStatus, Phase
-from watcher.deletion import succeeded_before
+from ferry.api.migration import Migration, MigrationStatus, ObjectMeta, Phase
 
 pytestmark = pytest.mark.unit
 
@@ -18,21 +17,40 @@ DELETED = datetime(2026, 11, 25, 10, 0, 0, tzinfo=UTC)
 def test_a_success_the_status_showed_before_the_deletion_counts_as_before_however_late_the_run_closed() -> None:
     shown = MigrationStatus(phase=Phase.SUCCEEDED, transitioned_at=DELETED - timedelta(seconds=12))
 
-    assert succeeded_before(shown, DELETED)
+    assert shown.succeeded_before(DELETED)
 
 
 def test_a_success_within_the_second_of_the_deletion_counts_as_before() -> None:
-    assert succeeded_before(
-        MigrationStatus(phase=Phase.SUCCEEDED, transitioned_at=DELETED + timedelta(seconds=0.4)), DELETED
-    )
+    within = MigrationStatus(phase=Phase.SUCCEEDED, transitioned_at=DELETED + timedelta(seconds=0.4))
+
+    assert within.succeeded_before(DELETED)
 
 
 def test_a_success_decided_after_the_deletion_does_not() -> None:
     later = MigrationStatus(phase=Phase.SUCCEEDED, transitioned_at=DELETED + timedelta(seconds=3))
 
-    assert not succeeded_before(later, DELETED)
+    assert not later.succeeded_before(DELETED)
 
 
 def test_a_status_that_does_not_say_succeeded_says_nothing_of_when() -> None:
-    assert not succeeded_before(MigrationStatus(phase=Phase.RUNNING, transitioned_at=DELETED), DELETED)
-    assert not succeeded_before(MigrationStatus(phase=Phase.SUCCEEDED), DELETED)
+    assert not MigrationStatus(phase=Phase.RUNNING, transitioned_at=DELETED).succeeded_before(DELETED)
+    assert not MigrationStatus(phase=Phase.SUCCEEDED).succeeded_before(DELETED)
+
+
+def _migration(status: MigrationStatus, deleted: datetime | None = None) -> Migration:
+    return Migration(metadata=ObjectMeta(name="m", uid="u", deletion_timestamp=deleted), status=status)
+
+
+@pytest.mark.parametrize("phase", [None, *(phase for phase in Phase if not phase.finished)])
+def test_a_migration_not_finished_may_still_undo_what_it_did(phase: Phase | None) -> None:
+    assert _migration(MigrationStatus(phase=phase)).may_still_undo
+
+
+@pytest.mark.parametrize("phase", [phase for phase in Phase if phase.finished])
+def test_a_finished_migration_undoes_nothing_more_unless_deleted_before_it_succeeded(phase: Phase) -> None:
+    before = DELETED - timedelta(seconds=12)
+
+    assert not _migration(MigrationStatus(phase=phase, transitioned_at=before)).may_still_undo
+    assert not _migration(MigrationStatus(phase=phase, transitioned_at=before), deleted=DELETED).may_still_undo
+    after = _migration(MigrationStatus(phase=phase, transitioned_at=DELETED + timedelta(seconds=3)), deleted=DELETED)
+    assert after.may_still_undo is (phase is Phase.SUCCEEDED), "the undo workflow runs only after a success"
