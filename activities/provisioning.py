@@ -305,7 +305,7 @@ class Provisioning(ClusterApi):
                 f"{what} is being deleted (phase {phase}): a deletion asked for before it finished rolls it back, "
                 "even once it has succeeded, and its rollback deletes that StatefulSet"
             )
-            wait = f"Wait until Migration {name} is gone and its target still there"
+            wait = f"Wait until Migration {name} is gone and, if StatefulSet {name_of(source)} is still there"
         else:
             why = (
                 f"{what} has not finished (phase {phase}): until it has, it may roll back, and its rollback deletes "
@@ -314,7 +314,7 @@ class Provisioning(ClusterApi):
             wait = f"Wait until Migration {name} is Succeeded"
         raise InvalidSpec(
             f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is {why}. ferry changed "
-            f"nothing. {wait}, then delete Migration {ref} and create it again."
+            f"nothing. {wait}, delete Migration {ref} and create it again."
         )
 
     def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:
