@@ -11,12 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from activities import checks, kube_calls, kube_objects
 from activities.ownership import belongs_to
 from activities.settings import KubeActivitySettings
 from activities.waiting import Progress, wait_for
 from ferry.api.errors import InvalidSpec
+from ferry.api.migration import GROUP, PLURAL, VERSION
 from ferry.api.saga import MigrationRef
 
 
@@ -33,6 +35,36 @@ class ClusterApi:
 
     def _wait(self, check: Callable[[], Progress]) -> Progress:
         return wait_for(check, self._settings.poll_interval)
+
+    def _selects_source(self, namespace: str, selector: dict[str, str], source: dict[str, Any]) -> bool:
+        """Whether a Service with `selector` sends its traffic to the StatefulSet `source` (read as raw JSON).
+
+        By the labels of the source's Pod template, or, for a selector by the controller's
+        per-Pod labels (one Pod by its name, say), by the Pods it selects now.
+        """
+        if not selector:
+            return False
+        labels = ((source["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+        if kube_objects.services_selecting(labels, {"stable": selector}):
+            return True
+        pods = self._core.list_namespaced_pod(namespace, label_selector=kube_objects.label_selector(selector)).items
+        name = source["metadata"]["name"]
+        return any(kube_objects.is_pod_of(name, pod.metadata.name) for pod in pods)
+
+    def _source_of(self, ref: MigrationRef) -> str | None:
+        """The spec.source.statefulSet of the Migration `ref`; None when it is gone (or created again: another uid)."""
+        try:
+            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return None
+            raise
+        if migration["metadata"].get("uid") != ref.uid:
+            return None
+        source: str = migration["spec"]["source"]["statefulSet"]
+        return source
 
     def _read_named_in_spec(self, read: Callable[..., Any], name: str, ref: MigrationRef, field: str) -> dict[str, Any]:
         """Reads an object the Migration names; its absence is a spec error that retrying cannot fix."""

@@ -247,6 +247,7 @@ class Provisioning(ClusterApi):
                 f"spec.source.service: Service {ref.namespace}/{spec.source.service} has no selector, and ferry "
                 "moves traffic by changing it. Migrate only StatefulSets whose clients use a Service with a selector."
             )
+        self._refuse_service_elsewhere(ref, spec, service, source)
         selectors = self._service_selectors(ref, source)
         stateful_set = kube_objects.target_stateful_set(source, service, ref, spec.target, selectors)
         headless = kube_objects.headless_service(service, ref, spec.target)
@@ -272,6 +273,31 @@ class Provisioning(ClusterApi):
             self._apps.patch_namespaced_stateful_set, stateful_set, self._settings.field_manager, dry_run=True
         )
         return headless, stateful_set
+
+    def _refuse_service_elsewhere(
+        self, ref: MigrationRef, spec: MigrationSpec, service: dict[str, Any], source: dict[str, Any]
+    ) -> None:
+        """Refuses a stable Service that does not send its traffic to the source.
+
+        switch-traffic takes the Service's traffic from wherever it goes: a Service that
+        selects another database's Pods (a mistyped spec.source.service, or one another
+        Migration switched to its own target) would have its clients moved to a copy of
+        a database they never used. A Service this Migration already switched (its own
+        target's selector, with its own target) is its own step's work, not a refusal.
+        """
+        selector: dict[str, str] = service["spec"]["selector"]
+        if self._selects_source(ref.namespace, selector, source):
+            return
+        if selector == {STATEFULSET_LABEL: spec.target.stateful_set}:
+            return  # left to _refuse_live, which tells this Migration's switch from another's
+        record = records.selector_record(kube_calls.annotations_of(service))
+        switched_by = f", switched by the Migration with uid {record.migration}" if record and record.migration else ""
+        raise InvalidSpec(
+            f"spec.source.service: Service {ref.namespace}/{spec.source.service} does not send its traffic to "
+            f"StatefulSet {spec.source.stateful_set}: its selector {selector}{switched_by} selects none of its Pods. "
+            "ferry moves that Service's traffic from the source to the target, and changed nothing. Name the Service "
+            f"the source's clients use, then delete Migration {ref} and create it again."
+        )
 
     def _refuse_unfinished_source(self, ref: MigrationRef, source: dict[str, Any]) -> None:
         """Refuses a source that another Migration made as its target and that Migration has not finished.
@@ -503,20 +529,6 @@ class Provisioning(ClusterApi):
             kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])
 
         kube_calls.retry_on_conflict(fence)
-
-    def _source_of(self, ref: MigrationRef) -> str | None:
-        try:
-            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name
-            )
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
-                return None
-            raise
-        if migration["metadata"].get("uid") != ref.uid:
-            return None
-        source: str = migration["spec"]["source"]["statefulSet"]
-        return source
 
     def _refuse_while_serving(self, ref: MigrationRef, target: str) -> None:
         """Fails (retryably) while a Service other than this Migration's still selects the target by ferry's label."""

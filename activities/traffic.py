@@ -40,7 +40,8 @@ class TrafficSwitching(ClusterApi):
         """Points the stable Service's selector at the target's Pods and waits until only they are its endpoints.
 
         Refuses (InvalidSpec, changing nothing) a target StatefulSet that is not this
-        Migration's and a Service already switched by another Migration. The selector
+        Migration's, a Service already switched by another Migration, and a Service that
+        no longer selects the source's Pods (`_refuse_traffic_elsewhere`). The selector
         from before is recorded in the annotation ferry.dev/previous-selector as
         `{"migration": <uid>, "selector": {...}}`, in the same write that changes the
         selector. Idempotent: a retry finds the target's selector with this Migration's
@@ -52,6 +53,7 @@ class TrafficSwitching(ClusterApi):
         ref, name, target = input.ref, input.service, input.target_stateful_set
         target_selector = {STATEFULSET_LABEL: target}
         self._require_own_target(ref, target)
+        source_name = self._source_of(ref)
 
         def point_at_target() -> dict[str, str]:
             service = self._read_named_in_spec(self._core.read_namespaced_service, name, ref, "spec.source.service")
@@ -65,6 +67,7 @@ class TrafficSwitching(ClusterApi):
                     f"spec.source.service: Service {ref.namespace}/{name} has no selector, so switching it and back "
                     "would leave it selecting nothing; ferry changed nothing. Give it its selector back."
                 )
+            self._refuse_traffic_elsewhere(ref, name, source_name, current, record)
             operations = [
                 kube_calls.set_value("/spec/selector", target_selector),
                 fences.fenced_annotations(
@@ -136,6 +139,39 @@ class TrafficSwitching(ClusterApi):
         raise InvalidSpec(
             f"spec.target.statefulSet: StatefulSet {ref.namespace}/{target} belongs to {owner(found)}, not to "
             f"Migration {ref} (uid {ref.uid}); ferry sends no traffic to it and changed nothing."
+        )
+
+    def _refuse_traffic_elsewhere(
+        self,
+        ref: MigrationRef,
+        name: str,
+        source_name: str | None,
+        current: dict[str, str],
+        record: records.Record[dict[str, str]] | None,
+    ) -> None:
+        """Refuses to switch a Service that no longer sends its traffic to the source.
+
+        The precheck found the Service selecting the source's Pods; since then another
+        Migration may have switched it to its own target, or a person pointed it elsewhere.
+        Switching it now would move clients of another database to this Migration's copy
+        (and overwrite the other Migration's record, leaving its undo nothing to restore).
+        With the Migration gone (the gate refuses its activities anyway) or its source gone,
+        there is nothing to compare with.
+        """
+        if source_name is None:
+            return
+        source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
+        if source is None or self._selects_source(ref.namespace, current, source):
+            return
+        switched_by = (
+            f", switched by the Migration with uid {record.migration}"
+            if record is not None and record.is_of_another(ref)
+            else ""
+        )
+        raise InvalidSpec(
+            f"spec.source.service: Service {ref.namespace}/{name} no longer sends its traffic to StatefulSet "
+            f"{source_name}: its selector is {current}{switched_by}, which selects none of its Pods. ferry changed "
+            "nothing: switching it would move the clients of whatever it selects now to this Migration's target."
         )
 
     def _already_switched(

@@ -23,7 +23,7 @@ from ferry.api.migration import (
     VERSION,
     MigrationSpec,
 )
-from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
+from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, SwitchTrafficInput, UndoProvisionInput
 from tests import samples
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
@@ -333,6 +333,9 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
     first = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, samples.migration())
     first_ref = MigrationRef(namespace=namespace, name=first["metadata"]["name"], uid=first["metadata"]["uid"])
     activity_env.run(cluster.provision, ProvisionInput(ref=first_ref, spec=spec))
+    activity_env.run(
+        cluster.switch_traffic, SwitchTrafficInput(ref=first_ref, service=SOURCE, target_stateful_set=TARGET)
+    )
     chained = MigrationSpec.model_validate(
         samples.migration(
             source={"statefulSet": TARGET, "service": SOURCE},

@@ -17,9 +17,10 @@ from kubernetes import client as k8s
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
+from activities import records
 from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
+from ferry.api.migration import GROUP, PLURAL, STATEFULSET_LABEL, VERSION, MigrationSpec
 from ferry.api.saga import (
     MigrationRef,
     ProvisionInput,
@@ -28,6 +29,7 @@ from ferry.api.saga import (
     SwitchTrafficInput,
     UndoSwitchTrafficInput,
 )
+from tests import samples
 from tests.activities.cluster_state import stable_service
 from tests.activities.conftest import TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually
@@ -234,6 +236,59 @@ def test_switch_traffic_refuses_a_target_its_migration_did_not_provision(
         activity_env.run(cluster.switch_traffic, _switch(applied_again))
 
     assert stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
+
+
+def test_switch_traffic_refuses_a_service_another_migration_switched_to_its_own_target_since_the_precheck(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    namespace: str,
+    spec: MigrationSpec,
+    source: str,
+    migration_crd: str,
+) -> None:
+    """Its clients are another database's now: moving them to this Migration's copy would hide their writes."""
+    made = k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, samples.migration()
+    )
+    ref = MigrationRef(namespace=namespace, name=made["metadata"]["name"], uid=made["metadata"]["uid"])
+    activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+    other = MigrationRef(namespace=namespace, name="billing-db-to-16", uid=str(uuid.uuid4()))
+    theirs = {STATEFULSET_LABEL: "billing-db-16"}
+    switched_by_the_other = {
+        "metadata": {"annotations": {RECORD: records.encode_selector(other, {"app": "billing-db"})}},
+        "spec": {"selector": {"app": None, **theirs}},
+    }
+    k8s.CoreV1Api(kube_api).patch_namespaced_service(SOURCE, namespace, switched_by_the_other)
+
+    with pytest.raises(InvalidSpec) as refused:
+        activity_env.run(cluster.switch_traffic, _switch(ref))
+
+    assert f"Service {namespace}/{SOURCE} no longer sends its traffic to StatefulSet {SOURCE}" in str(refused.value)
+    assert f"switched by the Migration with uid {other.uid}" in str(refused.value)
+    service = stable_service(kube_api, namespace)
+    assert service.spec.selector == theirs, "left as the other Migration switched it"
+    assert json.loads(service.metadata.annotations[RECORD])["migration"] == other.uid, "its undo still finds it"
+
+
+def test_the_precheck_refuses_a_stable_service_that_does_not_select_the_sources_pods(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    core.patch_namespaced_service(SOURCE, ref.namespace, {"spec": {"selector": {"app": "billing-db"}}})
+
+    with pytest.raises(InvalidSpec, match=r"spec\.source\.service: Service .* does not send its traffic to Stat"):
+        activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+
+    # One of the source's Pods by its name (its primary, say) is the source's traffic too.
+    one_pod = {"spec": {"selector": {"app": None, "statefulset.kubernetes.io/pod-name": f"{SOURCE}-0"}}}
+    core.patch_namespaced_service(SOURCE, ref.namespace, one_pod)
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
 
 
 def test_switch_traffic_and_its_undo_understand_the_record_of_an_older_ferry(
