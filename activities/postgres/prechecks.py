@@ -299,13 +299,9 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
         server = _server(conn, "select name from pg_available_extensions")
         _may_change(conn, db, "restore into", problems)
         _counted(conn, db, "the check that nothing is written to the target before traffic goes back", problems)
-        contents = [row[0] for row in conn.execute(restoring.CONTENTS)]
-        marked_by = restoring.restorer(database_settings.read(conn).get(RESTORED_BY))
-        if contents and marked_by != owner:
-            problems.append(
-                f"the target {db.describe()} is not empty (it has {', '.join(contents[:5])}) and ferry did not "
-                f"restore into it for this Migration. Point Secret {db.secret} at an empty database, or empty this one."
-            )
+        why = restoring.refusal(restoring.find(conn), db, owner)
+        if why is not None:
+            problems.append(why)
         return server
     return None
 

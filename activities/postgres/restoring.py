@@ -172,19 +172,43 @@ def prepare_target(
     """
     if found is None:
         found = find(conn)
-    if found.contents and found.restorer != owner:
-        raise InvalidSpec(
-            f"the target {db.describe()} is not empty (it has {', '.join(found.contents[:5])}) and ferry did not "
-            f"restore into it for Migration {owner}. ferry only restores into an empty database: point Secret "
-            f"{db.secret} at one, or empty this one."
-        )
+    _refuse_others(found, db, owner)
     with conn.transaction():
         unwritten.refuse_if_verified(conn, db, "empty the target for a new restore")
+        # Again under refuse_if_verified's lock, which every prepare_target of this database takes: of two Migrations
+        # that found it empty and unmarked at once, the second finds the first one's marker here.
+        found = find(conn)
+        _refuse_others(found, db, owner)
         if found.contents:
             _clean(conn)
         marker = owner if complete else owner + INCOMPLETE
         if found.restored_by != marker:
             database_settings.change(conn, RESTORED_BY, marker)
+
+
+def refusal(found: Found, db: DatabaseConnection, owner: str) -> str | None:
+    """Why `owner` may not restore into a target that holds `found`, if it may not: someone's data, or another
+    Migration's marker (its restore under way, uncommitted still, or left by a run that could not undo it)."""
+    if found.contents and found.restorer != owner:
+        return (
+            f"the target {db.describe()} is not empty (it has {', '.join(found.contents[:5])}) and ferry did not "
+            f"restore into it for Migration {owner}. ferry only restores into an empty database: point Secret "
+            f"{db.secret} at one, or empty this one."
+        )
+    if found.restorer is not None and found.restorer != owner:
+        return (
+            f"the target {db.describe()} is marked as restored into by Migration {found.restorer} (the database "
+            f"setting {RESTORED_BY}), not by Migration {owner}: that Migration is restoring into it, or left its "
+            f"mark there. Point Secret {db.secret} at a database no other Migration uses; if none uses this one, "
+            f"remove the mark (ALTER DATABASE ... RESET {RESTORED_BY}) and try again."
+        )
+    return None
+
+
+def _refuse_others(found: Found, db: DatabaseConnection, owner: str) -> None:
+    why = refusal(found, db, owner)
+    if why is not None:
+        raise InvalidSpec(why)
 
 
 def mark_complete(conn: Connection, db: DatabaseConnection, owner: str) -> None:

@@ -187,6 +187,24 @@ def test_undo_migrate_leaves_a_target_holding_someone_elses_data_alone(
     ]
 
 
+def test_migrate_refuses_an_empty_target_another_migration_has_begun_restoring_into(
+    steps: Steps, databases: Databases, snapshot: SnapshotResult
+) -> None:
+    """Its restore is one transaction: until it commits, the target looks empty, and only the marker says whose it is.
+    Taking the target over, then cleaning it on a retry, would drop the other Migration's restore."""
+    other = _another_migration(steps).ref
+    restoring = f"{other.namespace}/{other.name}/{other.uid}"
+    with connect(databases.target) as conn:
+        conn.execute(f"alter database {databases.target.database} set ferry.restored_by = '{restoring}'")
+    marker = f"ferry.restored_by={restoring}"
+
+    with pytest.raises(InvalidSpec, match=r"is marked as restored into by Migration .* not by Migration"):
+        steps.migrate(snapshot)
+
+    assert database_settings(databases.target) == [marker], "still the other Migration's"
+    assert _target_tables(databases) == []
+
+
 def test_undo_migrate_after_a_migrate_that_never_ran_or_failed_half_way(
     steps: Steps, databases: Databases, stack: StackInfo, snapshot: SnapshotResult
 ) -> None:

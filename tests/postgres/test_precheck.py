@@ -166,7 +166,19 @@ def test_precheck_names_a_target_that_is_not_empty(steps: Steps, databases: Data
 
     assert problem.startswith(f"the target database '{databases.target.database}'")
     assert "is not empty (it has public)" in problem
-    assert f"Point Secret {namespace}/{TARGET_SECRET} at an empty database, or empty this one." in problem
+    assert f"point Secret {namespace}/{TARGET_SECRET} at one, or empty this one." in problem
+
+
+def test_precheck_names_an_empty_target_another_migration_restores_into(
+    steps: Steps, databases: Databases, namespace: str
+) -> None:
+    other = f"{namespace}/orders-db-to-16/{uuid.uuid4()}"
+    with connect(databases.target) as conn:
+        conn.execute(f"alter database {databases.target.database} set ferry.restored_by = '{other}'")
+
+    (problem,) = _problems(steps)
+
+    assert f"is marked as restored into by Migration {other} (the database setting ferry.restored_by)" in problem
 
 
 def test_precheck_names_a_source_user_that_may_not_freeze(
