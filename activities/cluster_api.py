@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from activities import checks, kube_calls, kube_objects
 from activities.ownership import belongs_to
@@ -51,17 +50,20 @@ class ClusterApi:
         name = source["metadata"]["name"]
         return any(kube_objects.is_pod_of(name, pod.metadata.name) for pod in pods)
 
+    def _read_migration(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Migration of that name as raw JSON; None when there is none."""
+        return kube_calls.read_json_or_none(
+            lambda name, namespace, **options: self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, **options
+            ),
+            name,
+            namespace,
+        )
+
     def _source_of(self, ref: MigrationRef) -> str | None:
         """The spec.source.statefulSet of the Migration `ref`; None when it is gone (or created again: another uid)."""
-        try:
-            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name
-            )
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
-                return None
-            raise
-        if migration["metadata"].get("uid") != ref.uid:
+        migration = self._read_migration(ref.namespace, ref.name)
+        if migration is None or migration["metadata"].get("uid") != ref.uid:
             return None
         source: str = migration["spec"]["source"]["statefulSet"]
         return source

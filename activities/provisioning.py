@@ -40,12 +40,9 @@ from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import (
-    GROUP,
     MIGRATION_LABEL,
     MIGRATION_UID_LABEL,
-    PLURAL,
     STATEFULSET_LABEL,
-    VERSION,
     EventType,
     Migration,
     MigrationSpec,
@@ -313,14 +310,9 @@ class Provisioning(ClusterApi):
         uid, name = labels.get(MIGRATION_UID_LABEL), labels.get(MIGRATION_LABEL)
         if not uid or not name or uid == ref.uid:
             return
-        try:
-            maker: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, name
-            )
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
-                return
-            raise
+        maker = self._read_migration(ref.namespace, name)
+        if maker is None:
+            return
         migration = Migration.parse(maker)
         if migration.metadata.uid != uid or not migration.may_still_undo:
             return
