@@ -287,8 +287,7 @@ class Provisioning(ClusterApi):
             return
         if selector == {STATEFULSET_LABEL: spec.target.stateful_set}:
             return  # left to _refuse_live, which tells this Migration's switch from another's
-        record = records.selector_record(kube_calls.annotations_of(service))
-        switched_by = f", switched by the Migration with uid {record.migration}" if record and record.migration else ""
+        switched_by = records.switched_by(records.selector_record(kube_calls.annotations_of(service)))
         raise InvalidSpec(
             f"spec.source.service: Service {ref.namespace}/{spec.source.service} does not send its traffic to "
             f"StatefulSet {spec.source.stateful_set}: its selector {selector}{switched_by} selects none of its Pods. "
@@ -406,8 +405,7 @@ class Provisioning(ClusterApi):
         target, name = manifest["metadata"]["name"], service["metadata"]["name"]
         if selector.get(STATEFULSET_LABEL) != target:
             return
-        record = records.selector_record(kube_calls.annotations_of(service))
-        switched_by = f", switched by the Migration with uid {record.migration}" if record and record.migration else ""
+        switched_by = records.switched_by(records.selector_record(kube_calls.annotations_of(service)))
         made_by = f", and StatefulSet {target} belongs to {owner(existing)}" if existing is not None else ""
         raise InvalidSpec(
             f"spec.target.statefulSet: the target {ref.namespace}/{target} already serves traffic: Service "

@@ -45,6 +45,11 @@ class Record(Generic[T]):
         return self.migration is not None and self.migration != ref.uid
 
 
+def switched_by(record: Record[Any] | None) -> str:
+    """What a refusal quoting a selector adds when its record names the Migration that switched it; else ''."""
+    return f", switched by the Migration with uid {record.migration}" if record is not None and record.migration else ""
+
+
 def encode_selector(ref: MigrationRef, selector: dict[str, str]) -> str:
     return json.dumps({"migration": ref.uid, "selector": selector}, sort_keys=True)
 

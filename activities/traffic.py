@@ -163,11 +163,7 @@ class TrafficSwitching(ClusterApi):
         source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
         if source is None or self._selects_source(ref.namespace, current, source):
             return
-        switched_by = (
-            f", switched by the Migration with uid {record.migration}"
-            if record is not None and record.is_of_another(ref)
-            else ""
-        )
+        switched_by = records.switched_by(record) if record is not None and record.is_of_another(ref) else ""
         raise InvalidSpec(
             f"spec.source.service: Service {ref.namespace}/{name} no longer sends its traffic to StatefulSet "
             f"{source_name}: its selector is {current}{switched_by}, which selects none of its Pods. ferry changed "
