@@ -28,6 +28,8 @@ from tests import samples
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import MIGRATION, TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually, ready_replicas
+from tests.conftest import Kubectl
+from tests.end_to_end import apply_migration
 
 SOURCE_LABELS = {"app": SOURCE}
 READ_ONLY = f"{SOURCE}-ro"
@@ -326,12 +328,12 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
     namespace: str,
     source: str,
     migration_crd: str,
+    kubectl: Kubectl,
 ) -> None:
     """Until it has finished, or while its deletion may still roll it back, the first one's rollback can delete its
     target: the second one's source. Refused with nothing changed; accepted once the first is Succeeded for good."""
     custom = k8s.CustomObjectsApi(kube_api)
-    first = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, samples.migration())
-    first_ref = MigrationRef(namespace=namespace, name=first["metadata"]["name"], uid=first["metadata"]["uid"])
+    first_ref = apply_migration(kubectl, namespace, samples.migration())
     activity_env.run(cluster.provision, ProvisionInput(ref=first_ref, spec=spec))
     activity_env.run(
         cluster.switch_traffic, SwitchTrafficInput(ref=first_ref, service=SOURCE, target_stateful_set=TARGET)

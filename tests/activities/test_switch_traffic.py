@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import records
 from activities.cluster import ClusterActivities
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import GROUP, PLURAL, STATEFULSET_LABEL, VERSION, MigrationSpec
+from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import (
     MigrationRef,
     ProvisionInput,
@@ -33,6 +33,8 @@ from tests import samples
 from tests.activities.cluster_state import stable_service
 from tests.activities.conftest import TARGET, TARGET_PODS
 from tests.cluster import SOURCE, SOURCE_PODS, endpoint_pods, eventually
+from tests.conftest import Kubectl
+from tests.end_to_end import apply_migration
 
 ORIGINAL_SELECTOR = {"app": SOURCE}
 EXPORTER = f"{SOURCE}-exporter"
@@ -246,12 +248,10 @@ def test_switch_traffic_refuses_a_service_another_migration_switched_to_its_own_
     spec: MigrationSpec,
     source: str,
     migration_crd: str,
+    kubectl: Kubectl,
 ) -> None:
     """Its clients are another database's now: moving them to this Migration's copy would hide their writes."""
-    made = k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, samples.migration()
-    )
-    ref = MigrationRef(namespace=namespace, name=made["metadata"]["name"], uid=made["metadata"]["uid"])
+    ref = apply_migration(kubectl, namespace, samples.migration())
     activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
     other = MigrationRef(namespace=namespace, name="billing-db-to-16", uid=str(uuid.uuid4()))
     theirs = {STATEFULSET_LABEL: "billing-db-16"}
