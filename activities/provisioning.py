@@ -32,7 +32,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import checks, fences, kube_calls, kube_objects, records
-from activities.api_refusals import explain_refusals
+from activities.api_refusals import explain_refusals, server_message
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
 from activities.ownership import belongs_to, labels_of, name_of, own_selector, owner
@@ -40,9 +40,13 @@ from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import (
+    GROUP,
     MIGRATION_LABEL,
     MIGRATION_UID_LABEL,
+    PLURAL,
+    SOURCE_FIELD,
     STATEFULSET_LABEL,
+    VERSION,
     EventType,
     Migration,
     MigrationSpec,
@@ -54,6 +58,9 @@ TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
 SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
 """Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
 OTHER_PODS_SHOWN = 5
+CRD_TOO_OLD = "MigrationCrdTooOld"
+"""The Migration CRD installed does not let the API server select Migrations by their source: tried again, as
+applying the CRD of this ferry's version fixes it."""
 
 
 class Provisioning(ClusterApi):
@@ -236,6 +243,7 @@ class Provisioning(ClusterApi):
             self._apps.read_namespaced_stateful_set, spec.source.stateful_set, ref, "spec.source.statefulSet"
         )
         self._refuse_unfinished_source(ref, source)
+        self._refuse_source_another_moves(ref, spec.source.stateful_set)
         service = self._read_named_in_spec(
             self._core.read_namespaced_service, spec.source.service, ref, "spec.source.service"
         )
@@ -315,24 +323,67 @@ class Provisioning(ClusterApi):
         migration = Migration.parse(maker)
         if migration.metadata.uid != uid or not migration.may_still_undo:
             return
-        phase = migration.status.phase.value if migration.status.phase else "not set yet"
-        what = f"the target of Migration {ref.namespace}/{name} (uid {uid}), which"
         if migration.finished:
-            why = (
-                f"{what} is being deleted (phase {phase}): a deletion asked for before it finished rolls it back, "
-                "even once it has succeeded, and its rollback deletes that StatefulSet"
-            )
             wait = f"Wait until Migration {name} is gone and, if StatefulSet {name_of(source)} is still there"
         else:
-            why = (
-                f"{what} has not finished (phase {phase}): until it has, it may roll back, and its rollback deletes "
-                "that StatefulSet"
-            )
             wait = f"Wait until Migration {name} is Succeeded"
         raise InvalidSpec(
-            f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is {why}. ferry changed "
-            f"nothing. {wait}, delete Migration {ref} and create it again."
+            f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name_of(source)} is the target of Migration "
+            f"{ref.namespace}/{name} (uid {uid}), {_why_it_may_still_undo(migration)}, and its rollback deletes "
+            f"that StatefulSet. ferry changed nothing. {wait}, delete Migration {ref} and create it again."
         )
+
+    def _refuse_source_another_moves(self, ref: MigrationRef, source_name: str) -> None:
+        """Refuses a source that another Migration, created before this one, moves and may still undo.
+
+        A Migration moves one database, but its scale-down-old stops the source's whole
+        server, and its rollback sends the clients back to it: a second Migration of the same
+        StatefulSet (another database on that server, or the same one to another target)
+        would lose its source while it copies or is frozen, and then could not unfreeze it.
+        So one Migration at a time moves a source: the one created first. Of two created in
+        the same second, whichever checks once both exist is refused (creation times have
+        whole seconds), so the two are never both accepted. A dry run changes nothing and is
+        no reason to refuse.
+        """
+        try:
+            listed = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, field_selector=f"{SOURCE_FIELD}={source_name}"
+            )
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return  # no Migration CRD: no other Migration either
+            if error.status != 400:
+                raise
+            raise ApplicationError(
+                f"could not list the Migrations of StatefulSet {ref.namespace}/{source_name}: the API server does not "
+                f"select Migrations by {SOURCE_FIELD} ({server_message(error)}). The Migration CRD installed is "
+                "older than this ferry: apply deploy/crd/migrations.ferry.dev.yaml of this ferry's version; the step "
+                "is tried again",
+                type=CRD_TOO_OLD,
+            ) from error
+        mine = self._read_migration(ref.namespace, ref.name)
+        created = Migration.parse(mine).metadata.creation_timestamp if mine is not None else None
+        if mine is not None and mine["metadata"].get("uid") != ref.uid:
+            created = None
+        for raw in listed.get("items", []):
+            other = Migration.parse(raw)
+            if (
+                other.metadata.uid == ref.uid
+                or (other.spec is not None and other.spec.dry_run)
+                or not other.may_still_undo
+                or not other.created_no_later_than(created)
+            ):
+                continue
+            name = other.metadata.name
+            wait = "is gone" if other.finished else "has finished"
+            raise InvalidSpec(
+                f"spec.source.statefulSet: StatefulSet {ref.namespace}/{source_name} is the source of Migration "
+                f"{ref.namespace}/{name} (uid {other.metadata.uid}), created before this one, "
+                f"{_why_it_may_still_undo(other)}. One Migration moves a source at a time: its scale-down-old stops "
+                "that StatefulSet's whole server, this Migration's database on it too, and its rollback sends the "
+                f"clients back to it. ferry changed nothing. Wait until Migration {name} {wait}, then delete "
+                f"Migration {ref} and create it again."
+            )
 
     def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:
         """A Warning Event naming the Pods the stable Service selects beside the source's: they lose its traffic.
@@ -550,3 +601,14 @@ class Provisioning(ClusterApi):
             return
         metadata = found["metadata"]
         kube_calls.delete_if_unchanged(delete, name, ref.namespace, metadata["uid"], metadata["resourceVersion"])
+
+
+def _why_it_may_still_undo(migration: Migration) -> str:
+    """Why a Migration another one depends on may still undo what it did (`Migration.may_still_undo`), for refusals."""
+    phase = migration.status.phase.value if migration.status.phase else "not set yet"
+    if migration.finished:
+        return (
+            f"which is being deleted (phase {phase}): a deletion asked for before it finished rolls it back, even "
+            "once it has succeeded"
+        )
+    return f"which has not finished (phase {phase}): until it has, it may roll back"

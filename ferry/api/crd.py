@@ -199,6 +199,7 @@ def manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
+                    "selectableFields": [{"jsonPath": f".{api.SOURCE_FIELD}"}],
                     "additionalPrinterColumns": [
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "Step", "type": "string", "jsonPath": ".status.currentStep"},

@@ -43,6 +43,10 @@ def secret_finalizer(uid: str) -> str:
     return f"{SECRET_FINALIZER_PREFIX}{uid}"
 
 
+SOURCE_FIELD = "spec.source.statefulSet"
+"""A field the API server selects Migrations by (the CRD's selectableFields): the Migrations of one source, listed
+without reading every Migration of the namespace."""
+
 WORKFLOW_ANNOTATION = f"watcher.{GROUP}/workflow"
 """The ID of the Migration's workflow, written by the watcher once that workflow exists. With status.workflow
 (which the saga writes at its first status mirror) it tells any watcher, without asking Temporal, that the
@@ -819,6 +823,13 @@ class Migration(ApiModel):
             and self.status.phase is Phase.SUCCEEDED
             and not self.status.succeeded_before(requested)
         )
+
+    def created_no_later_than(self, created: datetime | None) -> bool:
+        """Whether this Migration was created before `created`, or in the same second: creation times have whole
+        seconds, so of two created in one second neither can tell which came first. When either time is unknown (None:
+        a Migration no longer there), the answer is yes: the caller then refuses rather than guesses."""
+        mine = self.metadata.creation_timestamp
+        return created is None or mine is None or mine <= created
 
 
 def _salvaged(raw: object) -> MigrationStatus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import Any
 
@@ -397,6 +398,98 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
     assert {c.metadata.labels[MIGRATION_UID_LABEL] for c in claims_of(kube_api, namespace, "orders-db-17")} == {
         second.uid
     }
+
+
+def test_a_second_migration_of_a_source_one_created_before_it_still_moves_is_refused_until_that_one_has_finished(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    spec: MigrationSpec,
+    namespace: str,
+    source: str,
+    migration_crd: str,
+    kubectl: Kubectl,
+) -> None:
+    """scale-down-old stops the source's whole server, and a rollback sends the clients back to it: a second Migration
+    of that server (another database on it, or the same one to another target) would lose its source while it copies,
+    and could not unfreeze it. The one created first goes on; the other is refused, with nothing changed, until the
+    first can undo nothing more. A Migration of another source in the namespace is no reason to refuse."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    first = apply_migration(kubectl, namespace, samples.migration())
+    elsewhere = apply_migration(
+        kubectl,
+        namespace,
+        samples.migration(
+            "billing-db-to-16",
+            source={"statefulSet": "billing-db", "service": "billing-db"},
+            target={"statefulSet": "billing-db-16", "image": "postgres:16", "storageSize": "1Gi"},
+        ),
+    )
+    created = datetime.datetime.fromisoformat(
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first.name)["metadata"][
+            "creationTimestamp"
+        ]
+    )
+    # Creation times have whole seconds, and one of the same second as the first counts as created before it.
+    eventually(
+        "the clock to pass the second the first Migration was created in",
+        lambda: datetime.datetime.now(datetime.UTC) >= created + datetime.timedelta(seconds=1),
+    )
+    other_database = samples.migration(
+        "orders-archive-to-16",
+        target={"statefulSet": "orders-archive-16", "image": "postgres:16", "storageSize": "2Gi"},
+        driver={"type": "postgresql", "sourceSecret": "orders-archive-source", "targetSecret": "orders-archive-target"},
+    )
+    second = apply_migration(kubectl, namespace, other_database)
+    second_spec = MigrationSpec.model_validate(other_database["spec"])
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, elsewhere.name, {"status": {"phase": "Running"}}
+    )
+
+    # Created before the second, the first finds nothing in its way.
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=first, spec=spec))
+    for phase in (None, "Running", "Paused", "AwaitingApproval", "RollingBack"):
+        if phase is not None:
+            custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, first.name, {"status": {"phase": phase}}
+            )
+        with pytest.raises(InvalidSpec) as refused:
+            activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
+        assert (
+            f"spec.source.statefulSet: StatefulSet {namespace}/{SOURCE} is the source of Migration "
+            f"{namespace}/{first.name} (uid {first.uid}), created before this one, which has not finished "
+            f"(phase {phase or 'not set yet'})"
+        ) in str(refused.value)
+        with pytest.raises(InvalidSpec, match="which has not finished"):
+            activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=second_spec))
+        assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, "orders-archive-16", namespace)
+        assert absent(k8s.CoreV1Api(kube_api).read_namespaced_service, "orders-archive-16", namespace)
+
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, first.name, {"status": {"phase": "Succeeded"}}
+    )
+    activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, first.name, {"metadata": {"finalizers": ["example.com/hold"]}}
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first.name)
+    with pytest.raises(InvalidSpec, match=r"which is being deleted \(phase Succeeded\): a deletion asked for before"):
+        activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, first.name, {"metadata": {"finalizers": None}}
+    )
+    eventually(
+        "the first Migration to be gone",
+        lambda: absent(
+            lambda name, namespace: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+            first.name,
+            namespace,
+        ),
+    )
+
+    activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=second_spec))
+    made = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-archive-16", namespace)
+    assert made.metadata.labels[MIGRATION_UID_LABEL] == second.uid
 
 
 def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_same_name(

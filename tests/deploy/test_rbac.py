@@ -363,7 +363,8 @@ CAN_I: dict[str, list[tuple[str, bool]]] = {
         ("update migrations.ferry.dev --subresource=status", False),
         ("patch migrations.ferry.dev", False),
         ("delete migrations.ferry.dev", False),
-        ("list migrations.ferry.dev", False),
+        ("list migrations.ferry.dev", True),  # the Migrations of a source, selected by the field
+        ("watch migrations.ferry.dev", False),
         ("create leases.coordination.k8s.io -n ferry-system", False),
         ("delete namespaces", False),
     ],

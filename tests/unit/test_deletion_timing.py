@@ -54,3 +54,20 @@ def test_a_finished_migration_undoes_nothing_more_unless_deleted_before_it_succe
     assert not _migration(MigrationStatus(phase=phase, transitioned_at=before), deleted=DELETED).may_still_undo
     after = _migration(MigrationStatus(phase=phase, transitioned_at=DELETED + timedelta(seconds=3)), deleted=DELETED)
     assert after.may_still_undo is (phase is Phase.SUCCEEDED), "the undo workflow runs only after a success"
+
+
+def _created(at: datetime | None) -> Migration:
+    return Migration(metadata=ObjectMeta(name="m", uid="u", creation_timestamp=at))
+
+
+def test_a_migration_created_earlier_or_in_the_same_second_counts_as_created_first() -> None:
+    """Creation times have whole seconds: of two from one second, each counts as the first, so each may refuse the
+    other and never both go on."""
+    assert _created(DELETED - timedelta(seconds=1)).created_no_later_than(DELETED)
+    assert _created(DELETED).created_no_later_than(DELETED)
+    assert not _created(DELETED + timedelta(seconds=1)).created_no_later_than(DELETED)
+
+
+def test_an_unknown_creation_time_counts_as_created_first() -> None:
+    assert _created(None).created_no_later_than(DELETED)
+    assert _created(DELETED + timedelta(seconds=1)).created_no_later_than(None), "this Migration is gone"
