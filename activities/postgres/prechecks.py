@@ -102,6 +102,16 @@ from pg_roles r, pg_database d where r.rolname = current_user and d.datname = cu
 """
 
 
+OTHER_DATABASES = """
+select datname from pg_database
+where datallowconn and not datistemplate and datname not in (current_database(), 'postgres')
+order by datname
+"""
+"""The databases of the source's server besides the one migrated that a client may use (not the templates, nor the
+maintenance database `postgres` every server has)."""
+OTHER_DATABASES_SHOWN = 5
+
+
 class Problems(list[str]):
     """The problems found so far, one sentence (or a few) each."""
 
@@ -127,6 +137,8 @@ class Server:
     """Whether the Secret's user reads every row whatever row-level security says."""
     forced_rls: tuple[str, ...] = ()
     """Tables whose row-level security applies to their owners too (FORCE ROW LEVEL SECURITY)."""
+    other_databases: tuple[str, ...] = ()
+    """The source server's other databases a client may use (OTHER_DATABASES)."""
     sessions: int = 1 << 31
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
@@ -214,7 +226,22 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         )
         if input.measure
         else None,
-        warnings=[unbounded] if unbounded else [],
+        warnings=[warning for warning in (unbounded, _other_databases(source_db, source)) if warning],
+    )
+
+
+def _other_databases(db: DatabaseConnection | None, source: Server) -> str | None:
+    """A warning naming the source server's other databases: scale-down-old stops them with the one migrated."""
+    if db is None or not source.other_databases:
+        return None
+    names = source.other_databases
+    shown = ", ".join(names[:OTHER_DATABASES_SHOWN]) + (
+        f" and {len(names) - OTHER_DATABASES_SHOWN} more" if len(names) > OTHER_DATABASES_SHOWN else ""
+    )
+    return (
+        f"the server of {db.describe()} also holds the databases {shown}. ferry moves only {db.database!r}, but "
+        "scale-down-old stops the whole source StatefulSet, so they stop serving with it (a rollback starts it "
+        "again). Unless nothing uses them, move them first or give them a server of their own."
     )
 
 
@@ -283,7 +310,11 @@ def _source(
                 f"{ambiguous} on {db.describe()} have one name once joined with dots, which is how verify and the "
                 "checks of writes tell tables and columns apart: one could pass for the other. Rename one of them."
             )
-        server = dataclasses.replace(server, forced_rls=tuple(name for name, forced, _ in tables if forced))
+        server = dataclasses.replace(
+            server,
+            forced_rls=tuple(name for name, forced, _ in tables if forced),
+            other_databases=tuple(name for (name,) in conn.execute(OTHER_DATABASES)),
+        )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
             problems.append(

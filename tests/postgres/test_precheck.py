@@ -99,6 +99,36 @@ def test_precheck_of_a_sound_migration_reports_versions_and_size_and_changes_not
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the probe object is gone"
 
 
+def test_precheck_warns_of_the_other_databases_of_the_sources_server_that_scale_down_old_stops_too(
+    steps: Steps, databases: Databases, stack: StackInfo, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """A Migration moves one database, but scale-down-old stops the whole server: the precheck says which others stop
+    with it, in a Warning Event on the Migration. Not a refusal: they may be unused. Not the migrated database, nor a
+    template, nor the maintenance database `postgres`."""
+    admin = stack.postgres["source"]
+    billing = f"0billing_{uuid.uuid4().hex[:10]}"  # first in name order, so named among the five shown
+    with connect(admin) as conn:
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier(billing)))
+    try:
+        result = steps.precheck()
+
+        warned = [warning for warning in result.warnings if "also holds the databases" in warning]
+        assert len(warned) == 1, result.warnings
+        assert billing in warned[0]
+        assert "scale-down-old stops the whole source StatefulSet, so they stop serving with it" in warned[0]
+        named = warned[0].split("also holds the databases ")[1].split(". ferry moves only")[0]
+        assert databases.source.database not in named
+        assert not {"postgres", "template0", "template1"} & set(named.replace(" and ", ", ").split(", "))
+        events = k8s.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+        assert [event.message for event in events if event.reason == "PrecheckWarning"] == warned
+    finally:
+        with connect(admin) as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(billing)))
+
+    again = [warning for warning in steps.precheck().warnings if "also holds the databases" in warning]
+    assert all(billing not in warning for warning in again), "a database dropped since is no longer named"
+
+
 def test_precheck_accepts_a_target_holding_only_what_this_same_migration_restored(
     steps: Steps, databases: Databases
 ) -> None:
