@@ -299,7 +299,7 @@ async def burst_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
     load = os.getloadavg()[0]
     try:
         wait_until("the watcher's first list", lambda: bool(process.listings()), 60)
-        direct = await burst(cluster, client, args, args.count, task_queue, figures)
+        direct = await burst(process, cluster, client, args, args.count, task_queue, figures)
         await backlog(process, cluster, client, args, task_queue, direct, figures)
         figures.add(
             "machine: cores, load average (1 min) at start / end",
@@ -437,11 +437,22 @@ async def restart(process: WatcherProcess, cluster: Cluster, client: Client, tas
 
 
 async def burst(
-    cluster: Cluster, client: Client, args: argparse.Namespace, count: int, task_queue: str, figures: Figures
+    process: WatcherProcess,
+    cluster: Cluster,
+    client: Client,
+    args: argparse.Namespace,
+    count: int,
+    task_queue: str,
+    figures: Figures,
 ) -> float:
     """`count` creates as fast as one client can (--threads at once), then as many direct starts on another task
     queue nobody polls. Creating one at a time would measure the client's round trips, not the watcher.
-    `task_queue` is the watcher's."""
+    `task_queue` is the watcher's.
+
+    Both sides are timed by Temporal's start times, read once each side's starts are done: the
+    direct side once its calls have returned, the ferry side once the watcher's own count of
+    starts says so. Reading Temporal's visibility while the starts go on would load the
+    server whose pace is measured, on one side only."""
 
     def create(index: int) -> tuple[str, MigrationRef, float]:
         name = f"burst-{index:04d}"
@@ -450,10 +461,12 @@ async def burst(
 
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         await warm_up(cluster, client, pool, args.threads, task_queue)
+        before = _started_by(process)
         cpu = cpu_by_component()
         first = time.time()
         made = list(pool.map(create, range(count)))
     creating = time.time() - first
+    wait_until("the watcher's count of starts", lambda: _started_by(process) >= before + count, 300, every=0.2)
     refs = {name: ref for name, ref, _ in made}
     created = {name: at for name, _, at in made}
     started = await start_times(client, refs, 300, task_queue, first)
@@ -470,6 +483,14 @@ async def burst(
     figures.add("burst direct: CPU seconds spent", cpu_spent(cpu))
     figures.add("burst throughput: ferry / direct", f"{ferry:.0f}/s / {direct:.0f}/s = {ferry / direct:.2f}", "≥ 0.8")
     return direct
+
+
+def _started_by(process: WatcherProcess) -> float:
+    """How many workflows the watcher process has started, by its own count; -1 while it does not answer."""
+    try:
+        return process.event_to_start()[1]
+    except OSError:
+        return -1.0
 
 
 async def warm_up(
@@ -511,6 +532,8 @@ async def backlog(
     process.start()
     wait_until("the list after the start", lambda: len(process.listings()) > lists_before, 120)
     listed, listed_at = process.listings()[lists_before]
+    # As in `burst`: Temporal's start times are read once the watcher counts every start, not while it makes them.
+    wait_until("the watcher's count of starts", lambda: _started_by(process) >= len(refs), 300, every=0.2)
     started = await start_times(client, refs, 300, task_queue, since)
     pace = len(refs) / (max(started.values()) - listed_at)
     figures.add(
@@ -540,7 +563,7 @@ async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
         created = await steady(process, cluster, client, args, task_queue, figures)
         await restart(process, cluster, client, task_queue, figures)
         wait_until("a pass over every Migration, restarted", handled_all(process, args.scale + created), 300, every=0.5)
-        await burst(cluster, client, args, args.burst, task_queue, figures)
+        await burst(process, cluster, client, args, args.burst, task_queue, figures)
         rss, hwm = process.memory_mib()
         figures.add("watcher RSS after the burst", f"{rss:.0f} MiB", "≤ 150 MB")
         figures.add("watcher RSS peak (VmHWM, restarted)", f"{hwm:.0f} MiB", "≤ 150 MB")
