@@ -73,11 +73,11 @@ class Provisioning(ClusterApi):
 
         Checks everything first and writes nothing when one check fails (InvalidSpec, not
         retried): the source StatefulSet and stable Service exist and the Service has a
-        selector; the source is not the target of a Migration that has not finished; the
-        stable Service does not already select the target's Pods (a live target, switched
-        by an earlier run); no StatefulSet, Service or claim with the target's names
-        exists unless it carries this Migration's uid; the StorageClass
-        exists; and the API server accepts both objects in a dry run. Idempotent: both
+        selector; the source is not the target of a Migration that has not finished, nor the
+        source of one created before this one that may still undo; the stable Service does
+        not already select the target's Pods (a live target, switched by an earlier run); no
+        StatefulSet, Service or claim with the target's names exists unless it carries this
+        Migration's uid; the StorageClass exists; and the API server accepts both objects in a dry run. Idempotent: both
         objects are created, labelled with the Migration's uid, so a retry finds them its own
         and server-side applies the same manifests again; a name another Migration took after
         the checks is refused (`_create_or_apply`). Refuses (Overtaken,

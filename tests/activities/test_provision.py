@@ -413,9 +413,10 @@ def test_a_second_migration_of_a_source_one_created_before_it_still_moves_is_ref
     """scale-down-old stops the source's whole server, and a rollback sends the clients back to it: a second Migration
     of that server (another database on it, or the same one to another target) would lose its source while it copies,
     and could not unfreeze it. The one created first goes on; the other is refused, with nothing changed, until the
-    first can undo nothing more. A Migration of another source in the namespace is no reason to refuse."""
+    first can undo nothing more. A Migration of another source, or a dry run of the same, is no reason to refuse."""
     custom = k8s.CustomObjectsApi(kube_api)
     first = apply_migration(kubectl, namespace, samples.migration())
+    planned = apply_migration(kubectl, namespace, samples.migration("orders-db-plan", dryRun=True))
     elsewhere = apply_migration(
         kubectl,
         namespace,
@@ -442,9 +443,10 @@ def test_a_second_migration_of_a_source_one_created_before_it_still_moves_is_ref
     )
     second = apply_migration(kubectl, namespace, other_database)
     second_spec = MigrationSpec.model_validate(other_database["spec"])
-    custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, elsewhere.name, {"status": {"phase": "Running"}}
-    )
+    for running in (elsewhere, planned):  # a dry run changes nothing, and this one is of another source
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, running.name, {"status": {"phase": "Running"}}
+        )
 
     # Created before the second, the first finds nothing in its way.
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=first, spec=spec))
