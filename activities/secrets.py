@@ -45,7 +45,7 @@ from temporalio.exceptions import ApplicationError
 from activities import kube_calls
 from activities.api_refusals import server_message
 from ferry.api.errors import InvalidSpec, MissingSecret, PermissionDenied
-from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, secret_finalizer
+from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, DatabaseIdentity, secret_finalizer
 from ferry.api.saga import MigrationRef
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
@@ -94,6 +94,9 @@ class DatabaseConnection:
     """Where the target's server reaches this database for logical replication (default: host)."""
     replication_port: int | None = None
     """The port there (default: port)."""
+    identity: DatabaseIdentity | None = None
+    """The database the precheck found under this Secret (activities/postgres/identity.py): every session checks it
+    reaches that one. None before the precheck has recorded it, or for a Migration from before it did."""
 
     def describe(self) -> str:
         return f"database {self.database!r} on {self.host}:{self.port} (user {self.username!r}, Secret {self.secret})"

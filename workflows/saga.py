@@ -127,6 +127,12 @@ stays so after the target was emptied: within a rollback (an undo of snapshot fa
 target), and across failurePolicy Pause's cycles (an emptying undo failing in a later cycle, after the target had been
 emptied and no traffic had reached it again). The way back then stopped before the freeze's undo and left the source
 frozen."""
+UNDOS_RETRY_UNREACHABLE = "undos-retry-an-unreachable-database"
+"""Patch: an undo whose database did not answer, or refused the credentials, is tried again like any other failure
+of an undo, up to its attempts. Both counted as permanent at once, as they do for a step: a source Pod rescheduled
+or a password rotated while the Secret lagged ended the rollback at its first attempt, the source frozen."""
+RETRIED_BY_UNDOS = frozenset({"DatabaseUnreachable", "BadCredentials"})
+"""Failure types permanent for a step (the failure policy decides sooner) that an undo tries again (see above)."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
 """Failure types of an undo that refused to destroy what it could not vouch for."""
 WATCH_WHILE_WAITING = "watch-while-waiting"
@@ -924,6 +930,16 @@ class Saga:
         await self.transition(Phase.FAILED, message, "RollbackIncomplete", EventType.WARNING)
         raise ApplicationError(message, type="RollbackIncomplete", non_retryable=True)
 
+    @staticmethod
+    def _undo_gives_up(failure: ActivityError, retry: Retry) -> bool:
+        """Whether a failed attempt of an undo (or of its check) is its last: a permanent failure, but for those
+        RETRIED_BY_UNDOS under the patch UNDOS_RETRY_UNREACHABLE."""
+        if not is_permanent(failure, retry):
+            return False
+        cause = failure.__cause__
+        retried = isinstance(cause, ApplicationError) and cause.type in RETRIED_BY_UNDOS
+        return not (retried and workflow.patched(UNDOS_RETRY_UNREACHABLE))
+
     async def _undo(self, step: Step[Any, Any], call: Call) -> UndoFailure | None:
         """Runs a step's undo (its guard first, at every attempt) until it succeeds or its attempts are spent.
 
@@ -956,7 +972,7 @@ class Saga:
                 self.status.update_step(
                     name, workflow.now(), last_error=f"{'check before undo' if checking else 'undo'}: {error}"
                 )
-                if is_permanent(failure, retry) or attempt == retry.attempts:
+                if self._undo_gives_up(failure, retry) or attempt == retry.attempts:
                     self._compensations.add(1, {"step": name, "outcome": "failed"})
                     self.status.update_step(name, workflow.now(), state=StepState.COMPENSATION_FAILED)
                     await self.record(f"{what} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name))

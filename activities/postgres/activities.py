@@ -49,6 +49,7 @@ from activities.postgres import (
 )
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection, connect, privileged, said
+from activities.postgres.identity import Pins
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
@@ -139,6 +140,7 @@ class PostgresActivities:
         self._settings = settings
         self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
         self._versions = versions if versions is not None else KnownVersions()
+        self._pins = Pins(api_client if secrets is None else None, self._versions)
 
     # --- precheck ----------------------------------------------------------------------------
 
@@ -157,6 +159,8 @@ class PostgresActivities:
             self._protection.protect(input.ref, secrets)
         with Heartbeats(self._settings.heartbeat_interval):
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
+        if result.databases is not None:
+            self._pins.record(input.ref, result.databases)
         for number, warning in enumerate(result.warnings):
             self._warn(input.ref, warning, f"precheck.warning.{number}")
         activity.logger.info(
@@ -830,7 +834,8 @@ class PostgresActivities:
     # --- shared ------------------------------------------------------------------------------
 
     def _database(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
-        return self._secrets.database(ref.namespace, secret, field)
+        """The database Secret at `field`, as read now, with the identity its sessions must find (identity.py)."""
+        return self._pins.pinned(ref, self._secrets.database(ref.namespace, secret, field), field)
 
     def _database_to_undo(self, ref: MigrationRef, secret: str, field: str, what: str) -> DatabaseConnection:
         """The connection an undo (or the check before one) needs: a Secret it cannot read is retried (see

@@ -31,12 +31,18 @@ from activities.postgres import tls
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, DatabaseUnreachable, InvalidSpec
+from ferry.api.migration import DatabaseIdentity
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 APPLICATION_NAME = "ferry"
 """application_name of ferry's sessions, as pg_stat_activity shows them."""
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class DatabaseReplaced(Exception):
+    """A database Secret now names another database than the one the precheck checked. Not a PermanentError, so
+    retried: pointing the Secret back lets the step, or the undo, go on with the database it is for."""
 
 
 class Session(Connection):
@@ -67,6 +73,13 @@ select set_config(name, '0', false) from pg_settings
 where name in ('idle_in_transaction_session_timeout', 'transaction_timeout')
 """
 """For a session that waits in its transaction while other sessions work: no timeout of the server's may end it."""
+
+IDENTITY = """
+select system_identifier::text, (select oid from pg_database where datname = current_database())::bigint,
+    current_database()
+from pg_control_system()
+"""
+"""Which database a session reached: its server's system identifier and its oid there (see DatabaseIdentity)."""
 
 REFUSED_CREDENTIALS = (
     "authentication failed",
@@ -109,7 +122,7 @@ def _connect(
     last_error = ""
     for attempt in range(1, settings.connect_attempts + 1):
         try:
-            return Session.connect(
+            conn = Session.connect(
                 make_conninfo(**parameters(settings), **secured),
                 host=db.host,
                 port=db.port,
@@ -122,6 +135,12 @@ def _connect(
             )
         except psycopg.OperationalError as error:
             last_error = said(db, error)
+        else:
+            with contextlib.ExitStack() as closing:
+                closing.callback(conn.close)
+                _refuse_another_database(conn, db)
+                closing.pop_all()
+            return conn
         _raise_if_permanent(db, last_error)
         activity.logger.info(
             "could not connect to %s (attempt %d of %d): %s",
@@ -142,6 +161,31 @@ def _connect(
     )
 
 
+def identity_of(conn: Connection) -> DatabaseIdentity:
+    """Which database `conn` reached."""
+    row = conn.execute(IDENTITY).fetchone()
+    assert row is not None
+    system_identifier, oid, name = row
+    return DatabaseIdentity(system_identifier=str(system_identifier), database_oid=int(oid), database=str(name))
+
+
+def _refuse_another_database(conn: Connection, db: DatabaseConnection) -> None:
+    """Raises DatabaseReplaced when `db` carries the identity the precheck recorded and `conn` reached another."""
+    expected = db.identity
+    if expected is None:
+        return
+    found = identity_of(conn)
+    if (found.system_identifier, found.database_oid) == (expected.system_identifier, expected.database_oid):
+        return
+    raise DatabaseReplaced(
+        f"Secret {db.secret} no longer names the database the precheck checked: it reaches {db.describe()}, database "
+        f"oid {found.database_oid} of the server with system identifier {found.system_identifier}, and the precheck "
+        f"checked {expected.database!r}, oid {expected.database_oid} of the server {expected.system_identifier}. "
+        "ferry acts on no database but the one it checked, and changed nothing on this one. Point the Secret at "
+        "that database again (a physical replica promoted by a failover keeps its identity); the step is tried again."
+    )
+
+
 def _raise_if_permanent(db: DatabaseConnection, message: str) -> None:
     refused = tls.refusal(db, message)
     if refused is not None:  # before the credentials: a hostssl-only server says "no pg_hba.conf entry" too
@@ -150,7 +194,8 @@ def _raise_if_permanent(db: DatabaseConnection, message: str) -> None:
     if any(phrase in lowered for phrase in REFUSED_CREDENTIALS) or ("role" in lowered and "does not exist" in lowered):
         raise BadCredentials(
             f"{db.describe()} refused the credentials: {message}. Fix the username and password in "
-            f"Secret {db.secret}; the next attempt reads them again."
+            f"Secret {db.secret}; the next attempt reads them again (an undo tries again by itself; a step under "
+            "failurePolicy Pause waits for retry)."
         )
     if "database" in lowered and "does not exist" in lowered:
         raise InvalidSpec(

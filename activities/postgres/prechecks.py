@@ -33,7 +33,7 @@ from activities.postgres import (
     tls,
     tools,
 )
-from activities.postgres.connection import Connection, connect
+from activities.postgres.connection import Connection, connect, identity_of
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
     FROZEN_BY,
@@ -48,7 +48,7 @@ from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import PermanentError, PrecheckFailed
-from ferry.api.migration import DriverMode, DriverSpec, Throughput
+from ferry.api.migration import CheckedDatabases, DatabaseIdentity, DriverMode, DriverSpec, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
@@ -139,6 +139,8 @@ class Server:
     """Tables whose row-level security applies to their owners too (FORCE ROW LEVEL SECURITY)."""
     other_databases: tuple[str, ...] = ()
     """The source server's other databases a client may use (OTHER_DATABASES)."""
+    identity: DatabaseIdentity | None = None
+    """Which database the Secret reached (identity.py)."""
     sessions: int = 1 << 31
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
@@ -227,6 +229,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         if input.measure
         else None,
         warnings=[warning for warning in (unbounded, _other_databases(source_db, source)) if warning],
+        databases=CheckedDatabases(source=source.identity, target=target.identity),
     )
 
 
@@ -314,6 +317,7 @@ def _source(
             server,
             forced_rls=tuple(name for name, forced, _ in tables if forced),
             other_databases=tuple(name for (name,) in conn.execute(OTHER_DATABASES)),
+            identity=identity_of(conn),
         )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
@@ -327,7 +331,9 @@ def _source(
 
 def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
     with problems.catching(), connect(db, settings, **SESSION) as conn:
-        server = _server(conn, "select name from pg_available_extensions")
+        server = dataclasses.replace(
+            _server(conn, "select name from pg_available_extensions"), identity=identity_of(conn)
+        )
         _may_change(conn, db, "restore into", problems)
         _counted(conn, db, "the check that nothing is written to the target before traffic goes back", problems)
         why = restoring.refusal(restoring.find(conn), db, owner)

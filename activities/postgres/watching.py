@@ -37,6 +37,7 @@ from temporalio import activity
 from activities.heartbeats import Heartbeats
 from activities.postgres import replication, subscription
 from activities.postgres.connection import Connection, connect
+from activities.postgres.identity import Pins
 from activities.postgres.replicating import Stall
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
 from activities.settings import DataActivitySettings
@@ -62,6 +63,7 @@ class ReplicationWatch:
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
         self._secrets = secrets_from(api_client, secrets)
+        self._pins = Pins(api_client if secrets is None else None)
         self._settings = settings
 
     @activity.defn(
@@ -75,8 +77,13 @@ class ReplicationWatch:
         Idempotent: it only reads.
         """
         ref, driver = input.ref, input.driver
-        source = self._secrets.database(ref.namespace, driver.source_secret, "spec.driver.sourceSecret")
-        target = self._secrets.database(ref.namespace, driver.target_secret, "spec.driver.targetSecret")
+        source, target = (
+            self._pins.pinned(ref, self._secrets.database(ref.namespace, secret, field), field)
+            for secret, field in (
+                (driver.source_secret, "spec.driver.sourceSecret"),
+                (driver.target_secret, "spec.driver.targetSecret"),
+            )
+        )
         look = Look(source, target, replication.name(ref.uid), self._settings)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, look:
             while True:

@@ -620,12 +620,36 @@ class DeletionStatus(ApiModel):
     deadline: datetime = Field(description="When ferry stops waiting and releases the finalizer anyway.")
 
 
+class DatabaseIdentity(ApiModel):
+    """Which database a Secret named when the precheck checked it.
+
+    The server's system identifier (pg_control_system(): set when the cluster was made,
+    and kept by a physical replica, so a failover keeps it) and the database's oid there.
+    Every later session of the Migration compares the database it reached with this, so a
+    Secret edited since to name another database is refused, never acted on.
+    """
+
+    system_identifier: str = Field(pattern=r"^[0-9]{1,20}$", description="The server's system identifier.")
+    database_oid: int = Field(ge=0, le=4294967295, description="The database's oid on that server.")
+    database: str = Field(max_length=63, description="The database's name then, for messages.")
+
+
+class CheckedDatabases(ApiModel):
+    """The databases the precheck checked, as later steps must find them.
+
+    Written by the precheck only (activities/postgres/identity.py); the saga's status mirror keeps it as it is.
+    """
+
+    source: DatabaseIdentity | None = None
+    target: DatabaseIdentity | None = None
+
+
 WATCHER_STATUS_FIELDS = ("controls", "deletion")
 """Status fields the watcher owns."""
 
-ACTIVITY_STATUS_FIELDS = ("progress",)
-"""Status fields the running data activity owns (activities/progress_status.py); everything else in the status is
-the saga's."""
+ACTIVITY_STATUS_FIELDS = ("progress", "databases")
+"""Status fields the data activities own (activities/progress_status.py, activities/postgres/identity.py);
+everything else in the status is the saga's."""
 
 
 class Throughput(ApiModel):
@@ -742,6 +766,7 @@ class MigrationStatus(ApiModel):
     controls: ControlsStatus | None = None
     deletion: DeletionStatus | None = None
     progress: ProgressStatus | None = None
+    databases: CheckedDatabases | None = None
 
     def succeeded_before(self, requested: datetime) -> bool:
         """Whether this status says the saga had succeeded before `requested` (within its whole second): the time of

@@ -16,6 +16,7 @@ from ferry.api.migration import (
     AfterRollback,
     AfterSuccess,
     ApiModel,
+    CheckedDatabases,
     DriverSpec,
     EventType,
     MigrationSpec,
@@ -304,6 +305,9 @@ class PrecheckResult(ApiModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="What does not stop the migration but a person should know, each recorded as a Warning Event.",
+    )
+    databases: CheckedDatabases | None = Field(
+        default=None, description="Which databases the Secrets named, recorded in status.databases for later steps."
     )
 
 

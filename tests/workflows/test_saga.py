@@ -12,8 +12,16 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.testing import WorkflowEnvironment
 
-from ferry.api.errors import DatabaseUnreachable, InvalidSpec, PrecheckFailed, WritesAfterFreeze, WritesOnTarget
+from ferry.api.errors import (
+    BadCredentials,
+    DatabaseUnreachable,
+    InvalidSpec,
+    PrecheckFailed,
+    WritesAfterFreeze,
+    WritesOnTarget,
+)
 from ferry.api.migration import STEP_ORDER, Phase, StepName, StepState
 from ferry.api.saga import ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
@@ -675,6 +683,40 @@ async def test_an_undo_that_keeps_failing_stops_the_rollback_before_older_undos_
     assert {c.type: c.status.value for c in final.conditions}["Succeeded"] == "False"
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        DatabaseUnreachable("orders-db-0 refused connections: its Pod is being rescheduled"),
+        BadCredentials("orders-db refused the credentials: the Secret has the new password, the role not yet"),
+    ],
+    ids=["unreachable", "credentials"],
+)
+async def test_an_undo_whose_database_does_not_answer_for_a_while_is_tried_again_and_the_rollback_finishes(
+    run_saga: Run, refusal: Exception
+) -> None:
+    """For a step, a database that does not answer (after the driver's own quick retries) or refuses the credentials
+    ends it at once, and the failure policy decides. For the undo of the freeze that would leave the source frozen:
+    it is tried again, as any other failure of an undo is."""
+    fakes = FakeSaga(
+        fail={VERIFY: InvalidSpec("row counts differ"), UNDO[FREEZE]: refusal}, fail_times={UNDO[FREEZE]: 2}
+    )
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "MigrationRolledBack"
+    assert saga.final_status.phase is Phase.ROLLED_BACK
+    freeze = saga.final_status.steps[STEP_ACTIVITIES.index(FREEZE)]
+    assert freeze.state is StepState.COMPENSATED
+    assert freeze.undo_attempts == 3
+    assert fakes.undo_calls.count(UNDO[FREEZE]) == 3
+    assert fakes.undo_calls[-1] == UNDO[PROVISION], "and the older undos after it"
+    if isinstance(refusal, DatabaseUnreachable):
+        await record_history(saga, "undos-retry-an-unreachable-database")
+
+
 @pytest.mark.parametrize("undo_failing", [MIGRATE, SNAPSHOT])
 async def test_an_undo_that_only_empties_the_target_or_the_bucket_failing_does_not_keep_the_source_frozen(
     run_saga: Run, undo_failing: str
@@ -889,7 +931,7 @@ async def test_under_the_pause_policy_an_emptying_undo_failing_after_traffic_wen
 
 @pytest.mark.parametrize("second_cycle_ends", ["migrate fails", "rollback asked"])
 async def test_an_emptying_undo_failing_after_an_earlier_pause_cycle_emptied_the_target_does_not_keep_the_source_frozen(
-    run_saga: Run, second_cycle_ends: str
+    run_saga: Run, second_cycle_ends: str, time_skipping: WorkflowEnvironment
 ) -> None:
     """Under failurePolicy Pause, switch-traffic failed and the way back to writes flowing undid it, then emptied the
     target (migrate's undo compares it with verify's mark first). Retry ran again from freeze, and this time migrate
@@ -911,11 +953,13 @@ async def test_an_emptying_undo_failing_after_an_earlier_pause_cycle_emptied_the
     if second_cycle_ends == "rollback asked":
         await saga.handle.signal(Signal.ROLLBACK.value, ControlRequest(by="erin"))
     else:
+        await time_skipping.sleep(timedelta(minutes=15))  # the undo's attempts, spaced out by its retry's delays
         await saga.wait_for(
             "the way back of the second cycle to end",
             lambda: UNDO[MIGRATE] in fakes.undo_calls[4:] and fakes.statuses[-1].phase in (Phase.PAUSED, Phase.FAILED),
         )
-        assert fakes.undo_calls[4:] == undos_of([FREEZE, SNAPSHOT, MIGRATE]), "the source takes writes again"
+        assert collapsed(fakes.undo_calls[4:]) == undos_of([FREEZE, SNAPSHOT, MIGRATE]), "the source takes writes again"
+        assert fakes.undo_calls.count(UNDO[MIGRATE]) == 1 + 12, "tried again, as an undo is, while it did not answer"
         paused = await saga.progress()
         assert paused.phase is Phase.PAUSED
         assert paused.message is not None
@@ -933,7 +977,9 @@ async def test_an_emptying_undo_failing_after_an_earlier_pause_cycle_emptied_the
 
     assert isinstance(failure.value.cause, ApplicationError)
     assert failure.value.cause.type == "RollbackIncomplete"
-    assert fakes.undo_calls[4:] == undos_of([PROVISION, FREEZE, SNAPSHOT, MIGRATE]), "the source takes writes again"
+    assert collapsed(fakes.undo_calls[4:]) == undos_of([PROVISION, FREEZE, SNAPSHOT, MIGRATE]), (
+        "the source takes writes again"
+    )
     final = saga.final_status
     assert final.phase is Phase.FAILED
     assert final.message is not None
@@ -1037,3 +1083,8 @@ async def test_a_rollback_ends_the_write_downtime_window_when_the_freeze_is_undo
     assert final.write_downtime is not None
     assert final.write_downtime.ended_at == final.steps[STEP_ACTIVITIES.index(FREEZE)].finished_at
     assert final.write_downtime.ended_by == "freeze undone"
+
+
+def collapsed(calls: list[str]) -> list[str]:
+    """The calls with the attempts of one undo in a row counted once."""
+    return [call for index, call in enumerate(calls) if index == 0 or calls[index - 1] != call]
