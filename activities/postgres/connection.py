@@ -161,9 +161,17 @@ def _connect(
     )
 
 
-def identity_of(conn: Connection) -> DatabaseIdentity:
-    """Which database `conn` reached."""
-    row = conn.execute(IDENTITY).fetchone()
+def identity_of(conn: Connection) -> DatabaseIdentity | None:
+    """Which database `conn` reached; None where the server lets its user not call pg_control_system() (PUBLIC may,
+    unless an administrator revoked it): that database is then not checked (identity.py)."""
+    try:
+        row = conn.execute(IDENTITY).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        activity.logger.warning(
+            "cannot tell which database the Secret's user reaches (pg_control_system() is not granted): "
+            "a Secret edited during the run to name another database will not be noticed"
+        )
+        return None
     assert row is not None
     system_identifier, oid, name = row
     return DatabaseIdentity(system_identifier=str(system_identifier), database_oid=int(oid), database=str(name))
@@ -175,6 +183,12 @@ def _refuse_another_database(conn: Connection, db: DatabaseConnection) -> None:
     if expected is None:
         return
     found = identity_of(conn)
+    if found is None:
+        raise DatabaseReplaced(
+            f"Secret {db.secret} may no longer name the database the precheck checked: {db.describe()} lets its user "
+            "not call pg_control_system(), which the precheck could, so ferry cannot tell which database it reached "
+            "and changed nothing. Point the Secret at the database the precheck checked; the step is tried again."
+        )
     if (found.system_identifier, found.database_oid) == (expected.system_identifier, expected.database_oid):
         return
     raise DatabaseReplaced(
