@@ -24,7 +24,6 @@ import dataclasses
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from activities import kube_calls
 from activities.known_versions import KnownVersions
@@ -81,14 +80,14 @@ class Pins:
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
         """The Migration `ref` as raw JSON; None without an API, when it is gone, or when it was created again."""
-        if self._custom is None:
+        custom = self._custom
+        if custom is None:
             return None
-        try:
-            migration: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, ref.name
-            )
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
-                return None
-            raise
-        return migration if migration["metadata"].get("uid") == ref.uid else None
+        migration = kube_calls.read_json_or_none(
+            lambda name, namespace, **options: custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, **options
+            ),
+            ref.name,
+            ref.namespace,
+        )
+        return migration if migration is not None and migration["metadata"].get("uid") == ref.uid else None

@@ -349,9 +349,7 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
 
     for phase in (None, "Running", "AwaitingApproval", "RollingBack"):
         if phase is not None:
-            custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": phase}}
-            )
+            set_phase(custom, namespace, first_ref.name, phase)
         with pytest.raises(InvalidSpec) as refused:
             activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
         assert (
@@ -363,15 +361,10 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
             activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=chained))
         assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, "orders-db-17", namespace)
 
-    custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"phase": "Succeeded"}}
-    )
+    set_phase(custom, namespace, first_ref.name, "Succeeded")
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
 
-    custom.patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"metadata": {"finalizers": ["example.com/hold"]}}
-    )
-    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first_ref.name)
+    delete_held(custom, namespace, first_ref.name)
     with pytest.raises(InvalidSpec, match=r"which is being deleted \(phase Succeeded\): a deletion asked for before"):
         activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
     # Its status shows when it succeeded: long before the deletion, which then undoes nothing.
@@ -379,17 +372,7 @@ def test_a_migration_whose_source_is_the_target_of_one_that_may_still_roll_back_
         GROUP, VERSION, namespace, PLURAL, first_ref.name, {"status": {"transitionedAt": "2026-01-01T00:00:00Z"}}
     )
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=chained))
-    custom.patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, first_ref.name, {"metadata": {"finalizers": None}}
-    )
-    eventually(
-        "the first Migration to be gone",
-        lambda: absent(
-            lambda name, namespace: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
-            first_ref.name,
-            namespace,
-        ),
-    )
+    release(custom, namespace, first_ref.name)
 
     activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=chained))
     made = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-db-17", namespace)
@@ -444,17 +427,13 @@ def test_a_second_migration_of_a_source_one_created_before_it_still_moves_is_ref
     second = apply_migration(kubectl, namespace, other_database)
     second_spec = MigrationSpec.model_validate(other_database["spec"])
     for running in (elsewhere, planned):  # a dry run changes nothing, and this one is of another source
-        custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, running.name, {"status": {"phase": "Running"}}
-        )
+        set_phase(custom, namespace, running.name, "Running")
 
     # Created before the second, the first finds nothing in its way.
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=first, spec=spec))
     for phase in (None, "Running", "Paused", "AwaitingApproval", "RollingBack"):
         if phase is not None:
-            custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, first.name, {"status": {"phase": phase}}
-            )
+            set_phase(custom, namespace, first.name, phase)
         with pytest.raises(InvalidSpec) as refused:
             activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
         assert (
@@ -467,27 +446,12 @@ def test_a_second_migration_of_a_source_one_created_before_it_still_moves_is_ref
         assert absent(k8s.AppsV1Api(kube_api).read_namespaced_stateful_set, "orders-archive-16", namespace)
         assert absent(k8s.CoreV1Api(kube_api).read_namespaced_service, "orders-archive-16", namespace)
 
-    custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, first.name, {"status": {"phase": "Succeeded"}}
-    )
+    set_phase(custom, namespace, first.name, "Succeeded")
     activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
-    custom.patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, first.name, {"metadata": {"finalizers": ["example.com/hold"]}}
-    )
-    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first.name)
+    delete_held(custom, namespace, first.name)
     with pytest.raises(InvalidSpec, match=r"which is being deleted \(phase Succeeded\): a deletion asked for before"):
         activity_env.run(cluster.check_cluster, ProvisionInput(ref=second, spec=second_spec))
-    custom.patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, first.name, {"metadata": {"finalizers": None}}
-    )
-    eventually(
-        "the first Migration to be gone",
-        lambda: absent(
-            lambda name, namespace: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
-            first.name,
-            namespace,
-        ),
-    )
+    release(custom, namespace, first.name)
 
     activity_env.run(cluster.provision, ProvisionInput(ref=second, spec=second_spec))
     made = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set("orders-archive-16", namespace)
@@ -509,3 +473,29 @@ def test_provision_refuses_a_target_an_older_ferry_made_for_a_migration_of_the_s
         activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
 
     assert target_objects(kube_api, ref.namespace, TARGET) == before
+
+
+def delete_held(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Deletes a Migration that a finalizer of the test's keeps there, being deleted, until `release`."""
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": ["example.com/hold"]}}
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def release(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Lets a Migration `delete_held` kept go, and waits until it is gone."""
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": None}})
+    eventually(
+        f"Migration {name} to be gone",
+        lambda: absent(
+            lambda name, namespace: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+            name,
+            namespace,
+        ),
+    )
+
+
+def set_phase(custom: k8s.CustomObjectsApi, namespace: str, name: str, phase: str) -> None:
+    """Writes a Migration's phase, as its saga would."""
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": {"phase": phase}})
