@@ -58,9 +58,8 @@ TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
 SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
 """Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
 OTHER_PODS_SHOWN = 5
-CRD_TOO_OLD = "MigrationCrdTooOld"
-"""The Migration CRD installed does not let the API server select Migrations by their source: tried again, as
-applying the CRD of this ferry's version fixes it."""
+MIGRATIONS_PAGE = 500
+"""Migrations per page when a source's Migrations are listed without the API server's selection."""
 
 
 class Provisioning(ClusterApi):
@@ -345,27 +344,11 @@ class Provisioning(ClusterApi):
         whole seconds), so the two are never both accepted. A dry run changes nothing and is
         no reason to refuse.
         """
-        try:
-            listed = self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, ref.namespace, PLURAL, field_selector=f"{SOURCE_FIELD}={source_name}"
-            )
-        except ApiException as error:
-            if kube_calls.is_not_found(error):
-                return  # no Migration CRD: no other Migration either
-            if error.status != 400:
-                raise
-            raise ApplicationError(
-                f"could not list the Migrations of StatefulSet {ref.namespace}/{source_name}: the API server does not "
-                f"select Migrations by {SOURCE_FIELD} ({server_message(error)}). The Migration CRD installed is "
-                "older than this ferry: apply deploy/crd/migrations.ferry.dev.yaml of this ferry's version; the step "
-                "is tried again",
-                type=CRD_TOO_OLD,
-            ) from error
         mine = self._read_migration(ref.namespace, ref.name)
         created = Migration.parse(mine).metadata.creation_timestamp if mine is not None else None
         if mine is not None and mine["metadata"].get("uid") != ref.uid:
             created = None
-        for raw in listed.get("items", []):
+        for raw in self._migrations_of_source(ref.namespace, source_name):
             other = Migration.parse(raw)
             if (
                 other.metadata.uid == ref.uid
@@ -375,15 +358,51 @@ class Provisioning(ClusterApi):
             ):
                 continue
             name = other.metadata.name
-            wait = "is gone" if other.finished else "has finished"
+            if created is not None and other.metadata.creation_timestamp == created:
+                when = "created in the same second as this one (creation times have whole seconds, so ferry cannot "
+                when += "tell which came first, and refuses both rather than guess)"
+                wait = f"Roll back or delete one of the two; once Migration {name} is gone, or has finished,"
+            else:
+                when = "created before this one"
+                wait = f"Wait until Migration {name} {'is gone' if other.finished else 'has finished'}, then"
             raise InvalidSpec(
                 f"spec.source.statefulSet: StatefulSet {ref.namespace}/{source_name} is the source of Migration "
-                f"{ref.namespace}/{name} (uid {other.metadata.uid}), created before this one, "
-                f"{_why_it_may_still_undo(other)}. One Migration moves a source at a time: its scale-down-old stops "
-                "that StatefulSet's whole server, this Migration's database on it too, and its rollback sends the "
-                f"clients back to it. ferry changed nothing. Wait until Migration {name} {wait}, then delete "
-                f"Migration {ref} and create it again."
+                f"{ref.namespace}/{name} (uid {other.metadata.uid}), {when}, {_why_it_may_still_undo(other)}. One "
+                "Migration moves a source at a time: its scale-down-old stops that StatefulSet's whole server, this "
+                "Migration's database on it too, and its rollback sends the clients back to it. ferry changed "
+                f"nothing. {wait} delete Migration {ref} and create it again."
             )
+
+    def _migrations_of_source(self, namespace: str, source_name: str) -> list[dict[str, Any]]:
+        """The Migrations of `namespace` whose spec.source.statefulSet is `source_name`, as raw JSON.
+
+        Selected by the API server (the CRD's selectableFields, Kubernetes 1.31 or newer); where
+        it cannot select by that field (an older CRD, or 1.30 without the feature), every
+        Migration of the namespace is listed, a page at a time, and this side picks them.
+        """
+        list_migrations = functools.partial(
+            self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
+        )
+        try:
+            listed: dict[str, Any] = list_migrations(field_selector=f"{SOURCE_FIELD}={source_name}")
+            return list(listed.get("items", []))
+        except ApiException as error:
+            if kube_calls.is_not_found(error):
+                return []  # no Migration CRD: no Migration either
+            if error.status != 400:
+                raise
+            activity.logger.info(
+                "the API server does not select Migrations by %s (%s): listing all of namespace %s",
+                SOURCE_FIELD, server_message(error), namespace,
+            )  # fmt: skip
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = list_migrations(limit=MIGRATIONS_PAGE, _continue=token)
+            found.extend(raw for raw in page.get("items", []) if _source_of(raw) == source_name)
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return found
 
     def _name_other_pods_selected(self, ref: MigrationRef, spec: MigrationSpec) -> None:
         """A Warning Event naming the Pods the stable Service selects beside the source's: they lose its traffic.
@@ -612,3 +631,8 @@ def _why_it_may_still_undo(migration: Migration) -> str:
             "once it has succeeded"
         )
     return f"which has not finished (phase {phase}): until it has, it may roll back"
+
+
+def _source_of(raw: dict[str, Any]) -> object:
+    """A raw Migration's spec.source.statefulSet, None where it has none."""
+    return ((raw.get("spec") or {}).get("source") or {}).get("statefulSet")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -161,8 +162,8 @@ class PostgresActivities:
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
         if result.databases is not None:
             self._pins.record(input.ref, result.databases)
-        for number, warning in enumerate(result.warnings):
-            self._warn(input.ref, warning, f"precheck.warning.{number}")
+        for warning in result.warnings:  # keyed by what it says: another attempt's other warnings shift no key
+            self._warn(input.ref, warning, f"precheck.warning.{hashlib.sha256(warning.encode()).hexdigest()[:12]}")
         activity.logger.info(
             "precheck passed: source %s (%d bytes), target %s, pg_dump/pg_restore %s",
             result.source_version,

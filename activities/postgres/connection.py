@@ -133,14 +133,13 @@ def _connect(
                 options=options,
                 autocommit=True,
             )
-        except psycopg.OperationalError as error:
-            last_error = said(db, error)
-        else:
             with contextlib.ExitStack() as closing:
                 closing.callback(conn.close)
                 _refuse_another_database(conn, db)
                 closing.pop_all()
             return conn
+        except psycopg.OperationalError as error:  # connecting, or the session ended before its first query
+            last_error = said(db, error)
         _raise_if_permanent(db, last_error)
         activity.logger.info(
             "could not connect to %s (attempt %d of %d): %s",
