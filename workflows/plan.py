@@ -207,6 +207,7 @@ PRECHECK = Step(
         snapshot=c.spec.snapshot,
         target_storage_bytes=quantity_bytes(c.spec.target.storage_size),
         measure=True,
+        stable_service=c.spec.source.service,
     ),
     guard=CLUSTER_READY,
     changes_nothing=True,

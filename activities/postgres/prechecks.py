@@ -157,6 +157,14 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         target_db = secrets.database(ref.namespace, driver.target_secret, "spec.driver.targetSecret")
     with problems.catching():
         credentials = secrets.s3_credentials(ref.namespace, input.snapshot.credentials_secret)
+    if source_db and input.stable_service and _through_service(source_db.host, input.stable_service, ref.namespace):
+        problems.append(
+            f"Secret {source_db.secret} reaches the source through {source_db.host}, the stable Service "
+            f"{ref.namespace}/{input.stable_service} (spec.source.service), which switch-traffic points at the target: "
+            "from then on ferry's checks of the source (before scale-down-old, and a rollback's) would reach the "
+            "target. Set its host to the source itself: its primary Pod through the StatefulSet's headless Service "
+            "(<pod>.<serviceName>), or a Service of its own that selects only the source's Pods."
+        )
     online = driver.mode is DriverMode.ONLINE
     source = _source(source_db, settings, owner, online, problems) if source_db else None
     target = _target(target_db, settings, owner, problems) if target_db else None
@@ -231,6 +239,13 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         warnings=[warning for warning in (unbounded, _other_databases(source_db, source)) if warning],
         databases=CheckedDatabases(source=source.identity, target=target.identity),
     )
+
+
+def _through_service(host: str, service: str, namespace: str) -> bool:
+    """Whether `host` is the DNS name of the Service `service` of `namespace`, short or qualified
+    (`orders-db`, `orders-db.shop`, `orders-db.shop.svc`, `orders-db.shop.svc.cluster.local`)."""
+    labels = host.lower().rstrip(".").split(".")
+    return labels[0] == service and (len(labels) == 1 or (labels[1] == namespace and labels[2:3] in ([], ["svc"])))
 
 
 def _other_databases(db: DatabaseConnection | None, source: Server) -> str | None:

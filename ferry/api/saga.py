@@ -291,6 +291,11 @@ class PrecheckInput(ApiModel):
         default=None, description="Size of each target volume: the source's data must fit with room to spare."
     )
     measure: bool = Field(default=False, description="Measure the rates of a small real transfer, for the plan.")
+    stable_service: str | None = Field(
+        default=None,
+        description="spec.source.service, which switch-traffic points at the target: the source Secret must not "
+        "reach the source through it.",
+    )
 
 
 class PrecheckResult(ApiModel):

@@ -155,6 +155,28 @@ def test_precheck_names_a_missing_secret_and_a_missing_key(
     ]
 
 
+@pytest.mark.parametrize("host", ["orders-db", "orders-db.{namespace}.svc.cluster.local"])
+def test_precheck_refuses_a_source_secret_that_reaches_the_source_through_the_stable_service(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str, host: str
+) -> None:
+    """switch-traffic points the stable Service at the target, so the checks of the source after it (before
+    scale-down-old, a rollback's) would reach the target. Other hosts: tests/unit/test_source_host.py."""
+    named = host.format(namespace=namespace)
+    create_secret(kube_api, namespace, OTHER, _connection(databases.source, host=named))
+
+    problems = _problems_of(_with(steps, source=OTHER), stable_service="orders-db")
+
+    assert any(
+        problem.startswith(
+            f"Secret {namespace}/{OTHER} reaches the source through {named}, the stable Service {namespace}/orders-db "
+            "(spec.source.service), which switch-traffic points at the target"
+        )
+        for problem in problems
+    ), problems
+    own_pod = _problems_of(_with(steps, source=OTHER), stable_service="orders-archive")
+    assert not any("the stable Service" in problem for problem in own_pod), "another Service's name is no concern"
+
+
 def test_precheck_names_an_unreachable_source(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
