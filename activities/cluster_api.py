@@ -17,7 +17,6 @@ from activities.ownership import belongs_to
 from activities.settings import KubeActivitySettings
 from activities.waiting import Progress, wait_for
 from ferry.api.errors import InvalidSpec
-from ferry.api.migration import GROUP, PLURAL, VERSION
 from ferry.api.saga import MigrationRef
 
 
@@ -52,13 +51,7 @@ class ClusterApi:
 
     def _read_migration(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Migration of that name as raw JSON; None when there is none."""
-        return kube_calls.read_json_or_none(
-            lambda name, namespace, **options: self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, **options
-            ),
-            name,
-            namespace,
-        )
+        return kube_calls.read_migration(self._custom, namespace, name)
 
     def _source_of(self, ref: MigrationRef) -> str | None:
         """The spec.source.statefulSet of the Migration `ref`; None when it is gone (or created again: another uid)."""

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from ferry.api.migration import API_VERSION, KIND
+from ferry.api.migration import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from ferry.api.saga import MigrationRef
 
 T = TypeVar("T")
@@ -58,6 +58,17 @@ def read_json_or_none(read: Callable[..., Any], name: str, namespace: str) -> di
         if is_not_found(error):
             return None
         raise
+
+
+def read_migration(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Migration of that name as raw JSON; None when there is none."""
+    return read_json_or_none(
+        lambda name, namespace, **options: custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, **options
+        ),
+        name,
+        namespace,
+    )
 
 
 def read_or_none(read: Callable[..., Any], name: str, namespace: str) -> Any:

@@ -345,9 +345,8 @@ class Provisioning(ClusterApi):
         no reason to refuse.
         """
         mine = self._read_migration(ref.namespace, ref.name)
-        created = Migration.parse(mine).metadata.creation_timestamp if mine is not None else None
-        if mine is not None and mine["metadata"].get("uid") != ref.uid:
-            created = None
+        ours = mine is not None and mine["metadata"].get("uid") == ref.uid
+        created = Migration.parse(mine).metadata.creation_timestamp if ours and mine is not None else None
         for raw in self._migrations_of_source(ref.namespace, source_name):
             other = Migration.parse(raw)
             if (

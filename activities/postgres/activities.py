@@ -141,7 +141,7 @@ class PostgresActivities:
         self._settings = settings
         self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
         self._versions = versions if versions is not None else KnownVersions()
-        self._pins = Pins(api_client if secrets is None else None, self._versions)
+        self._pins = Pins(self._secrets, api_client if secrets is None else None, self._versions)
 
     # --- precheck ----------------------------------------------------------------------------
 
@@ -836,7 +836,7 @@ class PostgresActivities:
 
     def _database(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
         """The database Secret at `field`, as read now, with the identity its sessions must find (identity.py)."""
-        return self._pins.pinned(ref, self._secrets.database(ref.namespace, secret, field), field)
+        return self._pins.database(ref, secret, field)
 
     def _database_to_undo(self, ref: MigrationRef, secret: str, field: str, what: str) -> DatabaseConnection:
         """The connection an undo (or the check before one) needs: a Secret it cannot read is retried (see

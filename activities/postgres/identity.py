@@ -10,7 +10,7 @@ and counts as done while the real source stays frozen.
 So the precheck records, in the Migration's status (`status.databases`, written under a
 field manager of its own, which the saga's status mirror leaves alone), which database each
 Secret reached: the server's system identifier and the database's oid. Every later activity
-reads that record with its Secrets (`Pins.pinned`), and every session it opens compares the
+reads that record with its Secrets (`Pins.database`), and every session it opens compares the
 database it reached with it (connection.py), raising DatabaseReplaced, retried, on another
 one. Pointing the Secret back lets the step, or the undo, go on. A physical replica keeps
 the system identifier and oids of its primary, so a failover, like a new password or a new
@@ -27,7 +27,7 @@ from kubernetes import client as k8s
 
 from activities import kube_calls
 from activities.known_versions import KnownVersions
-from activities.secrets import DatabaseConnection
+from activities.secrets import DatabaseConnection, Secrets
 from ferry.api.migration import GROUP, PLURAL, VERSION, CheckedDatabases
 from ferry.api.saga import MigrationRef
 
@@ -41,9 +41,14 @@ SIDES = {"spec.driver.sourceSecret": "source", "spec.driver.targetSecret": "targ
 class Pins:
     """Reads and writes the record of the databases a Migration is for, in its status."""
 
-    def __init__(self, api_client: k8s.ApiClient | None, versions: KnownVersions | None = None) -> None:
-        """`versions`: the worker's cache of the versions its status writes produced (known_versions.py), told of
-        the record's write so that the saga's next status write need not read again."""
+    def __init__(
+        self, secrets: Secrets, api_client: k8s.ApiClient | None, versions: KnownVersions | None = None
+    ) -> None:
+        """`secrets` reads the database Secrets; `api_client` None (no Kubernetes API, or Secrets from elsewhere, as in
+        a benchmark) records and checks nothing. `versions`: the worker's cache of the versions its status writes
+        produced (known_versions.py), told of the record's write so that the saga's next status write need not read
+        again."""
+        self._secrets = secrets
         self._custom = k8s.CustomObjectsApi(api_client) if api_client is not None else None
         self._versions = versions
 
@@ -68,8 +73,10 @@ class Pins:
 
         kube_calls.retry_on_conflict(write)
 
-    def pinned(self, ref: MigrationRef, db: DatabaseConnection, field: str) -> DatabaseConnection:
-        """`db`, the Secret at `field` as read now, with the identity the precheck recorded for its side, if any."""
+    def database(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
+        """The database Secret `secret` at `field`, as read now, with the identity the precheck recorded for its side,
+        if any: every session opened with it checks it reaches that database."""
+        db = self._secrets.database(ref.namespace, secret, field)
         migration = self._read(ref)
         if migration is None:
             return db
@@ -80,14 +87,7 @@ class Pins:
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
         """The Migration `ref` as raw JSON; None without an API, when it is gone, or when it was created again."""
-        custom = self._custom
-        if custom is None:
+        if self._custom is None:
             return None
-        migration = kube_calls.read_json_or_none(
-            lambda name, namespace, **options: custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, **options
-            ),
-            ref.name,
-            ref.namespace,
-        )
+        migration = kube_calls.read_migration(self._custom, ref.namespace, ref.name)
         return migration if migration is not None and migration["metadata"].get("uid") == ref.uid else None

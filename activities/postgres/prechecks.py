@@ -332,7 +332,6 @@ def _source(
             server,
             forced_rls=tuple(name for name, forced, _ in tables if forced),
             other_databases=tuple(name for (name,) in conn.execute(OTHER_DATABASES)),
-            identity=identity_of(conn),
         )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
@@ -346,9 +345,7 @@ def _source(
 
 def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, problems: Problems) -> Server | None:
     with problems.catching(), connect(db, settings, **SESSION) as conn:
-        server = dataclasses.replace(
-            _server(conn, "select name from pg_available_extensions"), identity=identity_of(conn)
-        )
+        server = _server(conn, "select name from pg_available_extensions")
         _may_change(conn, db, "restore into", problems)
         _counted(conn, db, "the check that nothing is written to the target before traffic goes back", problems)
         why = restoring.refusal(restoring.find(conn), db, owner)
@@ -408,6 +405,7 @@ def _server(conn: Connection, extensions: str) -> Server:
         extensions=names,
         bypasses_rls=bool(bypasses_rls),
         sessions=int(sessions),
+        identity=identity_of(conn),
     )
 
 

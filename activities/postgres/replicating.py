@@ -187,7 +187,7 @@ class ReplicationActivities:
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
         self._secrets = secrets_from(api_client, secrets)
-        self._pins = Pins(api_client if secrets is None else None)
+        self._pins = Pins(self._secrets, api_client if secrets is None else None)
         self._settings = settings
 
     # --- replicate ---------------------------------------------------------------------------
@@ -647,13 +647,9 @@ class ReplicationActivities:
         self, ref: MigrationRef, source_secret: str, target_secret: str
     ) -> tuple[DatabaseConnection, DatabaseConnection]:
         return (
-            self._pinned(ref, source_secret, "spec.driver.sourceSecret"),
-            self._pinned(ref, target_secret, "spec.driver.targetSecret"),
+            self._pins.database(ref, source_secret, "spec.driver.sourceSecret"),
+            self._pins.database(ref, target_secret, "spec.driver.targetSecret"),
         )
-
-    def _pinned(self, ref: MigrationRef, secret: str, field: str) -> DatabaseConnection:
-        """The database Secret at `field`, as read now, with the identity its sessions must find (identity.py)."""
-        return self._pins.pinned(ref, self._secrets.database(ref.namespace, secret, field), field)
 
     def _connect(self, db: DatabaseConnection) -> Connection:
         return connect(db, self._settings, **WRITABLE)

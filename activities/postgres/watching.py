@@ -63,7 +63,7 @@ class ReplicationWatch:
     ) -> None:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
         self._secrets = secrets_from(api_client, secrets)
-        self._pins = Pins(api_client if secrets is None else None)
+        self._pins = Pins(self._secrets, api_client if secrets is None else None)
         self._settings = settings
 
     @activity.defn(
@@ -77,13 +77,8 @@ class ReplicationWatch:
         Idempotent: it only reads.
         """
         ref, driver = input.ref, input.driver
-        source, target = (
-            self._pins.pinned(ref, self._secrets.database(ref.namespace, secret, field), field)
-            for secret, field in (
-                (driver.source_secret, "spec.driver.sourceSecret"),
-                (driver.target_secret, "spec.driver.targetSecret"),
-            )
-        )
+        source = self._pins.database(ref, driver.source_secret, "spec.driver.sourceSecret")
+        target = self._pins.database(ref, driver.target_secret, "spec.driver.targetSecret")
         look = Look(source, target, replication.name(ref.uid), self._settings)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, look:
             while True:
