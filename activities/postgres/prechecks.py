@@ -26,6 +26,7 @@ from activities.postgres import (
     database_settings,
     freezing,
     grants,
+    locales,
     replication_checks,
     restoring,
     slot_wal,
@@ -141,6 +142,8 @@ class Server:
     """The source server's other databases a client may use (OTHER_DATABASES)."""
     identity: DatabaseIdentity | None = None
     """Which database the Secret reached (identity.py)."""
+    locale: locales.DatabaseLocale | None = None
+    """Its encoding and default collation (locales.py)."""
     sessions: int = 1 << 31
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
@@ -188,6 +191,10 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 f"{', '.join(missing)}. Install them on the server of {target_db.describe()} (its "
                 "pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
             )
+    if source_db and target_db and source and target and source.locale and target.locale:
+        encoding = locales.encoding_problem(source.locale, target.locale, source_db, target_db)
+        if encoding:
+            problems.append(encoding)
     if source_db and target_db and source and target and driver.mode is DriverMode.ONLINE:
         replication_checks.check(source_db, target_db, settings, driver, ref.uid, problems)
     if source and input.target_storage_bytes is not None and source.size * SIZE_MARGIN > input.target_storage_bytes:
@@ -225,6 +232,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     assert target is not None
     assert tools_version is not None
     unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
+    collations = _collations(source_db, target_db, source, target)
     return PrecheckResult(
         source_version=source.version,
         target_version=target.version,
@@ -236,9 +244,17 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         )
         if input.measure
         else None,
-        warnings=[warning for warning in (unbounded, _other_databases(source_db, source)) if warning],
+        warnings=[warning for warning in (unbounded, _other_databases(source_db, source), collations) if warning],
         databases=CheckedDatabases(source=source.identity, target=target.identity),
     )
+
+
+def _collations(
+    source_db: DatabaseConnection | None, target_db: DatabaseConnection | None, source: Server, target: Server
+) -> str | None:
+    if source_db is None or target_db is None or source.locale is None or target.locale is None:
+        return None
+    return locales.collation_warning(source.locale, target.locale, source_db, target_db)
 
 
 def _through_service(host: str, service: str, namespace: str) -> bool:
@@ -406,6 +422,7 @@ def _server(conn: Connection, extensions: str) -> Server:
         bypasses_rls=bool(bypasses_rls),
         sessions=int(sessions),
         identity=identity_of(conn),
+        locale=locales.read(conn),
     )
 
 

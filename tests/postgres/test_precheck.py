@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import stat
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,65 @@ def test_precheck_accepts_a_target_holding_only_what_this_same_migration_restore
     steps.undo_freeze()
 
     steps.precheck()
+
+
+@contextlib.contextmanager
+def _target_database(databases: Databases, options: str) -> Iterator[PostgresEndpoint]:
+    """A database of the target's server made with CREATE DATABASE ... `options`, dropped afterwards."""
+    name = f"other_{uuid.uuid4().hex[:10]}"
+    with connect(databases.target) as conn:
+        conn.execute(sql.SQL("create database {} " + options).format(sql.Identifier(name)))
+    try:
+        yield dataclasses.replace(databases.target, database=name)
+    finally:
+        with connect(databases.target) as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
+def test_precheck_refuses_a_target_database_in_another_encoding(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The restore would convert the text, and verify compares it byte for byte: a target in another encoding would
+    fail verify after the freeze, as soon as one value is not plain ASCII."""
+    create_shop(databases.source, customers=10, orders=10)
+    with connect(databases.source) as conn:
+        conn.execute("update shop.customers set email = 'zoë@åström.example' where id = 1")
+    with _target_database(databases, "encoding 'LATIN1' locale 'C' template template0") as latin1:
+        create_secret(kube_api, namespace, OTHER, _connection(latin1))
+
+        (problem,) = _problems(_with(steps, target=OTHER))
+
+    assert problem.startswith(f"database '{latin1.database}'")
+    assert "is in encoding LATIN1" in problem
+    assert f"database '{databases.source.database}'" in problem
+    assert problem.endswith("or convert the source's encoding before you move it.")
+    assert "verify compares text byte for byte, so it would fail after the freeze and roll back" in problem
+    assert f"Point Secret {namespace}/{OTHER} at a database in UTF8 (CREATE DATABASE ... ENCODING 'UTF8'" in problem
+
+
+def test_precheck_warns_of_a_target_database_that_sorts_text_by_other_rules(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """Another default collation may be meant (verify reads text in collation "C"), but the application's ORDER BY
+    and upper() follow it from then on: a warning, not a refusal. The same rules, spelled as the servers spell them,
+    warn of nothing."""
+    same = steps.precheck()
+    assert not [warning for warning in same.warnings if "sorts and classifies text" in warning], same.warnings
+
+    with _target_database(databases, "encoding 'UTF8' locale 'C' template template0") as plain_c:
+        create_secret(kube_api, namespace, OTHER, _connection(plain_c))
+
+        result = _with(steps, target=OTHER).precheck()
+
+    (warning,) = [warning for warning in result.warnings if "sorts and classifies text" in warning]
+    assert "libc, LC_COLLATE C, LC_CTYPE C, against libc, LC_COLLATE C.UTF-8, LC_CTYPE C.UTF-8" in warning
+    assert "ORDER BY, comparisons, upper() and lower(), and the indexes on them follow the target's" in warning
+    assert (
+        "CREATE DATABASE ... ENCODING 'UTF8' LOCALE_PROVIDER libc LC_COLLATE 'C.UTF-8' LC_CTYPE 'C.UTF-8' "
+        "TEMPLATE template0" in warning
+    )
+    events = k8s.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    assert warning in [event.message for event in events if event.reason == "PrecheckWarning"]
 
 
 def test_precheck_names_a_missing_secret_and_a_missing_key(
