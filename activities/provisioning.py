@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import checks, fences, kube_calls, kube_objects, records
+from activities import checks, fences, kube_calls, kube_objects, records, serving
 from activities.api_refusals import explain_refusals, server_message
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
@@ -53,8 +53,6 @@ from ferry.api.migration import (
 )
 from ferry.api.saga import KubeActivity, MigrationRef, ProvisionInput, ProvisionResult, UndoProvisionInput
 
-TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
-"""Error type of an undo_provision that will not delete a target some Service still sends traffic to."""
 SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
 """Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
 OTHER_PODS_SHOWN = 5
@@ -139,7 +137,7 @@ class Provisioning(ClusterApi):
         self._fence_source(ref)
         own_target = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
         if own_target is not None and belongs_to(own_target, ref):
-            self._refuse_while_serving(ref, target)
+            serving.refuse_while_serving(self._core, ref, target, f"deleting StatefulSet {ref.namespace}/{target}")
             self._stop_making_claims(ref, own_target)
 
         read_claim = self._core.read_namespaced_persistent_volume_claim
@@ -588,22 +586,6 @@ class Provisioning(ClusterApi):
             kube_calls.patch_if_unchanged(self._apps.patch_namespaced_stateful_set, source, [operation])
 
         kube_calls.retry_on_conflict(fence)
-
-    def _refuse_while_serving(self, ref: MigrationRef, target: str) -> None:
-        """Fails (retryably) while a Service other than this Migration's still selects the target by ferry's label."""
-        services = self._core.list_namespaced_service(ref.namespace).items
-        serving = sorted(
-            service.metadata.name
-            for service in services
-            if (service.spec.selector or {}).get(STATEFULSET_LABEL) == target and not belongs_to(service, ref)
-        )
-        if serving:
-            raise ApplicationError(
-                f"not deleting StatefulSet {ref.namespace}/{target}: Service {', '.join(serving)} still sends its "
-                "traffic there. Undo switch-traffic first (or point the Service back by hand: its previous selector "
-                f"is in the annotation {records.PREVIOUS_SELECTOR_ANNOTATION}); this undo is retried.",
-                type=TARGET_SERVES_TRAFFIC,
-            )
 
     def _delete_if_own(
         self, ref: MigrationRef, kind: str, read: Callable[..., Any], delete: Callable[..., Any], name: str

@@ -135,6 +135,11 @@ RETRIED_BY_UNDOS = frozenset({"DatabaseUnreachable", "BadCredentials"})
 """Failure types permanent for a step (the failure policy decides sooner) that an undo tries again (see above)."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
 """Failure types of an undo that refused to destroy what it could not vouch for."""
+SERVED = "TargetServesTraffic"
+"""Failure type of an undo that would empty the target while a Service sends the clients there (activities/serving.py):
+it keeps the target like KEEPS_THE_TARGET, and nothing older is undone (the freeze's undo would let the source take
+writes that the clients, on the target, never see). Raised by the emptying undos only since this was added, so no
+history has it from one, and no recorded run takes another way on replay."""
 WATCH_WHILE_WAITING = "watch-while-waiting"
 """Patch: while the saga waits (approval, a pause, a soak) after a step with a watch succeeded (Online's replicate) and
 before the step that stops writes, the watch's activity runs beside the wait and is cancelled when the wait ends. Its
@@ -867,11 +872,14 @@ class Saga:
 
     def _keeps_the_target(self, step: Step[Any, Any], failure: ActivityError) -> bool:
         """Whether `step`'s undo, failed for good, left a target traffic may have reached that nothing older may remove
-        (TARGET_KEPT): it refused to destroy writes (KEEPS_THE_TARGET), or it empties the target and traffic may have
-        reached it since it was last emptied, so the target may hold writes nobody compared."""
+        (TARGET_KEPT): it refused to destroy writes (KEEPS_THE_TARGET), or to empty a target a Service sends the
+        clients to (SERVED), or it empties the target and traffic may have reached it since it was last emptied, so the
+        target may hold writes nobody compared."""
         cause = failure.__cause__
-        refused = isinstance(cause, ApplicationError) and (cause.type or "") in KEEPS_THE_TARGET
-        unchecked = step.undo is not None and step.undo.empties_target and self._traffic_may_have_moved()
+        kind = (cause.type or "") if isinstance(cause, ApplicationError) else ""
+        empties = step.undo is not None and step.undo.empties_target
+        refused = kind in KEEPS_THE_TARGET or (kind == SERVED and empties)
+        unchecked = empties and self._traffic_may_have_moved()
         return (refused or unchecked) and workflow.patched(TARGET_KEPT)
 
     def start_all(self, steps: Sequence[Step[Any, Any]]) -> None:

@@ -53,6 +53,7 @@ from activities.postgres.connection import Connection, connect, privileged, said
 from activities.postgres.identity import Pins
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
+from activities.serving import TargetTraffic
 from activities.settings import DataActivitySettings
 from activities.snapshots import SnapshotStoreActivities
 from activities.status import REPORTING_COMPONENT
@@ -142,6 +143,7 @@ class PostgresActivities:
         self._store = SnapshotStoreActivities(api_client, settings, secrets=self._secrets)
         self._versions = versions if versions is not None else KnownVersions()
         self._pins = Pins(self._secrets, api_client if secrets is None else None, self._versions)
+        self._traffic = TargetTraffic(api_client)
 
     # --- precheck ----------------------------------------------------------------------------
 
@@ -653,6 +655,7 @@ class PostgresActivities:
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "emptying the target"
         )
         doing = "emptying the target"
+        self._traffic.refuse_while_served(input.ref, f"emptying {db.describe()}")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
             heartbeats.on_cancel(conn.cancel_safe)  # a DROP SCHEMA of many tables, or a large object's unlink, is long
             retry = replication.lock_retry(heartbeats, doing, LOCK_PAUSE)

@@ -55,6 +55,7 @@ from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.connection import Connection, connect, privileged
 from activities.postgres.identity import Pins
 from activities.secrets import DatabaseConnection, Secrets, retried_until_readable, secrets_from
+from activities.serving import TargetTraffic
 from activities.settings import DataActivitySettings
 from ferry.api.errors import InvalidSpec, ReplicationBroken
 from ferry.api.migration import DriverSpec, DriverType
@@ -188,6 +189,7 @@ class ReplicationActivities:
         """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
         self._secrets = secrets_from(api_client, secrets)
         self._pins = Pins(self._secrets, api_client if secrets is None else None)
+        self._traffic = TargetTraffic(api_client)
         self._settings = settings
 
     # --- replicate ---------------------------------------------------------------------------
@@ -532,6 +534,7 @@ class ReplicationActivities:
         """
         with retried_until_readable("the undo of replicate"):
             source, target = self._databases(input.ref, input.driver.source_secret, input.driver.target_secret)
+        self._traffic.refuse_while_served(input.ref, f"ending the replication into and emptying {target.describe()}")
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._connect(source) as src,

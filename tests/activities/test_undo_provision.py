@@ -226,7 +226,7 @@ def test_undo_provision_keeps_a_target_that_the_stable_service_still_sends_traff
     activity_env.run(cluster.switch_traffic, SwitchTrafficInput(ref=ref, service=SOURCE, target_stateful_set=TARGET))
     before = target_objects(kube_api, ref.namespace, TARGET)
 
-    with pytest.raises(ApplicationError, match=r"Service orders-db still sends its traffic there") as refused:
+    with pytest.raises(ApplicationError, match=r"Service orders-db still sends its traffic to StatefulSet") as refused:
         activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
 
     assert refused.value.type == "TargetServesTraffic"

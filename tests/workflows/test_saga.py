@@ -802,6 +802,45 @@ async def test_writes_on_the_target_stop_the_rollback_before_traffic_goes_back_a
 
 
 @pytest.mark.parametrize("emptying", [MIGRATE, SNAPSHOT])
+async def test_an_undo_that_would_empty_a_target_a_service_sends_the_clients_to_stops_the_rollback_there(
+    run_saga: Run, emptying: str
+) -> None:
+    """No switch of this run sent traffic to the target (a run reset to before switch-traffic, a Service pointed there
+    by hand), yet a Service sends the clients there: the undo that would empty it refuses, tried again up to its
+    attempts (its TargetServesTraffic is faked here; tests/postgres/test_served_target.py makes it for real). Going
+    past it would unfreeze the source, which no client reaches, and delete the target's volumes under the clients:
+    the rollback stops, the target kept, the source frozen."""
+    serving = (
+        "not emptying database 'orders': Service orders-db still sends its traffic to StatefulSet shop/orders-db-18. "
+        "Undo switch-traffic first"
+    )
+    fakes = FakeSaga(
+        fail={
+            VERIFY: InvalidSpec("row counts differ"),
+            UNDO[emptying]: ApplicationError(serving, type="TargetServesTraffic"),
+        }
+    )
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert fakes.undo_calls.count(UNDO[emptying]) > 1, "tried again: the Service may be pointed back meanwhile"
+    assert UNDO[FREEZE] not in fakes.undo_calls
+    assert UNDO[PROVISION] not in fakes.undo_calls
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    step = "migrate" if emptying == MIGRATE else "snapshot"
+    assert f"the undo of {step} left the target as it is (TargetServesTraffic: {serving}" in final.message
+    assert "The source takes writes again" not in final.message
+    assert final.steps[STEP_ACTIVITIES.index(FREEZE)].state is StepState.SUCCEEDED
+    assert final.write_downtime is None or final.write_downtime.ended_by != "freeze undone"
+
+
+@pytest.mark.parametrize("emptying", [MIGRATE, SNAPSHOT])
 async def test_writes_found_by_the_undo_that_empties_the_target_stop_the_rollback_before_the_target_is_removed(
     run_saga: Run, emptying: str
 ) -> None:
