@@ -60,6 +60,7 @@ from activities.status import REPORTING_COMPONENT
 from ferry.api.errors import (
     BadCredentials,
     DatabaseUnreachable,
+    TargetNotVerified,
     VerificationMismatch,
     WritesAfterFreeze,
     WritesOnTarget,
@@ -366,11 +367,13 @@ class PostgresActivities:
     def _seal(self, ref: MigrationRef, driver: DriverSpec, heartbeats: Heartbeats) -> None:
         """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal).
 
-        Best effort: a target that cannot be reached now (restarting, recovering) leaves the mark unsealed with a
-        warning, and the check passes, as it did before seals. Failing it instead would end the migration at once
-        (the target unreachable is not retried), and the rollback's first guard, which needs the target too, would
-        stop there with the source frozen. Unsealed, a late verify is still refused by the mark's attempt, unless it
-        is a late attempt of the very activity that marked, or of a reset's new run."""
+        A reachable target without this Migration's mark fails the check (TargetNotVerified): traffic never goes to a
+        target nothing says holds the source's data. Best effort otherwise: a target that cannot be reached now
+        (restarting, recovering) leaves the mark unsealed with a warning, and the check passes, as it did before
+        seals. Failing it instead would end the migration at once (the target unreachable is not retried), and the
+        rollback's first guard, which needs the target too, would stop there with the source frozen. Unsealed, a late
+        verify is still refused by the mark's attempt, unless it is a late attempt of the very activity that marked,
+        or of a reset's new run."""
         target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
         try:
             with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
@@ -381,12 +384,13 @@ class PostgresActivities:
                 "could not seal verify's mark on %s (%s): the check goes on without it", target.describe(), error
             )
             return
-        if sealed:
-            activity.logger.info("sealed verify's mark on %s: no verify marks it again", target.describe())
-        else:
-            activity.logger.warning(
-                "%s holds no mark of verify of Migration %s: nothing to seal", target.describe(), ref
+        if not sealed:
+            raise TargetNotVerified(
+                f"{target.describe()} holds no mark of verify of Migration {ref}, so nothing says it holds what verify "
+                "compared: an undo emptied it since (a run reset to before switch-traffic, say), or the mark was "
+                "removed by hand. The clients are not sent there and nothing changed: roll back, and migrate again."
             )
+        activity.logger.info("sealed verify's mark on %s: no verify marks it again", target.describe())
 
     # --- snapshot ----------------------------------------------------------------------------
 

@@ -67,6 +67,12 @@ class TargetVerified(PermanentError):
     may be taking traffic, and only the undo (which checks for writes first) may empty it."""
 
 
+class TargetNotVerified(PermanentError):
+    """Traffic was about to move to a target that holds no mark of verify of this Migration: an undo emptied it since
+    verify (a run reset to before switch-traffic), or the mark was removed by hand. Nothing says it holds the source's
+    data, so the clients are not sent there."""
+
+
 class ReplicationEnded(PermanentError):
     """A late attempt of replicate would publish the source or make a slot or subscription after the rollback (or
     catch-up) ended this Migration's replication: a slot nobody drops would keep the source's WAL forever."""
@@ -95,6 +101,7 @@ NON_RETRYABLE: tuple[type[PermanentError], ...] = (
     WritesAfterFreeze,
     WritesOnTarget,
     TargetVerified,
+    TargetNotVerified,
     Overtaken,
     TlsMismatch,
     ReplicationBroken,

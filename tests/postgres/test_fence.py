@@ -104,7 +104,7 @@ def test_a_superuser_writing_after_the_freeze_is_caught_by_check_frozen(
             superuser.execute(statement)
 
         with pytest.raises(WritesAfterFreeze) as raised:
-            steps.check_frozen(frozen.fence)
+            steps.check_frozen(frozen.fence, before="switch-traffic")
 
     message = str(raised.value)
     assert "changed after the freeze, before switch-traffic" in message
@@ -217,7 +217,7 @@ def test_what_a_frozen_source_legitimately_sees_does_not_fail_the_check(
             f"values (1); drop table {endpoint.database}_neighbour; commit"
         )
 
-    first = steps.check_frozen(frozen.fence)
+    first = steps.check_frozen(frozen.fence, before="switch-traffic")
     steps.check_frozen(frozen.fence, before="scale-down-old")
 
     assert again.fence == first.fence == frozen.fence

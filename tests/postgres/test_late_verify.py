@@ -31,7 +31,7 @@ from activities.postgres import unwritten, verifying
 from activities.postgres.attempts import Attempt
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.readiness import LOOPBACK
-from ferry.api.errors import TargetVerified, WritesOnTarget
+from ferry.api.errors import TargetNotVerified, TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark, VerifyResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
@@ -194,7 +194,7 @@ def test_once_traffic_may_move_no_verify_marks_the_target_until_the_undo_emptied
     restored = steps
     restored.migrate(restored.snapshot())
     verified = scheduled_as(restored, 20).verify()
-    scheduled_as(restored, 22).check_frozen(frozen.fence)  # switch-traffic's guard: traffic moves after it
+    scheduled_as(restored, 22).check_frozen(frozen.fence, before="switch-traffic")  # traffic moves after it
     sealed = _mark(databases)
     assert verified.target_fence is not None
     assert sealed["fence"] == verified.target_fence.model_dump(mode="json")
@@ -306,6 +306,29 @@ def _ticket_seq(db: PostgresEndpoint) -> tuple[int, bool]:
     return int(row[0]), bool(row[1])
 
 
+@pytest.mark.parametrize("how", ["emptied by an undo since verify", "never verified"])
+def test_the_check_before_switch_traffic_refuses_a_target_without_verifys_mark(
+    steps: Steps, databases: Databases, how: str
+) -> None:
+    """Traffic goes only to a target verify marked for this Migration. A run reset to before switch-traffic (temporal
+    workflow reset) after a rollback had emptied the target went on to switch the clients to that empty database."""
+    create_shop(databases.source, customers=10, orders=10)
+    frozen = steps.freeze()
+    steps.migrate(steps.snapshot())
+    if how == "emptied by an undo since verify":
+        steps.verify()
+        steps.undo_migrate()
+
+    with pytest.raises(
+        TargetNotVerified, match=r"holds no mark of verify of Migration .*: roll back, and migrate again"
+    ):
+        steps.check_frozen(frozen.fence, before="switch-traffic")
+
+    assert verified_mark(databases.target) is None, "nothing marked or sealed"
+    steps.check_frozen(frozen.fence, before="scale-down-old")  # the source itself is as frozen as ever
+    steps.undo_freeze()
+
+
 def test_the_check_before_switch_traffic_passes_unsealed_when_the_target_cannot_be_reached(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
@@ -326,7 +349,7 @@ def test_the_check_before_switch_traffic_passes_unsealed_when_the_target_cannot_
         steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET})
     )
 
-    checked = scheduled_as(unreachable, 22).check_frozen(frozen.fence)
+    checked = scheduled_as(unreachable, 22).check_frozen(frozen.fence, before="switch-traffic")
 
     assert checked.fence is not None
     assert "sealed_by" not in _mark(databases), "nothing sealed the mark"

@@ -76,7 +76,7 @@ def test_every_write_the_source_acknowledged_is_in_the_target_and_later_writes_w
         artifact = steps.snapshot()
         steps.migrate(artifact)
         steps.verify()
-        steps.check_frozen(frozen.fence)  # the refused attempts wrote nothing: no false alarm
+        steps.check_frozen(frozen.fence, before="switch-traffic")  # the refused attempts wrote nothing: no false alarm
         undo_started = time.monotonic()
         steps.undo_freeze(frozen.previous_setting)
         acknowledged_before_undo = len(writer.acknowledged)
