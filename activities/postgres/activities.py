@@ -202,7 +202,8 @@ class PostgresActivities:
         freezing); ending sessions and taking the mark may be repeated at will. A freeze
         that fails or is cancelled after that transaction undoes itself, since the saga
         undoes only steps that completed: so does one that finds prepared transactions
-        once the sessions are ended (PreparedTransactionsPending, retried; see freezing).
+        once the sessions are ended (PreparedTransactionsPending, retried; see freezing),
+        or enabled subscriptions, whose apply workers it cannot stop (InvalidSpec).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
@@ -212,6 +213,7 @@ class PostgresActivities:
             try:
                 fence, ended = self._mark(conn, db, heartbeats, input.ref)
                 freezing.refuse_prepared(conn, db)
+                freezing.refuse_subscriptions(conn, db)
                 unfenced = grants.can_connect(conn)
                 heartbeats.raise_if_cancelled("freezing the source")
             except BaseException:
@@ -346,6 +348,12 @@ class PostgresActivities:
                 present, ended = self._mark(conn, db, heartbeats, input.ref)
                 found = fencing.changes(input.fence, present)
                 found.extend(fencing.pending(conn))
+                subscribing = freezing.enabled_subscriptions(conn)
+                if subscribing:  # enabled since the freeze, by a superuser: what their workers apply may not count yet
+                    found.append(
+                        f"its subscriptions {', '.join(subscribing)} are enabled, and their apply workers write to it "
+                        "whatever the freeze says"
+                    )
                 if holder != owner(input.ref):
                     found.insert(
                         0, f"it is no longer frozen by this Migration (ferry.frozen_by is {holder or 'unset'})"

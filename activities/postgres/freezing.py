@@ -24,6 +24,13 @@ ends them within seconds, once it may connect again). The undo puts the setting 
 back as they were and ends the sessions opened during the freeze, which would otherwise
 stay read-only until they reconnect.
 
+A subscription in the database (the source itself subscribes to a publication elsewhere)
+writes through its apply worker, a background worker that is no session to end: it
+applies rows with no read-only check, and the launcher starts it again if it is ended.
+So the freeze, at the same point, undoes itself as well if the database has an enabled
+subscription, and fails with InvalidSpec: a subscription does not disable itself, and
+each retry would end the application's sessions again for nothing.
+
 Idempotency: the previous setting and ACL are recorded in the database itself, in the
 same transaction that turns the freeze on (see database_settings). A retry after a
 crash finds ferry.frozen_by naming its own Migration and takes the previous values from
@@ -58,6 +65,19 @@ select gid, owner::text, to_char(prepared at time zone 'UTC', 'YYYY-MM-DD"T"HH24
 from pg_prepared_xacts where database = current_database() or %s
 order by prepared, gid
 """
+
+SUBSCRIPTIONS = """
+select format('%I', subname) from pg_subscription
+where subenabled and subdbid = (select oid from pg_database where datname = current_database())
+order by subname
+"""
+"""The database's enabled subscriptions, named as ALTER SUBSCRIPTION takes them. pg_subscription is shared by every
+database of the server; PUBLIC may read all its columns but subconninfo."""
+DISABLE_SUBSCRIPTIONS = (
+    "Disable them for the migration (ALTER SUBSCRIPTION ... DISABLE: their slots on the publisher keep what is "
+    "published meanwhile) and, once traffic is on the target, subscribe the target in their place"
+)
+"""What to do about a source's enabled subscriptions; the precheck says it too."""
 
 WALSENDERS_SPARED = """
 select active_pid from pg_replication_slots where active_pid is not null and slot_name = any(%s)
@@ -105,6 +125,23 @@ def refuse_prepared(conn: Connection, db: DatabaseConnection) -> None:
             "undid itself and the source takes writes again. The step is retried: their coordinator normally "
             "commits or rolls them back within seconds. If they stay, have it resolve them (or, knowing the "
             "outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner), then retry."
+        )
+
+
+def enabled_subscriptions(conn: Connection) -> list[str]:
+    """The database's enabled subscriptions: their apply workers write to it whatever the freeze says."""
+    return [name for (name,) in conn.execute(SUBSCRIPTIONS)]
+
+
+def refuse_subscriptions(conn: Connection, db: DatabaseConnection) -> None:
+    """Raises InvalidSpec when the database has enabled subscriptions; the freeze undoes itself."""
+    enabled = enabled_subscriptions(conn)
+    if enabled:
+        raise InvalidSpec(
+            f"{db.describe()} subscribes to publications elsewhere, and these subscriptions are enabled: "
+            f"{', '.join(enabled)}. Their apply workers write to it whatever the freeze says (and are started again "
+            "when ended), so the target would miss what they apply: the freeze undid itself and the source takes "
+            f"writes again. {DISABLE_SUBSCRIPTIONS}, then retry."
         )
 
 

@@ -321,6 +321,7 @@ def _source(
             )
         _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
         _prepared(conn, db, online, problems)
+        _subscriptions(conn, db, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
             given = ", ".join(f"{grant.grantee} (granted by {grant.grantor})" for grant in stuck)
@@ -390,6 +391,17 @@ def _prepared(conn: Connection, db: DatabaseConnection, online: bool, problems: 
             + (", as would replicate's replication slot" if online else "")
             + ". Have their coordinator (an XA/JTA transaction manager) commit or roll them back (or, knowing the "
             "outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner)."
+        )
+
+
+def _subscriptions(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:
+    """Refuses a source with enabled subscriptions: the freeze would undo itself for them (see freezing)."""
+    enabled = freezing.enabled_subscriptions(conn)
+    if enabled:
+        problems.append(
+            f"{db.describe()} subscribes to publications elsewhere, and these subscriptions are enabled: "
+            f"{', '.join(enabled)}. Their apply workers write to it whatever the freeze says, so the target would "
+            f"miss what they apply after it, and the freeze refuses. {freezing.DISABLE_SUBSCRIPTIONS}."
         )
 
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from devstack.stack.install import Binaries
+from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import WritesAfterFreeze
 from ferry.api.saga import FreezeResult
@@ -242,3 +243,28 @@ def test_check_frozen_of_a_source_someone_unfroze_fails(steps: Steps, source: Da
 
     with pytest.raises(WritesAfterFreeze, match=r"no longer frozen by this Migration"):
         steps.check_frozen(frozen.fence)
+
+
+def test_a_subscription_a_superuser_enabled_after_the_freeze_is_caught_by_check_frozen(
+    steps: Steps, source: Databases
+) -> None:
+    """The freeze refuses a source with enabled subscriptions, whose apply workers write with no read-only check; a
+    superuser may still make one afterwards. Its rows may not be counted yet when the check looks, so the enabled
+    subscription itself fails the check. The publisher is a port nobody listens on: enabled is all it takes."""
+    frozen = steps.freeze()
+    name = f"feed_{uuid.uuid4().hex[:8]}"
+    with connect(source.source, default_transaction_read_only="off") as superuser:
+        superuser.execute(
+            f"create subscription {name} connection 'host=127.0.0.1 port={free_port()} dbname=shop' publication "
+            f"shop with (connect = false, slot_name = '{name}', enabled = false)"
+        )
+        superuser.execute(f"alter subscription {name} enable")
+    try:
+        with pytest.raises(WritesAfterFreeze, match=f"its subscriptions {name} are enabled, and their apply workers"):
+            steps.check_frozen(frozen.fence)
+    finally:
+        with connect(source.source, default_transaction_read_only="off") as superuser:
+            superuser.execute(f"alter subscription {name} disable")
+            superuser.execute(f"alter subscription {name} set (slot_name = none)")
+            superuser.execute(f"drop subscription {name}")
+    steps.undo_freeze()

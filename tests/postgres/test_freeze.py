@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -14,8 +16,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.postgres.connection import MARKERS
 from activities.postgres.freezing import PreparedTransactionsPending
+from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import BadCredentials, InvalidSpec
+from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import (
@@ -316,3 +320,78 @@ def test_a_walsender_session_open_before_the_freeze_is_ended_by_it(
         with connect(source.source) as conn:
             conn.execute(f"drop owned by {role}")
             conn.execute(f"drop role {role}")
+
+
+@contextlib.contextmanager
+def _subscribed(source: PostgresEndpoint, server: PostgresEndpoint) -> Iterator[tuple[str, PostgresEndpoint]]:
+    """The source subscribes to public.orders of another database of its server, a real publisher; yields the
+    subscription's name and the publisher. All of it is removed on the way out, the source frozen or not."""
+    name = f"feed_{uuid.uuid4().hex[:8]}"
+    with connect(server) as conn:
+        conn.execute(f"create database {name}")
+    publisher = dataclasses.replace(server, database=name)
+    try:
+        with connect(publisher) as conn:
+            conn.execute("create table public.orders (id int primary key)")
+            conn.execute(f"create publication {name} for table public.orders")
+            # by hand: CREATE SUBSCRIPTION waits forever for a slot it makes on its own server
+            conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+        reach = f"host={server.host} port={server.port} user={server.user} password={server.password} dbname={name}"
+        with connect(source) as conn:
+            conn.execute(
+                f"create subscription {name} connection '{reach}' publication {name} "
+                f"with (create_slot = false, slot_name = '{name}', copy_data = false)"
+            )
+        try:
+            yield name, publisher
+        finally:
+            with connect(source, default_transaction_read_only="off") as conn:
+                conn.execute(f"alter subscription {name} disable")
+                conn.execute(f"alter subscription {name} set (slot_name = none)")
+                conn.execute(f"drop subscription {name}")
+    finally:
+        with connect(publisher) as conn:
+            eventually(
+                "the subscription's walsender to end",
+                lambda: (
+                    conn.execute("select from pg_replication_slots where active and slot_name = %s", (name,)).fetchone()
+                    is None
+                ),
+            )
+            conn.execute(
+                "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s", (name,)
+            )
+        with connect(server) as conn:
+            conn.execute(f"drop database {name} with (force)")
+
+
+def _ids(endpoint: PostgresEndpoint) -> list[int]:
+    with connect(endpoint) as conn:
+        return [id for (id,) in conn.execute("select id from public.orders order by id")]
+
+
+def test_a_subscription_of_the_source_makes_the_freeze_undo_itself_naming_the_subscription(
+    steps: Steps, source: Databases, stack: StackInfo
+) -> None:
+    """The source subscribes to a publication elsewhere: the subscription's apply worker is no session the freeze
+    could end (its launcher starts it again), and it applies rows with no read-only check. A freeze that went on
+    would leave rows arriving in the frozen source, which the target would miss."""
+    with application_role(source.source) as app, _subscribed(source.source, stack.postgres["source"]) as feed:
+        name, publisher = feed
+        privileges_before = connect_privileges(source.source)
+        with connect(publisher) as conn:
+            conn.execute("insert into public.orders values (1)")
+        eventually("the subscription to apply the first row", lambda: _ids(source.source) == [1])
+
+        with pytest.raises(InvalidSpec) as raised:
+            steps.freeze()
+
+        with connect(app) as conn:  # the application can come back and write
+            conn.execute("insert into public.orders values (2)")
+        assert database_settings(source.source) == []
+        assert connect_privileges(source.source) == privileges_before
+
+    message = str(raised.value)
+    assert f"subscribes to publications elsewhere, and these subscriptions are enabled: {name}." in message
+    assert "the freeze undid itself and the source takes writes again" in message
+    assert "ALTER SUBSCRIPTION ... DISABLE" in message

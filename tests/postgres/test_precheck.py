@@ -641,3 +641,36 @@ def test_precheck_names_a_prepared_transaction_its_coordinator_left_pending(
     (problem,) = [p for p in problems if "prepared transactions" in p]
     assert f"'{gid}' (owner postgres, prepared " in problem
     assert "Have their coordinator (an XA/JTA transaction manager) commit or roll them back" in problem
+
+
+def test_precheck_names_the_enabled_subscriptions_of_the_source_and_passes_disabled_ones(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The source subscribes to a publication elsewhere: the subscription's apply worker writes to the source whatever
+    the freeze says. The publisher here is a port nobody listens on: an enabled subscription is all it takes."""
+    name = f"feed_{uuid.uuid4().hex[:8]}"
+    with connect(databases.source) as conn:
+        conn.execute(
+            f"create subscription {name} connection 'host=127.0.0.1 port={free_port()} dbname=shop' publication "
+            f"shop with (connect = false, slot_name = '{name}', enabled = false)"
+        )
+    try:
+        with database_owner(databases.source) as owner:  # no superuser: it reads pg_subscription all the same
+            create_secret(kube_api, namespace, OTHER, _connection(owner))
+            by_owner = _with(steps, source=OTHER)
+            by_owner.precheck()  # disabled: nothing writes
+
+            with connect(databases.source) as conn:
+                conn.execute(f"alter subscription {name} enable")
+            (problem,) = _problems(by_owner)
+    finally:
+        with connect(databases.source) as conn:
+            conn.execute(f"alter subscription {name} disable")
+            conn.execute(f"alter subscription {name} set (slot_name = none)")
+            conn.execute(f"drop subscription {name}")
+
+    assert problem.startswith(f"database '{databases.source.database}' on ")
+    enabled = f"Secret {namespace}/{OTHER}) subscribes to publications elsewhere, and these subscriptions are enabled"
+    assert f"{enabled}: {name}." in problem
+    assert "Their apply workers write to it whatever the freeze says" in problem
+    assert "Disable them for the migration (ALTER SUBSCRIPTION ... DISABLE" in problem
