@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import fences, kube_calls, records
 from activities.api_refusals import explain_refusals
@@ -29,6 +30,9 @@ from ferry.api.saga import (
     SwitchTrafficResult,
     UndoSwitchTrafficInput,
 )
+
+SOURCE_SCALED_DOWN = "SourceScaledDown"
+"""The undo of switch-traffic would send the clients to a source this Migration scaled to zero: tried again."""
 
 
 class TrafficSwitching(ClusterApi):
@@ -198,6 +202,8 @@ class TrafficSwitching(ClusterApi):
         record = records.selector_record(kube_calls.annotations_of(service))
         wanted = self._selector_to_restore(ref, name, input.previous_selector, record)
         changes = wanted is not None and (service["spec"].get("selector") or {}) != wanted
+        if changes:
+            self._refuse_scaled_down_source(ref, name, input.source_stateful_set)
         # The fence goes on even when nothing changes, for a late switch of this Migration to find; not on a Service
         # another Migration switched, which stays exactly as it is (and which this Migration's switch refuses).
         foreign = record is not None and record.is_of_another(ref)
@@ -207,6 +213,26 @@ class TrafficSwitching(ClusterApi):
                 operations.insert(0, kube_calls.set_value("/spec/selector", wanted))
             kube_calls.patch_if_unchanged(self._core.patch_namespaced_service, service, operations)
         return wanted
+
+    def _refuse_scaled_down_source(self, ref: MigrationRef, name: str, source_name: str) -> None:
+        """Fails (retryably) while the source is at zero replicas by this Migration's scale-down-old: its undo has not
+        scaled it back (a run reset to before switch-traffic rolls back without knowing it scaled down; an undo of
+        scale-down-old that failed may be gone past), and clients sent back would reach no Pod, while the target
+        serves them. A source at zero by someone else's hand is left to them: the Service goes back as it was."""
+        source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
+        if source is None or (source["spec"].get("replicas") or 0) > 0:
+            return
+        record = records.replicas_record(kube_calls.annotations_of(source))
+        if record is None or not record.is_of(ref):
+            return
+        raise ApplicationError(
+            f"not pointing Service {ref.namespace}/{name} back at StatefulSet {source_name}: this Migration's "
+            f"scale-down-old scaled it to 0 (from {record.value}, in its annotation "
+            f"{records.PREVIOUS_REPLICAS_ANNOTATION}) and nothing scaled it back, so the clients would reach no Pod "
+            f"while the target serves them. Scale it back first (kubectl scale statefulset -n {ref.namespace} "
+            f"{source_name} --replicas={record.value}); this undo is retried.",
+            type=SOURCE_SCALED_DOWN,
+        )
 
     def _selector_to_restore(
         self,

@@ -27,6 +27,7 @@ from ferry.api.saga import (
     ProvisionResult,
     ScaleDownOldInput,
     SwitchTrafficInput,
+    UndoScaleDownOldInput,
     UndoSwitchTrafficInput,
 )
 from tests import samples
@@ -329,7 +330,7 @@ def test_undo_switch_traffic_never_leaves_the_service_selecting_nothing(
     _serves_the_target(kube_api, ref.namespace)
 
 
-def test_undo_switch_traffic_to_a_source_scaled_to_zero_only_waits_for_the_target_to_leave(
+def test_undo_switch_traffic_to_a_source_scaled_to_zero_by_hand_only_waits_for_the_target_to_leave(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
     cluster: ClusterActivities,
@@ -337,11 +338,40 @@ def test_undo_switch_traffic_to_a_source_scaled_to_zero_only_waits_for_the_targe
     provisioned: ProvisionResult,
 ) -> None:
     activity_env.run(cluster.switch_traffic, _switch(ref))
-    activity_env.run(cluster.scale_down_old, ScaleDownOldInput(ref=ref, stateful_set=SOURCE))
+    k8s.AppsV1Api(kube_api).patch_namespaced_stateful_set_scale(SOURCE, ref.namespace, {"spec": {"replicas": 0}})
+    pods = k8s.CoreV1Api(kube_api).list_namespaced_pod
+    eventually(
+        "the source's Pods to go", lambda: not [p for p in pods(ref.namespace).items if p.metadata.name in SOURCE_PODS]
+    )
 
     activity_env.run(cluster.undo_switch_traffic, _undo(ref))
 
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == []
+    assert stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
+
+
+def test_undo_switch_traffic_refuses_to_send_the_clients_to_a_source_this_migration_scaled_down_until_it_is_back(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    """Newest first, scale-down-old's undo scales the source back before this undo runs. A run reset to before
+    switch-traffic (temporal workflow reset) rolls back without knowing it scaled down, and an undo of scale-down-old
+    that failed may be gone past: the clients, served by the target, would be sent to no Pod at all."""
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+    activity_env.run(cluster.scale_down_old, ScaleDownOldInput(ref=ref, stateful_set=SOURCE))
+
+    with pytest.raises(ApplicationError, match=r"this Migration's scale-down-old scaled it to 0 \(from 2") as refused:
+        activity_env.run(cluster.undo_switch_traffic, _undo(ref))
+
+    assert refused.value.type == "SourceScaledDown"
+    assert not refused.value.non_retryable, "once the source is scaled back, a retry goes on"
+    assert f"kubectl scale statefulset -n {ref.namespace} {SOURCE} --replicas=2" in str(refused.value)
+    assert stable_service(kube_api, ref.namespace).spec.selector == TARGET_SELECTOR, "still on the target"
+    activity_env.run(cluster.undo_scale_down_old, UndoScaleDownOldInput(ref=ref, stateful_set=SOURCE))
+    activity_env.run(cluster.undo_switch_traffic, _undo(ref))
     assert stable_service(kube_api, ref.namespace).spec.selector == ORIGINAL_SELECTOR
 
 
