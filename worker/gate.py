@@ -14,7 +14,10 @@ this gate reads the Migration the claim names and lets the activity through only
 - the Migration exists with the claim's UID,
 - a run of its undo or its retention cleanup acts only once its deletion was asked for
   (the watcher starts them then, and only then), and
-- the digest of its live spec equals the claim's (the plan it was started with).
+- the digest of its live spec equals the claim's (the plan it was started with), and
+- the Migration has not finished in another run of the same workflow: a closed run reset
+  (`temporal workflow reset`), or one started by hand under its ID once it closed, does
+  nothing at all, not even a status write (`_finished_by_another_run`).
 
 Otherwise the activity fails at once, non-retryable, before it reads a Secret or changes
 anything. Two exceptions keep legitimate runs whole when their Migration goes away under
@@ -76,7 +79,7 @@ from ferry.api.integrity import (
     signature,
     workflow_ids,
 )
-from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, MigrationSpec
+from ferry.api.migration import FINALIZER, FINISHED_PHASES, GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
 from worker.headers import AddsHeaders
 
@@ -86,6 +89,7 @@ VOUCHED_ATTRIBUTE = "backed_by_migration"
 """A workflow whose instance has this attribute true has passed the gate once (see workflows/saga.py)."""
 
 ReadMigration = Callable[[MigrationRef], dict[str, Any] | None]
+FINISHED = frozenset(phase.value for phase in FINISHED_PHASES)
 
 
 def read_migration(api: k8s.ApiClient) -> ReadMigration:
@@ -207,6 +211,9 @@ class _Gate(ActivityInboundInterceptor):
             what = "does not exist" if live is None else f"is another object now (uid {uid})"
             raise self._refuse(info, f"Migration {ref} with uid {ref.uid} {what}")
         assert live is not None
+        closed = _finished_by_another_run(live, info.workflow_id or "", info.workflow_run_id or "")
+        if closed is not None:
+            raise self._refuse(info, f"Migration {ref} {closed}")
         if info.workflow_id != workflow_id(ref) and not _being_deleted(live):
             raise self._refuse(
                 info,
@@ -238,6 +245,24 @@ class _Gate(ActivityInboundInterceptor):
     def _refuse(info: activity.Info, why: str) -> ApplicationError:
         log.warning("refused activity %s of workflow %s: %s", info.activity_type, info.workflow_id, why)
         return refusal(why)
+
+
+def _finished_by_another_run(live: dict[str, Any], workflow: str, run: str) -> str | None:
+    """Why a run may not act for a Migration whose status shows it finished in another run of the same workflow, if
+    it does: a run of a closed workflow reset (`temporal workflow reset`), or one started by hand under its ID once
+    it had closed. Replaying the finished run's history up to some point, such a run would act on a world that has
+    moved on (the traffic switched, the source scaled down, the target emptied by a rollback), and its status writes
+    would put a phase over the one the Migration ended in. The status is the Migration's record: it stays."""
+    status = live.get("status") or {}
+    shown = status.get("workflow") or {}
+    phase = status.get("phase")
+    if phase not in FINISHED or shown.get("id") != workflow or not shown.get("runId") or shown["runId"] == run:
+        return None
+    return (
+        f"finished ({phase}) in run {shown['runId']} of workflow {workflow}, and run {run} is another run of it (a "
+        "reset, or a start by hand): a finished Migration's history is closed, and no later run of it acts. To "
+        "migrate again, apply a new Migration"
+    )
 
 
 def _being_deleted(live: dict[str, Any]) -> bool:

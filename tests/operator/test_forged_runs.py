@@ -36,7 +36,7 @@ from devstack.stack.install import Binaries
 from devstack.stack.kube import AUDIT_LOG
 from devstack.stack.stack import StackInfo
 from ferry.api.integrity import CLAIM_HEADER, NOT_BACKED, Claim, Scope, plan_digest
-from ferry.api.migration import MigrationSpec
+from ferry.api.migration import GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import (
     UNDO_WORKFLOW_NAME,
     WORKFLOW_NAME,
@@ -132,6 +132,35 @@ async def test_an_undo_started_by_hand_for_a_migration_that_is_not_being_deleted
     assert NOT_BACKED in said, said
     assert "which ferry does only once the Migration is being deleted" in said, said
     assert k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector == service_before
+
+
+async def test_a_later_run_of_a_finished_migrations_workflow_acts_on_nothing_and_leaves_its_status(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, binaries: Binaries,
+    kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The Migration finished (Succeeded) in one run of its workflow; another run under the same ID, with the real
+    input, here started by hand as `temporal workflow start` would once the first closed (a reset's new run looks
+    the same to the worker), replays nothing of a world that moved on: it acts on nothing, and the status stays."""
+    manifest = migration_manifest(stack, bucket)
+    real = apply_migration(kubectl, namespace, manifest)
+    finished = {"phase": "Succeeded", "workflow": {"namespace": "default", "id": workflow_id(real), "runId": "run-0"}}
+    k8s.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, real.name, {"status": finished}
+    )
+    service_before = k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector
+    again = MigrationInput(ref=real, generation=1, spec=MigrationSpec.model_validate(manifest["spec"]))
+
+    said = await _started_by_hand(
+        binaries, stack, temporal_client, WORKFLOW_NAME, task_queue, workflow_id(real), again.model_dump_json()
+    )
+
+    assert NOT_BACKED in said, said
+    assert "finished (Succeeded) in run run-0 of workflow" in said, said
+    status = await migration_status(kubectl, namespace, real.name)
+    assert (status["phase"], status["workflow"]["runId"]) == ("Succeeded", "run-0")
+    assert k8s.CoreV1Api(kube_api).read_namespaced_service(SOURCE, namespace).spec.selector == service_before
+    stateful_sets = k8s.AppsV1Api(kube_api).list_namespaced_stateful_set(namespace).items
+    assert [item.metadata.name for item in stateful_sets] == [SOURCE]
 
 
 async def _started_by_hand(

@@ -160,3 +160,48 @@ async def test_a_run_that_never_found_its_migration_takes_nothing_back() -> None
 
     assert not await _through_the_gate("postgresql.check_unwritten", never_passed, live=None)
     assert not await _through_the_gate("postgresql.undo_freeze", never_passed, live=None)
+
+
+def _live(phase: str | None, run: str | None, workflow: str = workflow_id(REF)) -> dict[str, Any]:
+    """The Migration as read: its spec, and a status naming `run` of `workflow` in `phase`."""
+    status: dict[str, Any] = {} if phase is None else {"phase": phase}
+    if run is not None:
+        status["workflow"] = {"namespace": "default", "id": workflow, "runId": run}
+    return {
+        "metadata": {"uid": REF.uid, "finalizers": ["ferry.dev/migration"]},
+        "spec": samples.migration("orders-db-to-16")["spec"],
+        "status": status,
+    }
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "RolledBack", "Failed", "Abandoned", "Planned"])
+@pytest.mark.parametrize(
+    "activity_type", ["postgresql.precheck", "undo_switch_traffic", "postgresql.undo_migrate", "mirror_status"]
+)
+async def test_another_run_of_a_finished_migrations_workflow_does_nothing_at_all(
+    phase: str, activity_type: str
+) -> None:
+    """A reset of the closed run (temporal workflow reset), or a start by hand under its ID once it closed: replaying
+    the finished run's history to some point, it would act on a world that moved on, and write a phase over the one
+    the Migration ended in. Neither steps, undos nor status writes."""
+    claim = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+
+    assert not await _through_the_gate(activity_type, claim, _live(phase, run="run-0"))
+
+
+@pytest.mark.parametrize(
+    ("phase", "run", "workflow"),
+    [
+        ("Succeeded", "run-1", workflow_id(REF)),  # its own run, writing its last status
+        ("Running", "run-0", workflow_id(REF)),  # a run reset while it runs: the guards of each step decide
+        ("RolledBack", "run-0", "undo/shop/orders-db-to-16/x"),  # the undo of its deletion wrote the status
+        ("Succeeded", None, workflow_id(REF)),  # no run named (an older ferry): nothing to tell
+        (None, None, workflow_id(REF)),
+    ],
+)
+async def test_the_run_that_finished_and_runs_of_a_migration_still_going_pass(
+    phase: str | None, run: str | None, workflow: str
+) -> None:
+    claim = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+
+    assert await _through_the_gate("postgresql.precheck", claim, _live(phase, run, workflow))
