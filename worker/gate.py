@@ -77,7 +77,7 @@ from ferry.api.integrity import (
     digest,
     is_undo,
     signature,
-    workflow_ids,
+    workflow_types,
 )
 from ferry.api.migration import FINALIZER, FINISHED_PHASES, GROUP, PLURAL, VERSION, MigrationSpec
 from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
@@ -193,8 +193,15 @@ class _Gate(ActivityInboundInterceptor):
                 "ferry's saga on a worker of this deployment",
             )
         ref = claim.ref
-        if info.workflow_id not in workflow_ids(ref):
+        types = workflow_types(ref).get(info.workflow_id or "")
+        if types is None:
             raise self._refuse(info, f"run {info.workflow_id} is not a run of Migration {ref} ({workflow_id(ref)})")
+        if info.workflow_type not in types:
+            raise self._refuse(
+                info,
+                f"run {info.workflow_id} is of workflow type {info.workflow_type}, and under that ID Migration {ref} "
+                f"runs only {' or '.join(sorted(types))}",
+            )
         for argument in input.args:
             called_for = getattr(argument, "ref", None)
             if isinstance(called_for, MigrationRef) and called_for != ref:

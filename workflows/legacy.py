@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ferry.api.saga import (
         PROGRESS_QUERY,
+        WORKFLOW_NAME_V1,
         ControlRequest,
         DeleteSnapshotInput,
         DriverOperation,
@@ -80,9 +81,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from ferry.observability import metrics
     from workflows.status import SagaStatus
-
-
-WORKFLOW_NAME_V1 = "Migration"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,10 @@ from typing import Any
 
 from ferry.api.migration import IMMUTABLE_SPEC_FIELDS, ApiModel, MigrationSpec, SnapshotSpec
 from ferry.api.saga import (
+    CLEANUP_WORKFLOW_NAME,
+    UNDO_WORKFLOW_NAME,
+    WORKFLOW_NAME,
+    WORKFLOW_NAME_V1,
     DeleteSnapshotInput,
     MigrationInput,
     MigrationRef,
@@ -100,7 +104,17 @@ def claim_of(workflow_input: object) -> Claim | None:
 
 def workflow_ids(ref: MigrationRef) -> frozenset[str]:
     """The only workflow IDs whose runs may act for this Migration (its saga, its undo, its retention cleanup)."""
-    return frozenset({workflow_id(ref), undo_workflow_id(ref), cleanup_workflow_id(ref)})
+    return frozenset(workflow_types(ref))
+
+
+def workflow_types(ref: MigrationRef) -> dict[str, frozenset[str]]:
+    """Per workflow ID that may act for this Migration, the workflow types a run under it may be: each ID is one
+    workflow's, so an undo started under the saga's ID (which a deletion does not gate) is no run of this Migration."""
+    return {
+        workflow_id(ref): frozenset({WORKFLOW_NAME, WORKFLOW_NAME_V1}),
+        undo_workflow_id(ref): frozenset({UNDO_WORKFLOW_NAME}),
+        cleanup_workflow_id(ref): frozenset({CLEANUP_WORKFLOW_NAME}),
+    }
 
 
 def is_undo(activity_type: str) -> bool:

@@ -43,6 +43,8 @@ def watches_task_queue(task_queue: str) -> str:
 
 WORKFLOW_NAME = "MigrationV2"
 """The saga's workflow type. Version 1 ("Migration") runs only to finish what it started: see workflows/legacy.py."""
+WORKFLOW_NAME_V1 = "Migration"
+"""The saga's workflow type of version 1, which runs only to finish what it started (workflows/legacy.py)."""
 CLEANUP_WORKFLOW_NAME = "MigrationRetentionCleanup"
 UNDO_WORKFLOW_NAME = "MigrationUndo"
 """Undoes a Migration whose run succeeded after its deletion was asked for (see the watcher's deletion)."""

@@ -26,11 +26,14 @@ from ferry.api.integrity import (
 )
 from ferry.api.migration import MigrationSpec
 from ferry.api.saga import (
+    UNDO_WORKFLOW_NAME,
+    WORKFLOW_NAME,
     DeleteSnapshotInput,
     KubeActivity,
     MigrationInput,
     MigrationRef,
     SnapshotResult,
+    undo_workflow_id,
     workflow_id,
 )
 from tests import samples
@@ -117,11 +120,23 @@ class _Ran(ActivityInboundInterceptor):
         return None
 
 
-async def _through_the_gate(activity_type: str, claim: Claim, live: dict[str, Any] | None) -> bool:
-    """Whether the gate lets `activity_type` of the Migration's own saga through, the Migration read being `live`."""
+async def _through_the_gate(
+    activity_type: str,
+    claim: Claim,
+    live: dict[str, Any] | None,
+    *,
+    workflow: str = workflow_id(REF),
+    workflow_type: str = WORKFLOW_NAME,
+) -> bool:
+    """Whether the gate lets `activity_type` of a run of `workflow` (of `workflow_type`; the Migration's own saga by
+    default) through, the Migration read being `live`."""
     env = ActivityEnvironment()
     env.info = dataclasses.replace(
-        env.info, workflow_id=workflow_id(REF), workflow_run_id="run-1", activity_type=activity_type
+        env.info,
+        workflow_id=workflow,
+        workflow_type=workflow_type,
+        workflow_run_id="run-1",
+        activity_type=activity_type,
     )
     ran = _Ran()
     gate = _Gate(ran, MigrationGate(lambda ref: live))
@@ -205,3 +220,19 @@ async def test_the_run_that_finished_and_runs_of_a_migration_still_going_pass(
     claim = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
 
     assert await _through_the_gate("postgresql.precheck", claim, _live(phase, run, workflow))
+
+
+@pytest.mark.parametrize(
+    ("workflow", "workflow_type"),
+    [(workflow_id(REF), UNDO_WORKFLOW_NAME), (undo_workflow_id(REF), WORKFLOW_NAME), (workflow_id(REF), "Forger")],
+)
+async def test_a_run_under_one_of_the_migrations_workflow_ids_must_be_that_ids_workflow(
+    workflow: str, workflow_type: str
+) -> None:
+    """The undo acts only while its Migration is being deleted, a rule tied to its own ID: started under the saga's ID
+    (with `--id-conflict-policy TerminateExisting`, say) it would roll a live migration back with no deletion."""
+    claim = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+
+    assert not await _through_the_gate(
+        "undo_switch_traffic", claim, _live(None, None), workflow=workflow, workflow_type=workflow_type
+    )

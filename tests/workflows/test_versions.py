@@ -12,11 +12,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from ferry.api.migration import Phase
-from ferry.api.saga import WORKFLOW_NAME, ControlRequest, Signal
+from ferry.api.saga import WORKFLOW_NAME, WORKFLOW_NAME_V1, ControlRequest, Signal
 from ferry.clients import data_converter
 from tests.workflows.conftest import HISTORIES, migration_input
 from tests.workflows.fakes import FREEZE, PROVISION, FakeSaga
-from workflows.legacy import WORKFLOW_NAME_V1, MigrationWorkflowV1
+from workflows.legacy import MigrationWorkflowV1
 from workflows.migration import MigrationWorkflow
 from workflows.undo import MigrationUndoWorkflow
 
