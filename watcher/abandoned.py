@@ -56,8 +56,9 @@ async def why_abandoned(handle: WorkflowHandle[Any, Any]) -> str | None:
         return None
     how = await _termination(handle) if description.status is WorkflowExecutionStatus.TERMINATED else "timed out"
     return (
-        f"abandoned: the workflow was {how}; ferry undid nothing, so the source and the target are as that "
-        "run left them. Inspect them, clean up by hand, then delete this Migration."
+        f"abandoned: the workflow was {how}; from then on ferry undid nothing more, so the source and the target "
+        "are as that run left them (status.steps says which steps it did and which it undid). Inspect them, clean up "
+        "by hand, then delete this Migration."
     )
 
 
