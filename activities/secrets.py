@@ -49,6 +49,7 @@ from ferry.api.migration import FINALIZER, GROUP, PLURAL, VERSION, DatabaseIdent
 from ferry.api.saga import MigrationRef
 
 DATABASE_KEYS = ("host", "port", "username", "password", "database")
+PORT_MAX = 65535
 SSLMODE_KEY = "sslmode"
 CA_KEY = "ca.crt"
 DATABASE_TLS_KEYS = (SSLMODE_KEY, CA_KEY)
@@ -139,13 +140,7 @@ class SecretReader:
     def database(self, namespace: str, name: str, field: str) -> DatabaseConnection:
         """The connection a database Secret describes; `field` names where the Migration refers to it."""
         data = self._read(namespace, name, field, DATABASE_KEYS, (*DATABASE_TLS_KEYS, *REPLICATION_KEYS))
-        try:
-            port = int(data["port"])
-        except ValueError:
-            raise InvalidSpec(
-                f"{field}: key 'port' of Secret {namespace}/{name} is not a port number; set it to the database's "
-                "TCP port, e.g. 5432."
-            ) from None
+        port = _port(data["port"], "port", f"{namespace}/{name}", field, "set it to the database's TCP port, e.g. 5432")
         sslmode, ca = data.get(SSLMODE_KEY, "").strip() or None, data.get(CA_KEY, "").strip() or None
         _check_tls(field, f"{namespace}/{name}", sslmode, ca)
         return DatabaseConnection(
@@ -309,13 +304,19 @@ def _not_protected(error: ApiException, namespace: str, name: str, field: str) -
 def _replication_port(value: str | None, secret: str, field: str) -> int | None:
     if not value:
         return None
+    advice = "set it to the port where the target's server reaches the source, or remove it to use key 'port'"
+    return _port(value, "replicationPort", secret, field, advice)
+
+
+def _port(value: str, key: str, secret: str, field: str, advice: str) -> int:
+    """A TCP port from a Secret's key, 1 to 65535; the value itself is never shown (it is in a Secret)."""
     try:
-        return int(value)
+        port = int(value.strip())
     except ValueError:
-        raise InvalidSpec(
-            f"{field}: key 'replicationPort' of Secret {secret} is not a port number; set it to the port where the "
-            "target's server reaches the source, or remove it to use key 'port'."
-        ) from None
+        port = 0
+    if not 1 <= port <= PORT_MAX:
+        raise InvalidSpec(f"{field}: key '{key}' of Secret {secret} is not a TCP port (1 to {PORT_MAX}); {advice}.")
+    return port
 
 
 def _check_tls(field: str, secret: str, sslmode: str | None, ca: str | None) -> None:

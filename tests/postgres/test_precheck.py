@@ -155,6 +155,20 @@ def _target_database(databases: Databases, options: str) -> Iterator[PostgresEnd
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
 
 
+@pytest.mark.parametrize("port", ["70000", "0", "-5432", "postgres"])
+def test_precheck_names_a_port_that_is_no_tcp_port_without_showing_it(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str, port: str
+) -> None:
+    create_secret(kube_api, namespace, OTHER, _connection(databases.target, port=port))
+
+    (problem,) = _problems(_with(steps, target=OTHER))
+
+    assert problem == (
+        f"spec.driver.targetSecret: key 'port' of Secret {namespace}/{OTHER} is not a TCP port (1 to 65535); set it "
+        "to the database's TCP port, e.g. 5432."
+    )
+
+
 def test_precheck_refuses_a_target_database_in_another_encoding(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
