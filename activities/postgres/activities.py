@@ -469,11 +469,17 @@ class PostgresActivities:
                     with (
                         restoring.Restore(target, self._settings, heartbeats, location, freeze)
                         if target
-                        else contextlib.nullcontext() as restore
+                        else contextlib.nullcontext() as restore,
+                        self._connect(db) as holder,
+                        streams.exported_snapshot(holder) as checked,
                     ):
+                        # pg_dump connects on its own, with no check of which server it reached: it reads the
+                        # snapshot of a session that passed them, which no other server (a standby, another Pod
+                        # behind the host's name) can import.
                         sha256, size = dumping.dump_to_s3(
-                            db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore
-                        )
+                            db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore,
+                            options=[f"--snapshot={checked}"],
+                        )  # fmt: skip
                         _check_stored(s3, bucket, key, size)
                         if restore is not None:
                             restore.commit()  # the whole stream is in S3 and pg_dump exited cleanly

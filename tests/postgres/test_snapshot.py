@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
+from activities.postgres import streams
 from activities.settings import MIB
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
@@ -133,3 +136,27 @@ def test_a_snapshot_blocked_on_the_source_keeps_heartbeating_and_stops_when_canc
     assert _objects(stack, bucket) == []
     assert _unfinished_uploads(stack, bucket) == []
     eventually("pg_dump's session to end", lambda: other_sessions(databases.source) == 0, timeout=10)
+
+
+def test_the_dump_reads_the_snapshot_of_a_session_that_passed_the_checks_so_no_other_server_can_serve_it(
+    steps: Steps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pg_dump connects on its own, and nothing checks which server its connection reached (a standby, another Pod
+    behind the host's name): it imports the snapshot of the session ferry checked. Here the snapshot handed over is
+    another real server's, the target's, as if pg_dump had reached a server other than the checked session's: the
+    dump fails, and nothing is stored."""
+    create_shop(databases.source, customers=10, orders=10)
+    exported = streams.exported_snapshot
+
+    @contextlib.contextmanager
+    def elsewhere(conn: Any) -> Iterator[str]:
+        with exported(conn), connect(databases.target) as other, other.transaction():
+            other.execute("set transaction isolation level repeatable read, read only")
+            row = other.execute("select pg_export_snapshot()").fetchone()
+            assert row is not None
+            yield str(row[0])
+
+    monkeypatch.setattr(streams, "exported_snapshot", elsewhere)
+
+    with pytest.raises(RuntimeError, match=r"could not dump .*invalid snapshot identifier"):
+        steps.snapshot()
