@@ -10,10 +10,11 @@ this gate reads the Migration the claim names and lets the activity through only
   reach Temporal can run a workflow of their own, on a worker of their own, that schedules
   ferry's activities on ferry's task queue with a claim they made up (only the signature
   is beyond them; without a key, claims go unsigned and this check is off),
-- the run is one of that Migration's own (its saga, its undo or its retention cleanup, by ID),
+- the run is one of that Migration's own (its saga, its undo or its retention cleanup, by ID,
+  each ID of its own workflow type),
 - the Migration exists with the claim's UID,
 - a run of its undo or its retention cleanup acts only once its deletion was asked for
-  (the watcher starts them then, and only then), and
+  (the watcher starts them then, and only then),
 - the digest of its live spec equals the claim's (the plan it was started with), and
 - the Migration has not finished in another run of the same workflow: a closed run reset
   (`temporal workflow reset`), or one started by hand under its ID once it closed, does
