@@ -49,7 +49,7 @@ from activities.postgres import (
     verifying,
 )
 from activities.postgres.attempts import Attempt
-from activities.postgres.connection import Connection, connect, privileged, said
+from activities.postgres.connection import Connection, connect, connect_primary, privileged, said
 from activities.postgres.identity import Pins
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
@@ -206,7 +206,10 @@ class PostgresActivities:
         or enabled subscriptions, whose apply workers it cannot stop (InvalidSpec).
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            connect_primary(db, self._settings, **WRITABLE) as conn,  # a standby: ServerInRecovery, retried
+        ):
             with privileged(db, "change the database's settings and its CONNECT grants"):
                 frozen = freezing.freeze(conn, db, owner(input.ref))
             heartbeats.progress(frozen=True)
@@ -250,10 +253,28 @@ class PostgresActivities:
         freeze left in the database. Idempotent: the markers are removed last, after the
         setting and grants are back and the read-only sessions ended; a run that finds
         no marker of this Migration has nothing to do.
+
+        It acts on the primary only (a standby is refused, ServerInRecovery, retried), and
+        returns once every standby streaming from it has replayed the unfreeze, or after a
+        bound (at most freezing.STANDBY_WAIT, with a warning naming the standbys behind): a
+        failover right after the commit must not promote a standby still frozen under a
+        Migration that says RolledBack, and a standby that is stuck must not hold the
+        rollback up for ever (see freezing.wait_for_standbys). A retry waits again.
         """
         db = self._database_to_undo(input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the unfreeze")
-        with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
+        with (
+            Heartbeats(self._settings.heartbeat_interval) as heartbeats,
+            connect_primary(db, self._settings, **WRITABLE) as conn,
+        ):
             self._undo(conn, db, input.ref, input.previous_setting, heartbeats)
+
+            def between_polls(behind: list[str]) -> None:
+                heartbeats.progress(standbys_behind=behind)
+                heartbeats.raise_if_cancelled("waiting for the standbys to replay the unfreeze")
+
+            attempt = activity.info().start_to_close_timeout
+            bound = min(freezing.STANDBY_WAIT, attempt.total_seconds() / 4) if attempt else freezing.STANDBY_WAIT
+            freezing.wait_for_standbys(conn, db, bound, between_polls)
 
     def _undo(
         self,
@@ -343,7 +364,8 @@ class PostgresActivities:
         """
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
-            with self._connect(db) as conn:
+            # On the primary: a standby counts none of the writes it replays (ServerInRecovery, retried).
+            with connect_primary(db, self._settings, **WRITABLE) as conn:
                 holder = freezing.frozen_by(conn)
                 present, ended = self._mark(conn, db, heartbeats, input.ref)
                 found = fencing.changes(input.fence, present)
@@ -470,7 +492,7 @@ class PostgresActivities:
                         restoring.Restore(target, self._settings, heartbeats, location, freeze)
                         if target
                         else contextlib.nullcontext() as restore,
-                        self._connect(db) as holder,
+                        connect_primary(db, self._settings, **WRITABLE) as holder,
                         streams.exported_snapshot(holder) as checked,
                     ):
                         # pg_dump connects on its own, with no check of which server it reached: it reads the
@@ -703,7 +725,8 @@ class PostgresActivities:
         with TargetVerified before it ends any session (see unwritten.marking). See
         unwritten for why the mark is exact. While it reads, status.progress shows the
         rows compared on both sides, of twice the source's estimate (its statistics),
-        when it has one.
+        when it has one. The source is read on its primary: a standby, which may lag, is
+        refused (ServerInRecovery, retried).
         """
         source = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
@@ -711,16 +734,22 @@ class PostgresActivities:
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._progress(input.ref, StepName.VERIFY) as progress,
         ):
-            compared = self._compared_ahead(input.ref, source, target, input.ahead, heartbeats)
-            with self._checksum_session(source) as conn:
+
+            def session(db: DatabaseConnection) -> Connection:
+                """The source's on its primary (ServerInRecovery, retried): a standby may lag, and hold older rows."""
+                opening = connect_primary if db is source else connect
+                return opening(db, self._settings, **checksums.SESSION)
+
+            with session(source) as conn:  # first, so that a standby is refused before anything reads it
                 estimate = checksums.estimated_rows(conn)
+            compared = self._compared_ahead(input.ref, source, target, input.ahead, heartbeats)
             if estimate is not None:  # both sides read the rows of every table not compared ahead
                 estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
             progress.update(rows_done=0, rows_total=estimate)
             counter = _Counter(heartbeats, progress)
             try:
                 source_side, target_side = read_both(
-                    self._checksum_session,
+                    session,
                     source,
                     target,
                     heartbeats,
@@ -760,7 +789,7 @@ class PostgresActivities:
         with self._connect(target) as conn, self._marking(conn, target, ref, heartbeats):
             self._end_sessions(conn, target, heartbeats)  # their counts are flushed when they exit
             target_marks = ahead.marks(conn)
-        with self._connect(source) as conn:
+        with connect_primary(source, self._settings, **WRITABLE) as conn:  # a standby counts none of its writes
             source_marks = ahead.marks(conn)
         vouched = ahead.vouched(compared, source_marks, target_marks)
         activity.logger.info(
@@ -769,9 +798,6 @@ class PostgresActivities:
             len(compared.tables),
         )
         return vouched
-
-    def _checksum_session(self, db: DatabaseConnection) -> Connection:
-        return self._connect(db, **checksums.SESSION)
 
     def _mark_target(self, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats) -> FenceMark:
         """The target's mark, once its other sessions are gone, kept in the target for undos without results; refused

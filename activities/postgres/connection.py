@@ -12,6 +12,12 @@ scrubbed of the password (libpq's messages do not contain it today, but they are
 about to become status and Events, and that must hold whatever libpq says) and of the
 values the server quoted (ferry.api.scrubbing).
 
+A session that must act on the primary (the freeze, its undo, the checks of the frozen
+source, verify's reads of it) opens with `connect_primary`: one that reached a standby
+fails with ServerInRecovery, retried, as one that reached another database fails with
+DatabaseReplaced. Other sessions do not ask (mode Online's replication, whose
+subscription connects through `replicationHost`, is as it was).
+
 Errors are raised `from None`: a chained psycopg error would travel into the
 workflow's history unscrubbed.
 """
@@ -43,6 +49,11 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 class DatabaseReplaced(Exception):
     """A database Secret now names another database than the one the precheck checked. Not a PermanentError, so
     retried: pointing the Secret back lets the step, or the undo, go on with the database it is for."""
+
+
+class ServerInRecovery(Exception):
+    """A session that must reach the primary reached a server in recovery: a physical standby. Not a PermanentError,
+    so retried: after a failover, the address the Secret names usually moves to the new primary within seconds."""
 
 
 class Session(Connection):
@@ -110,13 +121,29 @@ def connect(db: DatabaseConnection, settings: DataActivitySettings, **session: s
         InvalidSpec: the database does not exist.
         TlsMismatch: the server's certificate did not verify, or it and the Secret disagree on encryption.
         DatabaseUnreachable: no attempt reached the server.
+        DatabaseReplaced: the session reached another database than the precheck checked.
     """
     with tls.ca_file(db) as ca:
         return _connect(db, settings, tls.parameters(db, ca), session)
 
 
+def connect_primary(db: DatabaseConnection, settings: DataActivitySettings, **session: str) -> Connection:
+    """`connect`, to the primary: the freeze, its undo, the checks of the frozen source and verify's reads of it.
+
+    Raises, besides what `connect` raises:
+        ServerInRecovery: the session reached a standby (see `_refuse_standby`).
+    """
+    with tls.ca_file(db) as ca:
+        return _connect(db, settings, tls.parameters(db, ca), session, primary=True)
+
+
 def _connect(
-    db: DatabaseConnection, settings: DataActivitySettings, secured: dict[str, str], session: dict[str, str]
+    db: DatabaseConnection,
+    settings: DataActivitySettings,
+    secured: dict[str, str],
+    session: dict[str, str],
+    *,
+    primary: bool = False,
 ) -> Connection:
     options = " ".join(f"-c {name}={value}" for name, value in session.items())
     last_error = ""
@@ -136,6 +163,8 @@ def _connect(
             with contextlib.ExitStack() as closing:
                 closing.callback(conn.close)
                 _refuse_another_database(conn, db)
+                if primary:
+                    _refuse_standby(conn, db)
                 closing.pop_all()
             return conn
         except psycopg.OperationalError as error:  # connecting, or the session ended before its first query
@@ -196,6 +225,27 @@ def _refuse_another_database(conn: Connection, db: DatabaseConnection) -> None:
         f"checked {expected.database!r}, oid {expected.database_oid} of the server {expected.system_identifier}. "
         "ferry acts on no database but the one it checked, and changed nothing on this one. Point the Secret at "
         "that database again (a physical replica promoted by a failover keeps its identity); the step is tried again."
+    )
+
+
+def _refuse_standby(conn: Connection, db: DatabaseConnection) -> None:
+    """Raises ServerInRecovery when `conn` reached a server in recovery.
+
+    A physical standby shares its primary's identity, so `_refuse_another_database` lets it
+    through, and every query of the freeze's checks works there, but it is no place to check
+    the frozen source: replaying WAL moves none of the statistics counters the fence compares
+    (fencing), it lags, and after a switchover the old primary, a standby of the new one,
+    shows the freeze's mark unchanged while the new primary takes writes.
+    """
+    row = conn.execute("select pg_is_in_recovery()").fetchone()
+    if row is None or not row[0]:
+        return
+    raise ServerInRecovery(
+        f"Secret {db.secret}'s host reaches a standby: {db.describe()} is in recovery (a physical replica, replaying "
+        "its primary's WAL), and ferry's freeze, its undo and its checks of the frozen source must reach the primary: "
+        "a standby counts none of the writes it replays and may lag. ferry changed nothing there. Point the Secret at "
+        "the primary (e.g. the failover manager's Service for the primary); after a failover its address usually "
+        "moves to the new primary within seconds. The step, or the undo, is tried again."
     )
 
 

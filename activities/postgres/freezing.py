@@ -38,6 +38,12 @@ ferry.read_only_before and ferry.connect_before, never the frozen state of its o
 earlier attempt. Another Migration's marker means someone else froze this database: the
 freeze refuses, rather than let its undo unfreeze a database it did not freeze.
 
+Standbys: the freeze and its undo are WAL like any write, and the physical standbys of the
+source (a failover manager's replicas) replay them. The sessions of the freeze, its undo and
+the checks refuse a standby (connection.ServerInRecovery). The undo, once committed, waits a
+bounded while until every standby streaming from the source has replayed it
+(`wait_for_standbys`): see there why.
+
 Limits: a role with its own value of default_transaction_read_only (ALTER ROLE ... SET)
 would not be frozen at all, so the freeze refuses to start while such a role exists.
 """
@@ -45,6 +51,7 @@ would not be frozen at all, so the freeze refuses to start while such a role exi
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 from temporalio import activity
@@ -82,6 +89,24 @@ DISABLE_SUBSCRIPTIONS = (
 WALSENDERS_SPARED = """
 select active_pid from pg_replication_slots where active_pid is not null and slot_name = any(%s)
 """
+
+STANDBY_WAIT = 30.0
+"""Seconds at most that an undo waits for the streaming standbys to replay it (less when a quarter of the undo's
+attempt timeout is less: see `wait_for_standbys`)."""
+STANDBY_POLL = 0.2
+"""Seconds between two looks at where the standbys stand."""
+
+STANDBYS = """
+select coalesce(nullif(r.application_name, ''), 'a standby') || coalesce(' at ' || host(r.client_addr), ''),
+    r.state, r.replay_lsn >= %s::pg_lsn
+from pg_stat_replication r join pg_stat_activity a on a.pid = r.pid
+where a.datid is null
+order by 1
+"""
+"""The physical standbys connected to the server (a walsender of a logical replication is connected to a database),
+whether each is streaming, and whether it has replayed the WAL up to a position. A standby reports its replay with
+the WAL it receives and once it has replayed all it received, so one that keeps up is seen at once. Without
+pg_read_all_stats, the session's user sees no state and no position (null)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,3 +306,56 @@ def end_sessions(
         between_rounds(ended)
         activity.logger.debug("round %d: ended %d sessions so far", round + 1, ended)
     raise RuntimeError(f"sessions of the database were still there after {END_SESSION_ROUNDS} rounds of ending them")
+
+
+def wait_for_standbys(
+    conn: Connection, db: DatabaseConnection, bound: float, between_polls: Callable[[list[str]], None]
+) -> list[str]:
+    """Waits until every standby streaming from the server has replayed all the server wrote so far, at most `bound`
+    seconds; returns the standbys still behind then, which a warning names.
+
+    Why the undo waits: it commits on the primary and the saga counts it done, but a standby
+    has the unfreeze only once it replayed it. Should the primary fail before that, the
+    failover manager promotes a standby still frozen (every new transaction read-only,
+    CONNECT revoked from the application) under a Migration that says RolledBack, and nothing
+    of ferry's runs again to unfreeze it. Why bounded: a standby that is stuck (replay paused,
+    a query holding it back, a network gone that TCP has not noticed yet) must not hold up
+    the undo, and the rollback with it, for ever. Past the bound the undo goes on, naming the
+    standbys; they have the unfreeze once they replay it. A standby not streaming (not
+    connected, or still catching up) is not waited for. The caller bounds the wait by a
+    quarter of its attempt's timeout too: an attempt that timed out is retried, finds
+    nothing to undo, and waits again.
+
+    `between_polls(behind)` runs between two looks, with the standbys still behind: the caller heartbeats there, and
+    raises once the activity is cancelled.
+    """
+    row = conn.execute("select pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    written = str(row[0])  # at or past the end of every commit so far, the undo's among them
+    deadline = time.monotonic() + bound
+    while True:
+        standbys = conn.execute(STANDBYS, (written,)).fetchall()
+        behind = [name for name, state, replayed in standbys if state == "streaming" and not replayed]
+        if not behind or time.monotonic() >= deadline:
+            break
+        between_polls(behind)
+        time.sleep(STANDBY_POLL)
+    unseen = [name for name, state, _ in standbys if state is None]
+    if unseen:
+        activity.logger.warning(
+            "%s: cannot tell whether the standbys %s replayed the unfreeze: the Secret's user may not read where they "
+            "stand in pg_stat_replication (grant it pg_read_all_stats, or pg_monitor)",
+            db.describe(),
+            ", ".join(unseen),
+        )
+    if behind:
+        activity.logger.warning(
+            "%s: the streaming standbys %s had not replayed the unfreeze (WAL up to %s) after %.1f s; going on. "
+            "They have it once they replay it; one promoted by a failover without it is still frozen: unfreeze it "
+            "by hand as the README's section Recovery says",
+            db.describe(),
+            ", ".join(behind),
+            written,
+            bound,
+        )
+    return behind
