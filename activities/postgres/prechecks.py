@@ -320,6 +320,7 @@ def _source(
                 "back, or unfreeze it by hand as the README's section Recovery says."
             )
         _counted(conn, db, "the freeze's check that nothing is written to the frozen source", problems)
+        _primary(conn, db, problems)
         _prepared(conn, db, online, problems)
         _subscriptions(conn, db, problems)
         stuck = grants.unrestorable(conn)
@@ -391,6 +392,18 @@ def _prepared(conn: Connection, db: DatabaseConnection, online: bool, problems: 
             + (", as would replicate's replication slot" if online else "")
             + ". Have their coordinator (an XA/JTA transaction manager) commit or roll them back (or, knowing the "
             "outcome, COMMIT PREPARED or ROLLBACK PREPARED them as a superuser or their owner)."
+        )
+
+
+def _primary(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:
+    """Refuses a source Secret that reaches a standby: the freeze and every check of the frozen source must reach
+    the primary, and refuse a standby (ServerInRecovery), each attempt of the freeze again."""
+    row = conn.execute("select pg_is_in_recovery()").fetchone()
+    if row is not None and row[0]:
+        problems.append(
+            f"Secret {db.secret} reaches a standby: {db.describe()} is in recovery (a physical replica). The freeze "
+            "and the checks of the frozen source must reach the primary, where the writes are made and counted. "
+            "Point the Secret at the primary (the failover manager's Service for it, or the primary's Pod)."
         )
 
 

@@ -30,7 +30,7 @@ from ferry.api.errors import WritesAfterFreeze
 from ferry.api.saga import MigrationRef
 from tests.cluster import eventually
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
-from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.conftest import Steps, create_secret, precheck_problems
 from tests.postgres.data import connect, connection_of, create_shop, database_settings
 from tests.postgres.standby import Pair, Server, streaming_pair
 
@@ -100,6 +100,19 @@ def test_check_frozen_refuses_the_old_primary_a_switchover_made_a_standby_instea
     _point_source_at(kube_api, namespace, new)  # the failover manager's primary Service, say
     with pytest.raises(WritesAfterFreeze, match="the statistics were reset since the freeze"):
         steps.check_frozen(frozen.fence)  # the new primary's are its own: the Migration rolls back
+
+
+def test_precheck_names_a_source_secret_that_reaches_a_standby(
+    steps: Steps, pair: Pair, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """Otherwise the freeze would refuse it attempt after attempt, then fail."""
+    _point_source_at(kube_api, namespace, pair.standby)
+
+    problems = precheck_problems(steps.precheck)
+
+    assert any(p.startswith(f"Secret {namespace}/{SOURCE_SECRET} reaches a standby: ") for p in problems), problems
+    _point_source_at(kube_api, namespace, pair.primary)
+    steps.precheck()  # the primary passes
 
 
 def test_the_freeze_its_undo_and_verify_refuse_a_secret_that_reaches_a_standby(
