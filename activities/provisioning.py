@@ -36,6 +36,7 @@ from activities.api_refusals import explain_refusals, server_message
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
 from activities.ownership import belongs_to, labels_of, name_of, own_selector, owner
+from activities.scaling import refuse_claims_deleted_when_scaled
 from activities.status import REPORTING_COMPONENT
 from activities.waiting import Progress
 from ferry.api.errors import InvalidSpec
@@ -240,6 +241,7 @@ class Provisioning(ClusterApi):
             self._apps.read_namespaced_stateful_set, spec.source.stateful_set, ref, "spec.source.statefulSet"
         )
         self._refuse_unfinished_source(ref, source)
+        refuse_claims_deleted_when_scaled(source, ref)
         self._refuse_source_another_moves(ref, spec.source.stateful_set)
         service = self._read_named_in_spec(
             self._core.read_namespaced_service, spec.source.service, ref, "spec.source.service"

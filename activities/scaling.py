@@ -12,6 +12,8 @@ nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -19,6 +21,7 @@ from activities import checks, fences, kube_calls, records
 from activities.api_refusals import explain_refusals
 from activities.cluster_api import ClusterApi
 from activities.waiting import Progress
+from ferry.api.errors import InvalidSpec
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import (
     KubeActivity,
@@ -32,6 +35,25 @@ TRAFFIC_NOT_ON_TARGET = "TrafficNotOnTarget"
 """The stable Service no longer sends the clients to the target: scaling the source away would leave them nothing."""
 TARGET_NOT_SERVING = "TargetNotServing"
 """The stable Service lists no Ready Pod of the target at the moment: tried again."""
+
+
+def refuse_claims_deleted_when_scaled(source: dict[str, Any], ref: MigrationRef) -> None:
+    """Refuses (InvalidSpec) a source StatefulSet whose controller deletes its claims when it is scaled down
+    (spec.persistentVolumeClaimRetentionPolicy.whenScaled: Delete): scale-down-old would have the source's volumes
+    deleted with its Pods, and a rollback after it would scale back a source with empty volumes, send the clients to
+    it, and empty the target, the only copy left. The precheck refuses it, and scale-down-old again before it
+    writes, since the policy may change meanwhile."""
+    policy = source["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
+    if policy.get("whenScaled") != "Delete":
+        return
+    name = source["metadata"]["name"]
+    raise InvalidSpec(
+        f"spec.source.statefulSet: StatefulSet {ref.namespace}/{name} deletes its volumes' claims when scaled down "
+        "(spec.persistentVolumeClaimRetentionPolicy.whenScaled: Delete), so scale-down-old would delete the "
+        "source's data, and a rollback after it would bring the source back empty. ferry changed nothing. Keep them "
+        f"while you migrate: kubectl patch statefulset -n {ref.namespace} {name} --type=merge -p "
+        '\'{"spec":{"persistentVolumeClaimRetentionPolicy":{"whenScaled":"Retain"}}}\''
+    )
 
 
 class Scaling(ClusterApi):
@@ -71,6 +93,7 @@ class Scaling(ClusterApi):
                 )  # fmt: skip
                 return 0
             self._refuse_unless_traffic_on_target(input)
+            refuse_claims_deleted_when_scaled(source, ref)
             operations = [
                 fences.fenced_annotations(
                     source,

@@ -482,3 +482,38 @@ def test_scale_down_old_refuses_when_the_service_was_pointed_back_at_the_source_
     source = k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(SOURCE, ref.namespace)
     assert source.spec.replicas == 2, "the source keeps serving its clients"
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
+
+
+DELETE_WHEN_SCALED = {
+    "spec": {"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}}
+}
+"""A StatefulSet whose controller deletes the claims of the Pods a scale-down removes."""
+
+
+def test_neither_the_precheck_nor_scale_down_old_accepts_a_source_whose_claims_go_when_it_is_scaled_down(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    provisioned: ProvisionResult,
+) -> None:
+    """With whenScaled: Delete, scale-down-old would have the source's volumes deleted with its Pods; a rollback after
+    it would scale back a source with empty volumes, send the clients there, and empty the target, the only copy
+    left. The precheck refuses it, and scale-down-old again, since the policy may have changed since."""
+    apps = k8s.AppsV1Api(kube_api)
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+    apps.patch_namespaced_stateful_set(SOURCE, ref.namespace, DELETE_WHEN_SCALED)
+    refusal = r"deletes its volumes' claims when scaled down \(spec.persistentVolumeClaimRetentionPolicy.whenScaled"
+
+    with pytest.raises(InvalidSpec, match=refusal):
+        activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+    with pytest.raises(InvalidSpec, match=refusal) as refused:
+        activity_env.run(cluster.scale_down_old, _scale_down_behind(ref))
+
+    assert "ferry changed nothing" in str(refused.value)
+    assert apps.read_namespaced_stateful_set(SOURCE, ref.namespace).spec.replicas == 2
+    assert endpoint_pods(kube_api, ref.namespace, SOURCE) == TARGET_PODS
+    retain = {"spec": {"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Retain", "whenDeleted": "Retain"}}}
+    apps.patch_namespaced_stateful_set(SOURCE, ref.namespace, retain)
+    assert activity_env.run(cluster.scale_down_old, _scale_down_behind(ref)).previous_replicas == 2
