@@ -833,10 +833,21 @@ class PostgresActivities:
         with no mark of this Migration was never verified, so ferry moved no traffic to
         it: nothing to compare. Idempotent: it only reads, in read-only sessions (see
         unwritten for what it can and cannot see).
+
+        First it reaches the source, which must be the database the precheck pinned
+        (identity.py): a source that came back from scale-down-old's undo with its volumes
+        lost or replaced (a new initdb, another system identifier) fails the check with
+        DatabaseReplaced, retried, so traffic stays on the target, and nothing after this
+        check (the undos that empty the target) takes the only copy left.
         """
         db = self._database_to_undo(
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
         )
+        source = self._database_to_undo(
+            input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the check before traffic goes back"
+        )
+        with self._connect(source, **READING):
+            pass  # the database the precheck pinned, else DatabaseReplaced (retried): see above
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db, **READING) as conn:
             mark = input.fence or unwritten.recorded(conn, owner(input.ref))
             if mark is None:

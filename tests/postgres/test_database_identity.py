@@ -127,3 +127,30 @@ def test_a_target_secret_pointed_at_another_database_holds_the_undo_of_the_resto
     _name_in_secret(kube_api, namespace, TARGET_SECRET, databases.target.database)
     assert steps.undo_migrate().removed
     assert _tables(databases.target) == 0
+
+
+def test_a_source_that_is_another_database_when_traffic_would_go_back_holds_the_rollback_before_the_target_is_emptied(
+    steps: Steps,
+    databases: Databases,
+    elsewhere: dict[str, PostgresEndpoint],
+    kube_api: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """A source that came back from scale-down-old's undo with new volumes (its claims deleted, its disk replaced: a new
+    initdb) is another database. Before, the check before traffic went back looked at the target alone: the Service
+    went back to the empty source, and the undos after it emptied the target, the only copy left."""
+    create_shop(databases.source, customers=10, orders=100)
+    steps.precheck()
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    verified = steps.verify()
+    restored = _tables(databases.target)
+
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, elsewhere["source"].database)  # as a new initdb would be
+    with pytest.raises(DatabaseReplaced, match=f"Secret {namespace}/{SOURCE_SECRET} no longer names the database"):
+        steps.check_unwritten(verified.target_fence)
+
+    assert _tables(databases.target) == restored
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, databases.source.database)
+    assert steps.check_unwritten(verified.target_fence).compared
+    steps.undo_freeze()
