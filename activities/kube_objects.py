@@ -140,6 +140,13 @@ def _set_image_and_resources(containers: list[dict[str, Any]], source: str, targ
         container["resources"] = {key: value for key, value in resources.items() if value}
 
 
+UNCOPIED_CLAIM_FIELDS = ("volumeName", "selector", "dataSource", "dataSourceRef")
+"""Fields of the source's claim templates the target's leave out: its volumes are new and empty, made by their
+StorageClass. A volumeName or a selector would bind them to existing volumes (someone's Available one, whose data
+undo_provision's deletion of the claim then releases, and deletes under reclaimPolicy Delete); a data source would
+fill them from a snapshot or another claim before the restore."""
+
+
 def _claim_templates(source: dict[str, Any], own_labels: dict[str, str], target: TargetSpec) -> list[dict[str, Any]]:
     claims = source["spec"].get("volumeClaimTemplates") or []
     if not claims:
@@ -152,7 +159,8 @@ def _claim_templates(source: dict[str, Any], own_labels: dict[str, str], target:
     for claim in claims:
         metadata = claim.get("metadata") or {}
         spec = copy.deepcopy(claim["spec"])
-        spec.pop("volumeName", None)
+        for bound in UNCOPIED_CLAIM_FIELDS:
+            spec.pop(bound, None)
         if target.storage_class_name is not None:
             spec["storageClassName"] = target.storage_class_name
         spec.setdefault("resources", {}).setdefault("requests", {})["storage"] = target.storage_size
