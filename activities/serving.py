@@ -7,10 +7,11 @@ migrate, snapshot and replicate) or deleted (provision's), the Service has its o
 selector again. That order is not the only way there: a run reset to a point before
 switch-traffic (`temporal workflow reset`) rolls back without knowing it switched, a
 person or a GitOps controller may point the Service at the target, and an undo of
-switch-traffic that failed may be gone past. Each of these undos therefore looks for
-itself, and refuses (retryably, TARGET_SERVES_TRAFFIC) while a Service other than the
-target's own headless one selects the target: clients would be reading and writing a
-database being emptied under them.
+switch-traffic that failed may be gone past. So these undos look for themselves, and
+refuse (retryably, TARGET_SERVES_TRAFFIC): provision's while any Service but the
+target's own headless one selects the target by ferry's label (`refuse_while_serving`),
+the emptying ones while a Service this Migration switched still does (`TargetTraffic`).
+Clients would otherwise read and write a database being emptied or deleted under them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kubernetes import client as k8s
 from temporalio.exceptions import ApplicationError
 
 from activities import records
-from activities.ownership import belongs_to, own_selector
+from activities.ownership import belongs_to
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import MigrationRef
 
@@ -44,23 +45,46 @@ def refuse_while_serving(core: k8s.CoreV1Api, ref: MigrationRef, target: str, do
     if serving:
         raise ApplicationError(
             f"not {doing}: Service {', '.join(serving)} still sends its traffic to StatefulSet "
-            f"{ref.namespace}/{target}. Undo switch-traffic first (or point the Service back by hand: its previous "
-            f"selector is in the annotation {records.PREVIOUS_SELECTOR_ANNOTATION}); this undo is retried.",
+            f"{ref.namespace}/{target}. Undo switch-traffic first, or point the Service back by hand (if ferry "
+            f"switched it, its previous selector is in the annotation {records.PREVIOUS_SELECTOR_ANNOTATION}); this "
+            "undo is retried.",
             type=TARGET_SERVES_TRAFFIC,
         )
 
 
 class TargetTraffic:
-    """The check for the data driver's undos, which know the target by its database only: they find its StatefulSet
-    by this Migration's uid label. Without an API client (a benchmark's driver) there is nothing to check."""
+    """The check for the undos that empty the target (migrate's, snapshot's, replicate's), which know the target by
+    its database only: they refuse while a Service carries this Migration's record of a switch (switch-traffic's,
+    records.py) and still selects a target by ferry's label, that is while traffic this Migration moved to the
+    target has not been moved back. A Service a person pointed at the target without ferry is left to provision's
+    undo, which refuses to delete a target any Service selects; emptying the database under it is what rolling back
+    before any switch means. Reads Services only (the worker may list those, not StatefulSets). Without an API
+    client (a benchmark's driver) there is nothing to check."""
 
     def __init__(self, api_client: k8s.ApiClient | None) -> None:
-        self._clients = (k8s.AppsV1Api(api_client), k8s.CoreV1Api(api_client)) if api_client is not None else None
+        self._core = k8s.CoreV1Api(api_client) if api_client is not None else None
 
     def refuse_while_served(self, ref: MigrationRef, doing: str) -> None:
-        """refuse_while_serving for each StatefulSet this Migration provisioned."""
-        if self._clients is None:
+        """Fails (retryably, TARGET_SERVES_TRAFFIC) while a Service this Migration switched still selects its target."""
+        if self._core is None:
             return
-        apps, core = self._clients
-        for stateful_set in apps.list_namespaced_stateful_set(ref.namespace, label_selector=own_selector(ref)).items:
-            refuse_while_serving(core, ref, stateful_set.metadata.name, doing)
+        switched = sorted(
+            (service.metadata.name, (service.spec.selector or {})[STATEFULSET_LABEL])
+            for service in self._core.list_namespaced_service(ref.namespace).items
+            if STATEFULSET_LABEL in (service.spec.selector or {}) and _switched_by(service, ref)
+        )
+        if switched:
+            name, target = switched[0]
+            raise ApplicationError(
+                f"not {doing}: Service {ref.namespace}/{name} still sends its traffic to StatefulSet "
+                f"{ref.namespace}/{target}, where this Migration's switch-traffic pointed it. Undo switch-traffic "
+                f"first (or point the Service back by hand: its previous selector is in the annotation "
+                f"{records.PREVIOUS_SELECTOR_ANNOTATION}); this undo is retried.",
+                type=TARGET_SERVES_TRAFFIC,
+            )
+
+
+def _switched_by(service: k8s.V1Service, ref: MigrationRef) -> bool:
+    """Whether the Service carries this Migration's record of a switch."""
+    record = records.selector_record(dict(service.metadata.annotations or {}))
+    return record is not None and record.is_of(ref)

@@ -539,7 +539,7 @@ class PostgresActivities:
         total = streams.Total(progress)
         shared = streams.stream_settings(self._settings, len(groups))
         streamed = sum(table.size for group in groups for table in group)
-        with self._connect(db) as holder, streams.exported_snapshot(holder) as name:
+        with connect_primary(db, self._settings, **WRITABLE) as holder, streams.exported_snapshot(holder) as name:
             sha256, size = dumping.dump_to_s3(
                 db,
                 self._settings,

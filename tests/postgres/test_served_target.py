@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.exceptions import ApplicationError
 
+from activities import records
 from activities.ownership import object_labels
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import MigrationRef
@@ -32,9 +33,10 @@ STABLE = "orders-db"
 
 
 @pytest.fixture
-def served(kube_api: k8s.ApiClient, ref: MigrationRef) -> Iterator[Callable[[bool], None]]:
+def served(kube_api: k8s.ApiClient, ref: MigrationRef) -> Iterator[Callable[..., None]]:
     """The Migration's target StatefulSet (its uid label, no Pods) and the stable Service; the callable points the
-    Service at the target (True, as switch-traffic leaves it) or back at the source (False)."""
+    Service at the target (True, as switch-traffic leaves it, or `by_hand`, with no record of a switch) or back at
+    the source (False)."""
     apps, core = k8s.AppsV1Api(kube_api), k8s.CoreV1Api(kube_api)
     pods = {STATEFULSET_LABEL: TARGET}
     apps.create_namespaced_stateful_set(
@@ -60,13 +62,15 @@ def served(kube_api: k8s.ApiClient, ref: MigrationRef) -> Iterator[Callable[[boo
         ),
     )
 
-    def point(at_target: bool) -> None:
+    def point(at_target: bool, by_hand: bool = False) -> None:
         selector = pods if at_target else {"app": STABLE}
+        switched = at_target and not by_hand  # as switch-traffic leaves it: with this Migration's record
+        record = {records.PREVIOUS_SELECTOR_ANNOTATION: records.encode_selector(ref, {"app": STABLE})}
         core.replace_namespaced_service(
             STABLE,
             ref.namespace,
             k8s.V1Service(
-                metadata=k8s.V1ObjectMeta(name=STABLE),
+                metadata=k8s.V1ObjectMeta(name=STABLE, annotations=record if switched else None),
                 spec=k8s.V1ServiceSpec(selector=selector, ports=[k8s.V1ServicePort(port=5432)]),
             ),
         )
@@ -81,13 +85,13 @@ def _refused(undo: Callable[[], Any]) -> ApplicationError:
         undo()
     assert raised.value.type == "TargetServesTraffic"
     assert not raised.value.non_retryable, "once the Service is pointed back, a retry goes on"
-    assert f"Service {STABLE} still sends its traffic to StatefulSet" in str(raised.value)
+    assert "still sends its traffic to StatefulSet" in str(raised.value)
     return raised.value
 
 
 @pytest.mark.parametrize("restored_by", ["migrate", "the snapshot"])
 def test_the_undo_that_empties_the_target_refuses_while_a_service_sends_the_clients_there(
-    steps: Steps, databases: Databases, served: Callable[[bool], None], restored_by: str
+    steps: Steps, databases: Databases, served: Callable[..., None], restored_by: str
 ) -> None:
     create_shop(databases.source, customers=100, orders=1_000)
     steps.freeze()
@@ -110,7 +114,7 @@ def test_the_undo_that_empties_the_target_refuses_while_a_service_sends_the_clie
 
 
 def test_the_undo_of_replicate_refuses_while_a_service_sends_the_clients_there(
-    online: OnlineSteps, databases: Databases, served: Callable[[bool], None]
+    online: OnlineSteps, databases: Databases, served: Callable[..., None]
 ) -> None:
     create_shop(databases.source, customers=100, orders=1_000)
     online.replicate()
@@ -123,3 +127,17 @@ def test_the_undo_of_replicate_refuses_while_a_service_sends_the_clients_there(
     served(False)
     ended = online.undo_replicate()
     assert ended.emptied
+
+
+def test_a_service_pointed_at_the_target_by_hand_before_any_switch_does_not_keep_the_source_frozen(
+    steps: Steps, databases: Databases, served: Callable[..., None]
+) -> None:
+    """Only traffic this Migration moved holds the undo (its record is on the Service): a Service someone else points
+    at the target (a metrics Service, say) while the clients are still on the source would otherwise hold the way
+    back, and the source frozen with it. provision's undo still refuses to delete a target any Service selects."""
+    create_shop(databases.source, customers=10, orders=10)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    served(True, by_hand=True)
+
+    assert steps.undo_migrate().removed
