@@ -81,7 +81,7 @@ from ferry.api.integrity import (
     workflow_types,
 )
 from ferry.api.migration import FINALIZER, FINISHED_PHASES, GROUP, PLURAL, VERSION, MigrationSpec
-from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, workflow_id
+from ferry.api.saga import DriverOperation, KubeActivity, MigrationRef, undo_workflow_id, workflow_id
 from worker.headers import AddsHeaders
 
 log = logging.getLogger("ferry.worker.gate")
@@ -219,7 +219,7 @@ class _Gate(ActivityInboundInterceptor):
             what = "does not exist" if live is None else f"is another object now (uid {uid})"
             raise self._refuse(info, f"Migration {ref} with uid {ref.uid} {what}")
         assert live is not None
-        closed = _finished_by_another_run(live, info.workflow_id or "", info.workflow_run_id or "")
+        closed = _finished_by_another_run(live, ref, info.workflow_id or "", info.workflow_run_id or "")
         if closed is not None:
             raise self._refuse(info, f"Migration {ref} {closed}")
         if info.workflow_id != workflow_id(ref) and not _being_deleted(live):
@@ -255,21 +255,24 @@ class _Gate(ActivityInboundInterceptor):
         return refusal(why)
 
 
-def _finished_by_another_run(live: dict[str, Any], workflow: str, run: str) -> str | None:
-    """Why a run may not act for a Migration whose status shows it finished in another run of the same workflow, if
-    it does: a run of a closed workflow reset (`temporal workflow reset`), or one started by hand under its ID once
-    it had closed. Replaying the finished run's history up to some point, such a run would act on a world that has
-    moved on (the traffic switched, the source scaled down, the target emptied by a rollback), and its status writes
-    would put a phase over the one the Migration ended in. The status is the Migration's record: it stays."""
+def _finished_by_another_run(live: dict[str, Any], ref: MigrationRef, workflow: str, run: str) -> str | None:
+    """Why a run may not act for a Migration whose status shows it finished in another run, if it does: a run of a
+    closed workflow reset (`temporal workflow reset`), or one started by hand under its ID once it had closed, or a
+    run of the saga once the undo of its deletion finished it. Replaying a finished run's history up to some point,
+    such a run would act on a world that has moved on (the traffic switched, the source scaled down, the target
+    emptied by a rollback), and its status writes would put a phase over the one the Migration ended in. The status
+    is the Migration's record: it stays. The undo itself starts after the saga finished, so a saga's run closes
+    nothing for it."""
     status = live.get("status") or {}
     shown = status.get("workflow") or {}
-    phase = status.get("phase")
-    if phase not in FINISHED or shown.get("id") != workflow or not shown.get("runId") or shown["runId"] == run:
+    phase, finisher = status.get("phase"), shown.get("id")
+    closing = {workflow} | ({undo_workflow_id(ref)} if workflow == workflow_id(ref) else set())
+    if phase not in FINISHED or finisher not in closing or not shown.get("runId") or shown["runId"] == run:
         return None
     return (
-        f"finished ({phase}) in run {shown['runId']} of workflow {workflow}, and run {run} is another run of it (a "
-        "reset, or a start by hand): a finished Migration's history is closed, and no later run of it acts. To "
-        "migrate again, apply a new Migration"
+        f"finished ({phase}) in run {shown['runId']} of workflow {finisher}, and run {run} of {workflow} came after "
+        "it (a reset, or a start by hand): a finished Migration's history is closed, and no later run acts for it. "
+        "To migrate again, apply a new Migration"
     )
 
 

@@ -209,7 +209,7 @@ async def test_another_run_of_a_finished_migrations_workflow_does_nothing_at_all
     [
         ("Succeeded", "run-1", workflow_id(REF)),  # its own run, writing its last status
         ("Running", "run-0", workflow_id(REF)),  # a run reset while it runs: the guards of each step decide
-        ("RolledBack", "run-0", "undo/shop/orders-db-to-16/x"),  # the undo of its deletion wrote the status
+        ("Succeeded", "run-0", "cleanup/shop/orders-db-to-16/x"),  # some other workflow's write: not a finisher
         ("Succeeded", None, workflow_id(REF)),  # no run named (an older ferry): nothing to tell
         (None, None, workflow_id(REF)),
     ],
@@ -235,4 +235,23 @@ async def test_a_run_under_one_of_the_migrations_workflow_ids_must_be_that_ids_w
 
     assert not await _through_the_gate(
         "undo_switch_traffic", claim, _live(None, None), workflow=workflow, workflow_type=workflow_type
+    )
+
+
+async def test_the_saga_may_not_act_once_the_undo_of_its_deletion_finished_the_migration_nor_a_later_undo() -> None:
+    """The undo of a deletion finishes the Migration (RolledBack) in a run of its own workflow: a reset of the saga then
+    acts on nothing, nor does another run of the undo. The undo's own first run acts, though the status names the
+    saga's finished run: it starts after the saga finished."""
+    claim = Claim(ref=REF, scope=Scope.PLAN, digest=plan_digest(SPEC), vouched=True)
+    deleting = _live("RolledBack", "undo-run-0", undo_workflow_id(REF))
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-29T04:00:00Z"
+
+    assert not await _through_the_gate("postgresql.precheck", claim, deleting)
+    assert not await _through_the_gate(
+        "undo_switch_traffic", claim, deleting, workflow=undo_workflow_id(REF), workflow_type=UNDO_WORKFLOW_NAME
+    )
+    succeeded = _live("Succeeded", "run-0")
+    succeeded["metadata"]["deletionTimestamp"] = "2026-11-29T04:00:00Z"
+    assert await _through_the_gate(
+        "undo_switch_traffic", claim, succeeded, workflow=undo_workflow_id(REF), workflow_type=UNDO_WORKFLOW_NAME
     )
