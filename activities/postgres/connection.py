@@ -228,6 +228,12 @@ def _refuse_another_database(conn: Connection, db: DatabaseConnection) -> None:
     )
 
 
+def in_recovery(conn: Connection) -> bool:
+    """Whether the server `conn` reached is in recovery: a physical standby."""
+    row = conn.execute("select pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
+
+
 def _refuse_standby(conn: Connection, db: DatabaseConnection) -> None:
     """Raises ServerInRecovery when `conn` reached a server in recovery.
 
@@ -237,8 +243,7 @@ def _refuse_standby(conn: Connection, db: DatabaseConnection) -> None:
     (fencing), it lags, and after a switchover the old primary, a standby of the new one,
     shows the freeze's mark unchanged while the new primary takes writes.
     """
-    row = conn.execute("select pg_is_in_recovery()").fetchone()
-    if row is None or not row[0]:
+    if not in_recovery(conn):
         return
     raise ServerInRecovery(
         f"Secret {db.secret}'s host reaches a standby: {db.describe()} is in recovery (a physical replica, replaying "

@@ -335,7 +335,8 @@ def wait_for_standbys(
     deadline = time.monotonic() + bound
     while True:
         standbys = conn.execute(STANDBYS, (written,)).fetchall()
-        behind = [name for name, state, replayed in standbys if state == "streaming" and not replayed]
+        # No replay position (NULL): a WAL receiver that replays nothing (pg_receivewal, a base backup's WAL stream).
+        behind = [name for name, state, replayed in standbys if state == "streaming" and replayed is False]
         if not behind or time.monotonic() >= deadline:
             break
         between_polls(behind)

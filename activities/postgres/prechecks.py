@@ -34,7 +34,7 @@ from activities.postgres import (
     tls,
     tools,
 )
-from activities.postgres.connection import Connection, connect, identity_of
+from activities.postgres.connection import Connection, connect, identity_of, in_recovery
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
     FROZEN_BY,
@@ -398,8 +398,7 @@ def _prepared(conn: Connection, db: DatabaseConnection, online: bool, problems: 
 def _primary(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:
     """Refuses a source Secret that reaches a standby: the freeze and every check of the frozen source must reach
     the primary, and refuse a standby (ServerInRecovery), each attempt of the freeze again."""
-    row = conn.execute("select pg_is_in_recovery()").fetchone()
-    if row is not None and row[0]:
+    if in_recovery(conn):
         problems.append(
             f"Secret {db.secret} reaches a standby: {db.describe()} is in recovery (a physical replica). The freeze "
             "and the checks of the frozen source must reach the primary, where the writes are made and counted. "
