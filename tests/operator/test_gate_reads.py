@@ -31,7 +31,7 @@ from activities.known_versions import KnownVersions
 from activities.status import StatusActivities
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import MigrationSpec
-from ferry.api.saga import MigrationInput, MigrationRef, workflow_id
+from ferry.api.saga import WORKFLOW_NAME, MigrationInput, MigrationRef, workflow_id
 from tests import samples
 from tests.end_to_end import worker_settings
 from worker import runner
@@ -42,9 +42,10 @@ READS = 40
 SPEC = samples.migration()["spec"]
 
 
-@workflow.defn(name="GateReadsProbe", sandboxed=False)
+@workflow.defn(name=WORKFLOW_NAME, sandboxed=False)
 class GateReadsProbe:
-    """A run of a Migration (its claim comes from the input, as the saga's does) making READS gated calls at once."""
+    """A run of a Migration (its claim comes from the input, as the saga's does) making READS gated calls at once.
+    Registered under the saga's workflow type, which the gate requires of a run under the saga's ID."""
 
     @workflow.run
     async def run(self, input: MigrationInput) -> list[int]:

@@ -213,6 +213,7 @@ async def test_another_run_of_a_finished_migrations_workflow_does_nothing_at_all
         ("Succeeded", None, workflow_id(REF)),  # no run named (an older ferry): nothing to tell
         (None, None, workflow_id(REF)),
     ],
+    ids=["its-own-last-write", "reset-while-running", "another-workflows-write", "no-run-named", "no-status"],
 )
 async def test_the_run_that_finished_and_runs_of_a_migration_still_going_pass(
     phase: str | None, run: str | None, workflow: str
@@ -225,6 +226,7 @@ async def test_the_run_that_finished_and_runs_of_a_migration_still_going_pass(
 @pytest.mark.parametrize(
     ("workflow", "workflow_type"),
     [(workflow_id(REF), UNDO_WORKFLOW_NAME), (undo_workflow_id(REF), WORKFLOW_NAME), (workflow_id(REF), "Forger")],
+    ids=["undo-under-the-sagas-id", "saga-under-the-undos-id", "another-type"],
 )
 async def test_a_run_under_one_of_the_migrations_workflow_ids_must_be_that_ids_workflow(
     workflow: str, workflow_type: str
