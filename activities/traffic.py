@@ -218,7 +218,8 @@ class TrafficSwitching(ClusterApi):
         """Fails (retryably) while the source is at zero replicas by this Migration's scale-down-old: its undo has not
         scaled it back (a run reset to before switch-traffic rolls back without knowing it scaled down; an undo of
         scale-down-old that failed may be gone past), and clients sent back would reach no Pod, while the target
-        serves them. A source at zero by someone else's hand is left to them: the Service goes back as it was."""
+        serves them. A source at zero by someone else's hand is left to them: the Service goes back as it was (in a
+        rollback, only once the check before this undo, which reaches the source's database, has passed)."""
         source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
         if source is None or (source["spec"].get("replicas") or 0) > 0:
             return

@@ -837,8 +837,11 @@ class PostgresActivities:
         First it reaches the source, which must be the database the precheck pinned
         (identity.py): a source that came back from scale-down-old's undo with its volumes
         lost or replaced (a new initdb, another system identifier) fails the check with
-        DatabaseReplaced, retried, so traffic stays on the target, and nothing after this
-        check (the undos that empty the target) takes the only copy left.
+        DatabaseReplaced, retried (or, the database missing there, InvalidSpec), so traffic
+        stays on the target, and nothing after this check (the undos that empty the target)
+        takes the only copy left. A source that does not answer fails it the same way
+        (DatabaseUnreachable, retried by the undos): traffic goes back only to a source that
+        serves.
         """
         db = self._database_to_undo(
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
