@@ -114,9 +114,13 @@ class Scaling(ClusterApi):
             return checks.stateful_set_scaled_away(stateful_set, self._pods_of(stateful_set))
 
         self._wait(scaled_away)
+        # Again once the source's Pods are gone (a wait as long as their grace period), and on a retry that found the
+        # source at zero already: a Service healed back to the source meanwhile selects no Pod, and the run would end
+        # Succeeded. Failing instead rolls back, and the undo scales the source back, its volumes kept.
+        self._refuse_unless_traffic_on_target(input, scaled=True)
         return ScaleDownOldResult(previous_replicas=previous)
 
-    def _refuse_unless_traffic_on_target(self, input: ScaleDownOldInput) -> None:
+    def _refuse_unless_traffic_on_target(self, input: ScaleDownOldInput, *, scaled: bool = False) -> None:
         """Refuses to scale the source away unless the stable Service still sends the clients to the target.
 
         Nothing else holds the Service where switch-traffic put it: a GitOps controller healing
@@ -135,12 +139,19 @@ class Scaling(ClusterApi):
         record = records.selector_record(kube_calls.annotations_of(service))
         if selector != {STATEFULSET_LABEL: target} or record is None or record.is_of_another(ref):
             by = ", switched by another Migration" if record is not None and record.is_of_another(ref) else ""
+            refused = "scaled" if scaled else "refused to scale"
             raise ApplicationError(
-                f"refused to scale StatefulSet {ref.namespace}/{input.stateful_set} to zero: Service "
+                f"{refused} StatefulSet {ref.namespace}/{input.stateful_set} to zero: Service "
                 f"{ref.namespace}/{name} no longer sends the clients to the target {target} as switch-traffic left it "
                 f"(its selector is {selector}{by}). Something changed it back (a GitOps controller healing it to the "
-                "selector in git, a person); the source still serves them, and ferry changed nothing. Point the "
-                "Service at the target again and retry, or roll back",
+                "selector in git, a person); "
+                + (
+                    "the source was scaled to zero meanwhile, so they reach no Pod now. Roll back (the undo scales "
+                    "the source back), or point the Service at the target again and retry"
+                    if scaled
+                    else "the source still serves them, and ferry changed nothing. Point the Service at the target "
+                    "again and retry, or roll back"
+                ),
                 type=TRAFFIC_NOT_ON_TARGET,
                 non_retryable=True,
             )
@@ -149,10 +160,12 @@ class Scaling(ClusterApi):
         ).items
         serving = checks.endpoints_only_of(slices, target, service=name, require_ready=True)
         if not serving.done:
+            doing = "scaled" if scaled else "not scaling"
+            kept = "" if scaled else "; the source keeps its replicas"
             raise ApplicationError(
-                f"not scaling StatefulSet {ref.namespace}/{input.stateful_set} to zero yet: Service "
+                f"{doing} StatefulSet {ref.namespace}/{input.stateful_set} to zero{'' if scaled else ' yet'}: Service "
                 f"{ref.namespace}/{name} lists no Ready Pod of the target {target} (it is waiting for "
-                f"{serving.waiting_for}); the source keeps its replicas, and the step is tried again",
+                f"{serving.waiting_for}){kept}, and the step is tried again",
                 type=TARGET_NOT_SERVING,
             )
 

@@ -484,6 +484,30 @@ def test_scale_down_old_refuses_when_the_service_was_pointed_back_at_the_source_
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == SOURCE_PODS
 
 
+def test_scale_down_old_fails_when_the_service_was_pointed_back_at_the_source_while_it_scaled_it_down(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    """The Service checked before the scale-down can be healed back to the source while the source's Pods go (their
+    grace period), or before a retry that finds the source at zero already: the run then ended Succeeded with the
+    clients' Service selecting no Pod. It fails instead, and the rollback scales the source back."""
+    activity_env.run(cluster.switch_traffic, _switch(ref))
+    activity_env.run(cluster.scale_down_old, _scale_down_behind(ref))
+    healed = {"spec": {"selector": {STATEFULSET_LABEL: None, **ORIGINAL_SELECTOR}}}
+    k8s.CoreV1Api(kube_api).patch_namespaced_service(SOURCE, ref.namespace, healed)
+
+    with pytest.raises(ApplicationError) as refused:
+        activity_env.run(cluster.scale_down_old, _scale_down_behind(ref))  # a retry, its first result lost
+
+    assert refused.value.type == "TrafficNotOnTarget"
+    assert "the source was scaled to zero meanwhile, so they reach no Pod now" in str(refused.value)
+    activity_env.run(cluster.undo_scale_down_old, UndoScaleDownOldInput(ref=ref, stateful_set=SOURCE))
+    assert k8s.AppsV1Api(kube_api).read_namespaced_stateful_set(SOURCE, ref.namespace).spec.replicas == 2
+
+
 DELETE_WHEN_SCALED = {
     "spec": {"persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Retain"}}
 }
