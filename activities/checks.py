@@ -73,8 +73,11 @@ def endpoints_only_of(
                 others += 1
                 continue
             pods.add(name)
-            # An unknown readiness (None) counts as ready, as the EndpointSlice API asks consumers to read it.
-            if endpoint.conditions is not None and endpoint.conditions.ready is False:
+            # An unknown readiness (None) counts as ready, as the EndpointSlice API asks consumers to read it. `serving`
+            # too: a Service that publishes not-ready addresses has every endpoint `ready`, and only `serving` says
+            # whether its Pod is Ready.
+            conditions = endpoint.conditions
+            if conditions is not None and (conditions.ready is False or conditions.serving is False):
                 not_ready += 1
     done = others == 0 and (not require_ready or (bool(pods) and not_ready == 0))
     besides = " (and Pods its selector always matched)" if tolerated else ""
