@@ -138,7 +138,8 @@ class Provisioning(ClusterApi):
         self._fence_source(ref)
         own_target = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, target, ref.namespace)
         if own_target is not None and belongs_to(own_target, ref):
-            serving.refuse_while_serving(self._core, ref, target, f"deleting StatefulSet {ref.namespace}/{target}")
+            deleting = f"deleting StatefulSet {ref.namespace}/{target}"
+            serving.refuse_while_serving(self._core, self._discovery, ref, target, deleting)
             self._stop_making_claims(ref, own_target)
 
         read_claim = self._core.read_namespaced_persistent_volume_claim

@@ -11,6 +11,8 @@ switch-traffic that failed may be gone past. So these undos look for themselves,
 refuse (retryably, TARGET_SERVES_TRAFFIC): provision's while any Service but the
 target's own headless one selects the target by ferry's label (`refuse_while_serving`),
 the emptying ones while a Service this Migration switched still does (`TargetTraffic`).
+Provision's also counts a Service whose EndpointSlices list a target Pod, whatever its
+selector.
 Clients would otherwise read and write a database being emptied or deleted under them.
 """
 
@@ -20,28 +22,47 @@ from kubernetes import client as k8s
 from temporalio.exceptions import ApplicationError
 
 from activities import records
+from activities.kube_objects import is_pod_of
 from activities.ownership import belongs_to
 from ferry.api.migration import STATEFULSET_LABEL
 from ferry.api.saga import MigrationRef
 
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+"""The label that names the Service of an EndpointSlice."""
 TARGET_SERVES_TRAFFIC = "TargetServesTraffic"
 """A Service still sends its clients to the target that an undo would delete or empty: tried again."""
 
 
-def services_sending_to(core: k8s.CoreV1Api, ref: MigrationRef, target: str) -> list[str]:
-    """The Services of the namespace, but the target's own, whose selector picks the target's Pods by ferry's label."""
-    services = core.list_namespaced_service(ref.namespace).items
-    return sorted(
+def services_sending_to(
+    core: k8s.CoreV1Api, discovery: k8s.DiscoveryV1Api, ref: MigrationRef, target: str
+) -> list[str]:
+    """The Services of the namespace, but the target's own headless one, that send traffic to the target: those
+    whose selector picks its Pods by ferry's label, and those whose EndpointSlices list one of its Pods (a Service
+    that selects them by another label they carry)."""
+    by_label = {
         service.metadata.name
-        for service in services
+        for service in core.list_namespaced_service(ref.namespace).items
         if (service.spec.selector or {}).get(STATEFULSET_LABEL) == target and not belongs_to(service, ref)
-    )
+    }
+    by_endpoints = set()
+    for endpoint_slice in discovery.list_namespaced_endpoint_slice(ref.namespace).items:
+        service = (endpoint_slice.metadata.labels or {}).get(SERVICE_NAME_LABEL)
+        if service is not None and any(
+            endpoint.target_ref is not None
+            and endpoint.target_ref.kind == "Pod"
+            and is_pod_of(target, endpoint.target_ref.name)
+            for endpoint in endpoint_slice.endpoints or []
+        ):
+            by_endpoints.add(service)
+    return sorted((by_label | by_endpoints) - {target})
 
 
-def refuse_while_serving(core: k8s.CoreV1Api, ref: MigrationRef, target: str, doing: str) -> None:
+def refuse_while_serving(
+    core: k8s.CoreV1Api, discovery: k8s.DiscoveryV1Api, ref: MigrationRef, target: str, doing: str
+) -> None:
     """Fails (retryably) while a Service sends its traffic to the target StatefulSet `target`; `doing` is the undo's
     act in words (e.g. "deleting StatefulSet shop/orders-db-18")."""
-    serving = services_sending_to(core, ref, target)
+    serving = services_sending_to(core, discovery, ref, target)
     if serving:
         raise ApplicationError(
             f"not {doing}: Service {', '.join(serving)} still sends its traffic to StatefulSet "

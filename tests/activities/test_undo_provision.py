@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import kube_calls, kube_objects
 from activities.cluster import ClusterActivities
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import STATEFULSET_LABEL, MigrationSpec
+from ferry.api.migration import MIGRATION_UID_LABEL, STATEFULSET_LABEL, MigrationSpec
 from ferry.api.saga import MigrationRef, ProvisionInput, ProvisionResult, SwitchTrafficInput, UndoProvisionInput
 from tests.activities.cluster_state import absent, claims_of, provision_as_an_older_ferry, target_objects
 from tests.activities.conftest import TARGET, TARGET_PODS
@@ -233,3 +233,35 @@ def test_undo_provision_keeps_a_target_that_the_stable_service_still_sends_traff
     assert not refused.value.non_retryable, "once switch-traffic is undone, a retry goes on"
     assert target_objects(kube_api, ref.namespace, TARGET) == before
     assert endpoint_pods(kube_api, ref.namespace, SOURCE) == TARGET_PODS
+
+
+def test_undo_provision_keeps_a_target_a_service_selects_by_another_label_its_pods_carry(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    provisioned: ProvisionResult,
+) -> None:
+    """A Service made after provision (a read endpoint, say) selecting the target's Pods by a label they carry, not
+    ferry's: its EndpointSlices list them, and that is what decides."""
+    core = k8s.CoreV1Api(kube_api)
+    reader = k8s.V1Service(
+        metadata=k8s.V1ObjectMeta(name="orders-read"),
+        spec=k8s.V1ServiceSpec(selector={MIGRATION_UID_LABEL: ref.uid}, ports=[k8s.V1ServicePort(port=5432)]),
+    )
+    core.create_namespaced_service(ref.namespace, reader)
+    eventually(
+        "the reader Service to list the target's Pods",
+        lambda: endpoint_pods(kube_api, ref.namespace, "orders-read") == TARGET_PODS,
+    )
+    before = target_objects(kube_api, ref.namespace, TARGET)
+
+    with pytest.raises(
+        ApplicationError, match=r"Service orders-read still sends its traffic to StatefulSet"
+    ) as refused:
+        activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
+
+    assert refused.value.type == "TargetServesTraffic"
+    assert target_objects(kube_api, ref.namespace, TARGET) == before
+    core.delete_namespaced_service("orders-read", ref.namespace)
+    activity_env.run(cluster.undo_provision, UndoProvisionInput(ref=ref, stateful_set=TARGET))
