@@ -208,7 +208,7 @@ class PostgresActivities:
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
-            connect_primary(db, self._settings, **WRITABLE) as conn,  # a standby: ServerInRecovery, retried
+            self._connect_primary(db) as conn,  # a standby: ServerInRecovery, retried
         ):
             with privileged(db, "change the database's settings and its CONNECT grants"):
                 frozen = freezing.freeze(conn, db, owner(input.ref))
@@ -264,7 +264,7 @@ class PostgresActivities:
         db = self._database_to_undo(input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the unfreeze")
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
-            connect_primary(db, self._settings, **WRITABLE) as conn,
+            self._connect_primary(db) as conn,
         ):
             self._undo(conn, db, input.ref, input.previous_setting, heartbeats)
 
@@ -365,7 +365,7 @@ class PostgresActivities:
         db = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats:
             # On the primary: a standby counts none of the writes it replays (ServerInRecovery, retried).
-            with connect_primary(db, self._settings, **WRITABLE) as conn:
+            with self._connect_primary(db) as conn:
                 holder = freezing.frozen_by(conn)
                 present, ended = self._mark(conn, db, heartbeats, input.ref)
                 found = fencing.changes(input.fence, present)
@@ -492,7 +492,7 @@ class PostgresActivities:
                         restoring.Restore(target, self._settings, heartbeats, location, freeze)
                         if target
                         else contextlib.nullcontext() as restore,
-                        connect_primary(db, self._settings, **WRITABLE) as holder,
+                        self._connect_primary(db) as holder,
                         streams.exported_snapshot(holder) as checked,
                     ):
                         # pg_dump connects on its own, with no check of which server it reached: it reads the
@@ -539,7 +539,7 @@ class PostgresActivities:
         total = streams.Total(progress)
         shared = streams.stream_settings(self._settings, len(groups))
         streamed = sum(table.size for group in groups for table in group)
-        with connect_primary(db, self._settings, **WRITABLE) as holder, streams.exported_snapshot(holder) as name:
+        with self._connect_primary(db) as holder, streams.exported_snapshot(holder) as name:
             sha256, size = dumping.dump_to_s3(
                 db,
                 self._settings,
@@ -737,8 +737,8 @@ class PostgresActivities:
 
             def session(db: DatabaseConnection) -> Connection:
                 """The source's on its primary (ServerInRecovery, retried): a standby may lag, and hold older rows."""
-                opening = connect_primary if db is source else connect
-                return opening(db, self._settings, **checksums.SESSION)
+                opening = self._connect_primary if db is source else self._connect
+                return opening(db, **checksums.SESSION)
 
             with session(source) as conn:  # first, so that a standby is refused before anything reads it
                 estimate = checksums.estimated_rows(conn)
@@ -789,7 +789,7 @@ class PostgresActivities:
         with self._connect(target) as conn, self._marking(conn, target, ref, heartbeats):
             self._end_sessions(conn, target, heartbeats)  # their counts are flushed when they exit
             target_marks = ahead.marks(conn)
-        with connect_primary(source, self._settings, **WRITABLE) as conn:  # a standby counts none of its writes
+        with self._connect_primary(source) as conn:  # a standby counts none of its writes
             source_marks = ahead.marks(conn)
         vouched = ahead.vouched(compared, source_marks, target_marks)
         activity.logger.info(
@@ -907,6 +907,10 @@ class PostgresActivities:
 
     def _connect(self, db: DatabaseConnection, **session: str) -> Connection:
         return connect(db, self._settings, **(session or WRITABLE))
+
+    def _connect_primary(self, db: DatabaseConnection, **session: str) -> Connection:
+        """`_connect`, refusing a standby (connection.connect_primary)."""
+        return connect_primary(db, self._settings, **(session or WRITABLE))
 
     def _progress(self, ref: MigrationRef, step: StepName) -> ProgressWriter:
         return ProgressWriter(self._api, ref, step.value, self._settings.progress_interval, versions=self._versions)
