@@ -134,6 +134,8 @@ class Server:
     size: int
     extensions: frozenset[str]
     """Installed ones on the source; available ones on the target."""
+    locale: locales.DatabaseLocale
+    """Its encoding and default collation (locales.py)."""
     bypasses_rls: bool = True
     """Whether the Secret's user reads every row whatever row-level security says."""
     forced_rls: tuple[str, ...] = ()
@@ -142,8 +144,6 @@ class Server:
     """The source server's other databases a client may use (OTHER_DATABASES)."""
     identity: DatabaseIdentity | None = None
     """Which database the Secret reached (identity.py)."""
-    locale: locales.DatabaseLocale | None = None
-    """Its encoding and default collation (locales.py)."""
     sessions: int = 1 << 31
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
@@ -191,7 +191,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 f"{', '.join(missing)}. Install them on the server of {target_db.describe()} (its "
                 "pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
             )
-    if source_db and target_db and source and target and source.locale and target.locale:
+    if source_db and target_db and source and target:
         encoding = locales.encoding_problem(source.locale, target.locale, source_db, target_db)
         if encoding:
             problems.append(encoding)
@@ -230,9 +230,11 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         raise PrecheckFailed(_report(problems))
     assert source is not None
     assert target is not None
+    assert source_db is not None
+    assert target_db is not None
     assert tools_version is not None
     unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
-    collations = _collations(source_db, target_db, source, target)
+    collations = locales.collation_warning(source.locale, target.locale, source_db, target_db)
     return PrecheckResult(
         source_version=source.version,
         target_version=target.version,
@@ -247,14 +249,6 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         warnings=[warning for warning in (unbounded, _other_databases(source_db, source), collations) if warning],
         databases=CheckedDatabases(source=source.identity, target=target.identity),
     )
-
-
-def _collations(
-    source_db: DatabaseConnection | None, target_db: DatabaseConnection | None, source: Server, target: Server
-) -> str | None:
-    if source_db is None or target_db is None or source.locale is None or target.locale is None:
-        return None
-    return locales.collation_warning(source.locale, target.locale, source_db, target_db)
 
 
 def _through_service(host: str, service: str, namespace: str) -> bool:
