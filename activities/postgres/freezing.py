@@ -158,15 +158,22 @@ def enabled_subscriptions(conn: Connection) -> list[str]:
     return [name for (name,) in conn.execute(SUBSCRIPTIONS)]
 
 
+def subscribing(db: DatabaseConnection, enabled: list[str]) -> str:
+    """What is wrong with a database that has the enabled subscriptions `enabled`, for the precheck and the freeze."""
+    return (
+        f"{db.describe()} subscribes to publications elsewhere, and these subscriptions are enabled: "
+        f"{', '.join(enabled)}. Their apply workers write to it whatever the freeze says (and are started again when "
+        "ended), so the target would miss what they apply"
+    )
+
+
 def refuse_subscriptions(conn: Connection, db: DatabaseConnection) -> None:
     """Raises InvalidSpec when the database has enabled subscriptions; the freeze undoes itself."""
     enabled = enabled_subscriptions(conn)
     if enabled:
         raise InvalidSpec(
-            f"{db.describe()} subscribes to publications elsewhere, and these subscriptions are enabled: "
-            f"{', '.join(enabled)}. Their apply workers write to it whatever the freeze says (and are started again "
-            "when ended), so the target would miss what they apply: the freeze undid itself and the source takes "
-            f"writes again. {DISABLE_SUBSCRIPTIONS}, then retry."
+            f"{subscribing(db, enabled)}: the freeze undid itself and the source takes writes again. "
+            f"{DISABLE_SUBSCRIPTIONS}, then retry."
         )
 
 

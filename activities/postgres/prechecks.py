@@ -405,9 +405,7 @@ def _subscriptions(conn: Connection, db: DatabaseConnection, problems: Problems)
     enabled = freezing.enabled_subscriptions(conn)
     if enabled:
         problems.append(
-            f"{db.describe()} subscribes to publications elsewhere, and these subscriptions are enabled: "
-            f"{', '.join(enabled)}. Their apply workers write to it whatever the freeze says, so the target would "
-            f"miss what they apply after it, and the freeze refuses. {freezing.DISABLE_SUBSCRIPTIONS}."
+            f"{freezing.subscribing(db, enabled)} after it, and the freeze refuses. {freezing.DISABLE_SUBSCRIPTIONS}."
         )
 
 
