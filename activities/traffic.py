@@ -221,7 +221,7 @@ class TrafficSwitching(ClusterApi):
         serves them. A source at zero by someone else's hand is left to them: the Service goes back as it was (in a
         rollback, only once the check before this undo, which reaches the source's database, has passed)."""
         source = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, source_name, ref.namespace)
-        if source is None or (source["spec"].get("replicas") or 0) > 0:
+        if source is None or source["spec"].get("replicas", 1) > 0:
             return
         record = records.replicas_record(kube_calls.annotations_of(source))
         if record is None or not record.is_of(ref):
