@@ -21,6 +21,7 @@ from psycopg import sql
 
 from activities.postgres.connection import MARKERS, Session
 from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.readiness import free_port
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -81,6 +82,26 @@ def connect(endpoint: PostgresEndpoint, **session: str) -> Connection:
     """
     options = " ".join(f"-c {name}={value}" for name, value in session.items())
     return Session.connect(endpoint.dsn, autocommit=True, options=options, connect_timeout=5)
+
+
+@contextlib.contextmanager
+def subscription_to_nowhere(endpoint: PostgresEndpoint) -> Iterator[str]:
+    """A subscription of the endpoint's database to a publisher nobody listens as (a free port), created disabled;
+    yields its name, to enable with ALTER SUBSCRIPTION. Made and dropped in read-write sessions, so a frozen
+    database takes them; dropped on the way out without touching any publisher (its slot name is cleared first)."""
+    name = f"feed_{uuid.uuid4().hex[:8]}"
+    with connect(endpoint, default_transaction_read_only="off") as conn:
+        conn.execute(
+            f"create subscription {name} connection 'host=127.0.0.1 port={free_port()} dbname=shop' publication "
+            f"shop with (connect = false, slot_name = '{name}', enabled = false)"
+        )
+    try:
+        yield name
+    finally:
+        with connect(endpoint, default_transaction_read_only="off") as conn:
+            conn.execute(f"alter subscription {name} disable")
+            conn.execute(f"alter subscription {name} set (slot_name = none)")
+            conn.execute(f"drop subscription {name}")
 
 
 def create_shop(endpoint: PostgresEndpoint, *, customers: int = 20_000, orders: int = 300_000) -> None:

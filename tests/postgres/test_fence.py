@@ -18,14 +18,13 @@ import psycopg
 import pytest
 
 from devstack.stack.install import Binaries
-from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import WritesAfterFreeze
 from ferry.api.saga import FreezeResult
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
-from tests.postgres.data import Connection, application_role, connect, contents, create_shop
+from tests.postgres.data import Connection, application_role, connect, contents, create_shop, subscription_to_nowhere
 
 
 @pytest.fixture
@@ -252,19 +251,10 @@ def test_a_subscription_a_superuser_enabled_after_the_freeze_is_caught_by_check_
     superuser may still make one afterwards. Its rows may not be counted yet when the check looks, so the enabled
     subscription itself fails the check. The publisher is a port nobody listens on: enabled is all it takes."""
     frozen = steps.freeze()
-    name = f"feed_{uuid.uuid4().hex[:8]}"
-    with connect(source.source, default_transaction_read_only="off") as superuser:
-        superuser.execute(
-            f"create subscription {name} connection 'host=127.0.0.1 port={free_port()} dbname=shop' publication "
-            f"shop with (connect = false, slot_name = '{name}', enabled = false)"
-        )
-        superuser.execute(f"alter subscription {name} enable")
-    try:
+    with subscription_to_nowhere(source.source) as name:
+        with connect(source.source, default_transaction_read_only="off") as superuser:
+            superuser.execute(f"alter subscription {name} enable")
+
         with pytest.raises(WritesAfterFreeze, match=f"its subscriptions {name} are enabled, and their apply workers"):
             steps.check_frozen(frozen.fence)
-    finally:
-        with connect(source.source, default_transaction_read_only="off") as superuser:
-            superuser.execute(f"alter subscription {name} disable")
-            superuser.execute(f"alter subscription {name} set (slot_name = none)")
-            superuser.execute(f"drop subscription {name}")
     steps.undo_freeze()

@@ -26,7 +26,14 @@ from ferry.api.migration import DriverSpec
 from ferry.api.saga import MigrationRef
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret, precheck_problems
-from tests.postgres.data import application_role, connect, create_shop, database_owner, database_settings
+from tests.postgres.data import (
+    application_role,
+    connect,
+    create_shop,
+    database_owner,
+    database_settings,
+    subscription_to_nowhere,
+)
 
 OTHER = "other-db"
 
@@ -662,26 +669,15 @@ def test_precheck_names_the_enabled_subscriptions_of_the_source_and_passes_disab
 ) -> None:
     """The source subscribes to a publication elsewhere: the subscription's apply worker writes to the source whatever
     the freeze says. The publisher here is a port nobody listens on: an enabled subscription is all it takes."""
-    name = f"feed_{uuid.uuid4().hex[:8]}"
-    with connect(databases.source) as conn:
-        conn.execute(
-            f"create subscription {name} connection 'host=127.0.0.1 port={free_port()} dbname=shop' publication "
-            f"shop with (connect = false, slot_name = '{name}', enabled = false)"
-        )
-    try:
-        with database_owner(databases.source) as owner:  # no superuser: it reads pg_subscription all the same
-            create_secret(kube_api, namespace, OTHER, _connection(owner))
-            by_owner = _with(steps, source=OTHER)
-            by_owner.precheck()  # disabled: nothing writes
+    # The owner is no superuser: it reads pg_subscription all the same.
+    with subscription_to_nowhere(databases.source) as name, database_owner(databases.source) as owner:
+        create_secret(kube_api, namespace, OTHER, _connection(owner))
+        by_owner = _with(steps, source=OTHER)
+        by_owner.precheck()  # disabled: nothing writes
 
-            with connect(databases.source) as conn:
-                conn.execute(f"alter subscription {name} enable")
-            (problem,) = _problems(by_owner)
-    finally:
         with connect(databases.source) as conn:
-            conn.execute(f"alter subscription {name} disable")
-            conn.execute(f"alter subscription {name} set (slot_name = none)")
-            conn.execute(f"drop subscription {name}")
+            conn.execute(f"alter subscription {name} enable")
+        (problem,) = _problems(by_owner)
 
     assert problem.startswith(f"database '{databases.source.database}' on ")
     enabled = f"Secret {namespace}/{OTHER}) subscribes to publications elsewhere, and these subscriptions are enabled"
