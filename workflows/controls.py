@@ -14,6 +14,10 @@ import enum
 
 from ferry.api.saga import ControlRequest, Signal
 
+REFUSED_SIGNALS_FORGOTTEN = "refused-signals-are-not-remembered"
+"""Patch: a signal refused because it could not apply leaves its request ID unspent, so the same request sent again
+once it applies is acted on. It was remembered as acted on, and the later one dropped as a repeat, with no Event."""
+
 
 class Stage(enum.Enum):
     """Where the saga stands, as far as controls care."""
@@ -48,12 +52,19 @@ class Controls:
 
     def is_repeat(self, request: ControlRequest | None) -> bool:
         """True for a request already acted on (the watcher may deliver one twice); remembers new ones."""
-        if request is None or not request.request_id:
-            return False
-        if request.request_id in self.seen:
+        if self.was_seen(request):
             return True
-        self.seen.add(request.request_id)
+        self.remember(request)
         return False
+
+    def was_seen(self, request: ControlRequest | None) -> bool:
+        """True for a request already acted on; remembers nothing."""
+        return request is not None and bool(request.request_id) and request.request_id in self.seen
+
+    def remember(self, request: ControlRequest | None) -> None:
+        """Takes `request` as acted on: the same request ID again is a repeat."""
+        if request is not None and request.request_id:
+            self.seen.add(request.request_id)
 
     def refusal(self, control: Signal) -> str | None:
         """Why `control` cannot apply now, in a sentence; None when it can."""

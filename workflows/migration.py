@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         Signal,
     )
     from workflows import plan
-    from workflows.controls import Controls
+    from workflows.controls import REFUSED_SIGNALS_FORGOTTEN, Controls
     from workflows.saga import FINISHED_IGNORES_CANCEL, RollbackRequested, Saga, StepFailed
     from workflows.status import SagaStatus
     from workflows.steps import Step
@@ -175,16 +175,19 @@ class MigrationWorkflow:
     async def _signalled(self, control: Signal, request: ControlRequest | None) -> None:
         """A control sent as a signal: act on it if it applies, and leave an Event saying what happened."""
         request = request or ControlRequest()
-        if self._controls.is_repeat(request):
+        if self._controls.was_seen(request):
             return
         # A signal's generation is not taken in: the watcher sends this saga updates, and a generation sent by hand
         # (tctl, temporal CLI) above the Migration's would make the watcher ignore every later spec.paused.
         refusal = self._controls.refusal(control)
         sender = f"{control} (signal{f' from {request.by}' if request.by else ''})"
         if refusal is not None:
+            if not workflow.patched(REFUSED_SIGNALS_FORGOTTEN):
+                self._controls.remember(request)
             workflow.logger.info("ignored %s for %s: %s", sender, self._saga.ref, refusal)
             await self._saga.record(f"{sender} ignored: {refusal}", "ControlIgnored", EventType.WARNING)
             return
+        self._controls.remember(request)
         done = self._controls.apply(control, request)
         await self._saga.record(f"{sender}: {done}", "ControlReceived")
 

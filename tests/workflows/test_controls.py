@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import Phase
 from ferry.api.saga import ControlOutcome, ControlRequest, Signal
-from tests.workflows.conftest import migration_input
+from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import PROVISION, SNAPSHOT, SWITCH_TRAFFIC, UNDO, VERIFY, FakeSaga
 
 Run = Any
@@ -235,3 +235,23 @@ async def test_a_change_of_spec_paused_after_a_rollback_was_accepted_is_taken_in
     saga.fakes.release()
     assert (await saga.handle.result()).phase is Phase.ROLLED_BACK
     assert (await saga.progress()).observed_generation == 2
+
+
+async def test_a_signal_ignored_as_it_could_not_apply_is_acted_on_when_sent_again_once_it_can(run_saga: Run) -> None:
+    """A refused signal is not acted on, so its request ID is not spent: the same command sent again from the shell's
+    history once a step waits for a decision retries it, instead of being dropped as a repeat with no Event."""
+    fakes = FakeSaga(hold={PROVISION}, fail={VERIFY: InvalidSpec("row counts differ")}, fail_times={VERIFY: 1})
+    saga = await run_saga(fakes, migration_input(failurePolicy="Pause"))
+    await saga.wait_for("provision to start", lambda: saga.fakes.started(PROVISION))
+    again = ControlRequest(by="tctl-user", request_id="retry-1")
+
+    await saga.handle.signal(Signal.RETRY.value, again)
+    await saga.wait_for("the refusal's Event", lambda: any(e.reason == "ControlIgnored" for e in saga.fakes.events))
+    saga.fakes.release()
+    await saga.wait_for("the failure pause", phase=Phase.PAUSED.value)
+    await saga.handle.signal(Signal.RETRY.value, again)
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    received = [e.message for e in saga.fakes.events if e.reason == "ControlReceived"]
+    assert received == ["retry (signal from tctl-user): retrying verify by tctl-user"]
+    await record_history(saga, "refused-signals-forgotten")
