@@ -463,7 +463,8 @@ class PostgresActivities:
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,
             self._progress(input.ref, StepName.SNAPSHOT) as progress,
         ):
-            with self._connect(db) as conn:  # refused credentials or a missing database fail here, clearly
+            # Refused credentials, a missing database or a standby fail here, clearly, before the target is touched.
+            with self._connect_primary(db) as conn:
                 estimate = dumping.database_size(conn)
                 groups = []
                 if wanted > 1 and estimate >= self._settings.parallel_min_size:

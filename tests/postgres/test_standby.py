@@ -119,7 +119,7 @@ def test_precheck_names_a_source_secret_that_reaches_a_standby(
     steps.precheck()  # the primary passes
 
 
-def test_the_freeze_its_undo_and_verify_refuse_a_secret_that_reaches_a_standby(
+def test_the_freeze_its_undo_the_snapshot_and_verify_refuse_a_secret_that_reaches_a_standby(
     steps: Steps, pair: Pair, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
     _point_source_at(kube_api, namespace, pair.standby)
@@ -130,7 +130,7 @@ def test_the_freeze_its_undo_and_verify_refuse_a_secret_that_reaches_a_standby(
     frozen = steps.freeze()
     pair.wait_replayed()
     _point_source_at(kube_api, namespace, pair.standby)
-    for step in (steps.undo_freeze, steps.verify, lambda: steps.check_frozen(frozen.fence)):
+    for step in (steps.undo_freeze, steps.snapshot, steps.verify, lambda: steps.check_frozen(frozen.fence)):
         with pytest.raises(ServerInRecovery, match="is in recovery"):
             step()
     assert FROZEN in database_settings(pair.primary.endpoint(SHOP)), "the undo changed nothing"
