@@ -41,9 +41,9 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutErr
 from activities.parts import PartPlan
 from activities.secrets import S3Credentials
 from activities.settings import DataActivitySettings
-from ferry.api.errors import BadCredentials, BucketMissing
+from ferry.api.errors import BadCredentials, BucketMissing, InvalidSpec
 from ferry.api.migration import EncryptionType, ServerSideEncryption, SnapshotSpec
-from ferry.api.saga import stream_prefix
+from ferry.api.saga import MigrationRef, snapshot_key, stream_prefix
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -216,6 +216,23 @@ def permanent_failures(s3: S3Client, bucket: str, credentials: S3Credentials) ->
 
 def is_missing(error: ClientError) -> bool:
     return error_code(error) in {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
+
+
+def require_own_snapshot(ref: MigrationRef, spec: SnapshotSpec, bucket: str, key: str, doing: str) -> None:
+    """Refuses (InvalidSpec, before anything is written or deleted) an object that is not the Migration's snapshot.
+
+    The key comes from the ref and the spec (`snapshot_key`), for every attempt alike; one
+    given in an input (a result, the status the watcher read) is trusted only when it is
+    that key. Another Migration's kept snapshot in the same bucket may be the only copy of
+    its database.
+    """
+    own = snapshot_key(ref, spec)
+    if bucket != spec.bucket or key != own:
+        raise InvalidSpec(
+            f"refusing to {doing} s3://{bucket}/{key}: Migration {ref} keeps its snapshot at s3://{spec.bucket}/{own} "
+            "(spec.snapshot), and only there; ferry changed nothing. The input or status that named the other object "
+            "was not written by ferry: check who changed it."
+        )
 
 
 def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str, *, under: bool = False) -> int:

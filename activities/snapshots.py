@@ -61,6 +61,7 @@ class SnapshotStoreActivities:
 
         Returns whether nothing is left there.
         """
+        snapshot_store.require_own_snapshot(ref, spec, bucket, key, "delete")
         location = f"s3://{bucket}/{key}"
         with retried_until_readable(f"deleting {location}"):
             credentials = self._secrets.s3_credentials(ref.namespace, spec.credentials_secret)

@@ -368,9 +368,11 @@ def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:
     if spec.snapshot.retention.after_success is not AfterSuccess.DELETE_WITH_MIGRATION or snapshot.deleted:
         return None
     ref = ref_of(migration)
+    # Where the object is comes from the spec, never from the status: anyone who may write the status could name
+    # another object (the activity refuses one that is not this Migration's, too).
     artifact = SnapshotResult(
-        bucket=snapshot.bucket or spec.snapshot.bucket,
-        key=snapshot.key or snapshot_key(ref, spec.snapshot),
+        bucket=spec.snapshot.bucket,
+        key=snapshot_key(ref, spec.snapshot),
         sha256=snapshot.sha256,
         size_bytes=snapshot.size_bytes,
     )

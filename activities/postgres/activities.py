@@ -450,6 +450,7 @@ class PostgresActivities:
         if input.restore:
             target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
+        snapshot_store.require_own_snapshot(input.ref, spec, bucket, key, "write the snapshot to")
         location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         wanted = self._settings.streams_for(input.driver.parallelism)
@@ -622,6 +623,7 @@ class PostgresActivities:
         """
         db = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         artifact = input.artifact
+        snapshot_store.require_own_snapshot(input.ref, input.snapshot, artifact.bucket, artifact.key, "restore")
         # Heartbeats from the start: connecting may take a few tries, longer than the heartbeat timeout.
         with (
             Heartbeats(self._settings.heartbeat_interval) as heartbeats,

@@ -8,6 +8,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.settings import MIB
 from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.stack import StackInfo
+from ferry.api.errors import InvalidSpec
 from ferry.api.migration import SnapshotSpec
 from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, UndoSnapshotInput, snapshot_key
 
@@ -74,3 +75,34 @@ def test_delete_snapshot_deletes_the_object_and_a_bucket_already_gone_counts_as_
     assert _keys(stack, artifact.bucket) == []
     stack.s3_client().delete_bucket(Bucket=artifact.bucket)
     activity_env.run(snapshots.delete_snapshot, delete)
+
+
+@pytest.mark.parametrize("named", ["another Migration's key", "another bucket"])
+def test_the_undo_and_the_retention_cleanup_refuse_an_object_that_is_not_this_migrations_snapshot(
+    activity_env: ActivityEnvironment,
+    snapshots: SnapshotStoreActivities,
+    stack: StackInfo,
+    ref: MigrationRef,
+    snapshot_spec: SnapshotSpec,
+    artifact: SnapshotResult,
+    named: str,
+) -> None:
+    """The object to delete was taken from the input: the status the watcher read (anyone who may write the status),
+    or a run started by hand. Another Migration's kept snapshot in a shared bucket may be the only copy of its data."""
+    others = MigrationRef(namespace=ref.namespace, name="other", uid="0b7d6a1e-0000-4000-8000-000000000001")
+    victim = snapshot_key(others, snapshot_spec)
+    stack.s3_client().put_object(Bucket=snapshot_spec.bucket, Key=victim, Body=b"the only copy")
+    elsewhere = (
+        artifact.model_copy(update={"key": victim})
+        if named == "another Migration's key"
+        else artifact.model_copy(update={"bucket": "another-bucket"})
+    )
+
+    for activity, argument in (
+        (snapshots.delete_snapshot, DeleteSnapshotInput(ref=ref, snapshot=snapshot_spec, artifact=elsewhere)),
+        (snapshots.undo_snapshot, UndoSnapshotInput(ref=ref, snapshot=snapshot_spec, artifact=elsewhere, keep=False)),
+    ):
+        with pytest.raises(InvalidSpec, match=f"keeps its snapshot at s3://{snapshot_spec.bucket}/{artifact.key}"):
+            activity_env.run(activity, argument)
+
+    assert sorted(_keys(stack, snapshot_spec.bucket)) == sorted([artifact.key, victim]), "nothing was deleted"
