@@ -35,6 +35,7 @@ def test_the_cleanup_deletes_the_key_the_spec_gives_whatever_object_the_status_n
 
     cleanup = _retention_cleanup(migration)
 
-    assert cleanup is not None and migration.spec is not None
+    assert cleanup is not None
+    assert migration.spec is not None
     assert cleanup.artifact.bucket == migration.spec.snapshot.bucket
     assert cleanup.artifact.key == snapshot_key(cleanup.ref, migration.spec.snapshot)
