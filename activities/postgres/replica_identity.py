@@ -46,12 +46,15 @@ LACKING_IDENTITY = f"""
 select format('%I.%I', n.nspname, c.relname), c.relreplident {replication.USER_TABLES}
 and c.relkind = 'r' and c.relpersistence = 'p' and (
     c.relreplident = 'n'
-    or (c.relreplident = 'd' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisprimary))
+    or (c.relreplident = 'd' and not exists (
+        select from pg_index i where i.indrelid = c.oid and i.indisprimary and i.indimmediate and i.indisvalid
+    ))
     or (c.relreplident = 'i' and not exists (select from pg_index i where i.indrelid = c.oid and i.indisreplident))
 )
 order by 1
 """
-"""Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity."""
+"""Tables whose updates and deletes the source refuses to publish: no primary key, and no other replica identity. A
+DEFERRABLE primary key is none: PostgreSQL takes only an immediate one as the replica identity."""
 OTHER_PUBLISHERS = """
 with recursive published_as(name, relid) as (
     select r.name, to_regclass(r.name)::oid from unnest(%(tables)s::text[]) as r(name)

@@ -168,6 +168,19 @@ def test_tables_without_a_key_are_refused_by_name_unless_replica_identity_full_i
     _with(online, allow_replica_identity_full=True).precheck()
 
 
+def test_a_deferrable_primary_key_counts_as_no_key_since_postgresql_does_not_take_it_as_the_replica_identity(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """Published with it, the table's every UPDATE and DELETE on the source would fail for the whole replicate."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.ledger (id int primary key deferrable initially deferred, amount int)")
+
+    (problem,) = _problems(online)
+
+    assert ": public.ledger." in problem
+    _with(online, allow_replica_identity_full=True).precheck()
+
+
 def test_unlogged_tables_and_large_objects_are_refused_with_the_other_problems(
     online: OnlineSteps, databases: Databases
 ) -> None:
