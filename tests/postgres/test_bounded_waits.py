@@ -151,7 +151,7 @@ def test_migrate_heartbeats_while_it_tries_to_reach_a_target_that_never_answers(
         postgres=PostgresActivities(kube_api, dataclasses.replace(quick, heartbeat_interval=0.2)),
         driver=steps.driver.model_copy(update={"target_secret": SILENT_DB}),
     )
-    artifact = SnapshotResult(bucket="b", key="k", sha256="ab" * 32, size_bytes=1)
+    artifact = SnapshotResult(bucket=steps.snapshot_spec.bucket, key=steps.key, sha256="ab" * 32, size_bytes=1)
 
     with pytest.raises(DatabaseUnreachable):
         hung.migrate(artifact)
