@@ -177,7 +177,7 @@ def test_undo_migrate_leaves_a_target_holding_someone_elses_data_alone(
     with connect(databases.target) as conn:
         conn.execute("drop table public.precious")
     other = _another_migration(steps)
-    other.migrate(snapshot)  # another Migration's restore is someone else's data too
+    other.migrate(other.snapshot())  # another Migration's restore is someone else's data too
 
     assert not steps.undo_migrate().removed
 
