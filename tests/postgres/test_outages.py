@@ -33,7 +33,7 @@ from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.install import Binaries
 from devstack.stack.stack import Stack, StackInfo
 from ferry.api.migration import DriverSpec, SnapshotSpec
-from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput, stream_key
+from ferry.api.saga import MigrationRef, SnapshotInput, SnapshotResult, UndoSnapshotInput, snapshot_key, stream_key
 from tests.cluster import eventually
 from tests.conftest import make_state_dir
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
@@ -149,7 +149,7 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
             ref=ref,
             driver=DriverSpec(source_secret=SOURCE_SECRET, target_secret=TARGET_SECRET),
             snapshot=spec,
-            key="outage/snapshot.dump",
+            key=snapshot_key(ref, spec),
         )
         postgres = PostgresActivities(kube_api, data_settings)
 
@@ -163,7 +163,7 @@ async def test_s3_going_away_in_the_middle_of_an_upload_the_step_retries_and_com
         attempts = await _started_attempts(handle)
         assert attempts[-1][0] > 1, "the step was retried"
         objects, uploads = _objects_and_uploads(s3, "snapshots")
-        assert (objects, uploads) == (["outage/snapshot.dump"], [])
+        assert (objects, uploads) == ([input.key], [])
         stored = s3.get_object(Bucket="snapshots", Key=result.key)["Body"].read()
         assert (len(stored), hashlib.sha256(stored).hexdigest()) == (result.size_bytes, result.sha256)
     finally:
