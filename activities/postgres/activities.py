@@ -745,35 +745,60 @@ class PostgresActivities:
 
             with session(source) as conn:  # first, so that a standby is refused before anything reads it
                 estimate = checksums.estimated_rows(conn)
-            compared = self._compared_ahead(input.ref, source, target, input.ahead, heartbeats)
-            if estimate is not None:  # both sides read the rows of every table not compared ahead
-                estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
-            progress.update(rows_done=0, rows_total=estimate)
-            counter = _Counter(heartbeats, progress)
-            try:
-                source_side, target_side = read_both(
-                    session,
-                    source,
-                    target,
-                    heartbeats,
-                    lambda conn, row_hash, done: verifying.read(conn, row_hash, done, frozenset(compared)),
-                    counter.side,
-                )
-            except psycopg.errors.InsufficientPrivilege as error:  # row-level security, see checksums.SESSION
-                raise BadCredentials(
-                    f"the users in Secrets {source.secret} and {target.secret} may not read every row of "
-                    f"{source.describe()} and {target.describe()}: {said(source, error)}. Verify compares every "
-                    "row of every table, and compares none when some would be hidden from it: give the users "
-                    "BYPASSRLS (or use superusers), then retry the step or create the Migration again."
-                ) from None
-            source_side = self._reprint_views(target, source_side, target_side)
-            comparison = verifying.compare(source_side, target_side, compared)
-            if comparison.difference:
-                raise VerificationMismatch(
-                    f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
-                    "and migrate again."
-                )
-            fence = self._mark_target(target, input.ref, heartbeats)
+            with self._connect(target) as guard:
+                try:
+                    # LOCK is held from before the first read of the target until its mark is recorded, and the
+                    # target's other sessions (a late restore's) are ended first: a written-off snapshot or migrate
+                    # attempt that resumes now waits for the mark, then refuses (refuse_if_verified), instead of
+                    # emptying or appending to the target between the comparison and the mark.
+                    with self._marking(guard, target, input.ref, heartbeats):
+                        self._end_sessions(guard, target, heartbeats)
+                        return self._verify(input, source, target, guard, session, estimate, heartbeats, progress)
+                except psycopg.OperationalError:
+                    if not guard.broken:
+                        raise
+                    raise unwritten.VerifyGuardLost(
+                        f"verify's session on {target.describe()}, which kept restores off the target from its first "
+                        "read until its mark, was ended: by a later attempt of verify, which then marks the target "
+                        "itself, or on the server. This attempt marked nothing; an attempt that is still the saga's "
+                        "compares again."
+                    ) from None
+
+    def _verify(
+        self, input: VerifyInput, source: DatabaseConnection, target: DatabaseConnection, guard: Connection,
+        session: Callable[[DatabaseConnection], Connection], estimate: int | None, heartbeats: Heartbeats,
+        progress: ProgressWriter,
+    ) -> VerifyResult:  # fmt: skip
+        """verify's comparison and mark, `guard` holding LOCK on the target in the marking transaction."""
+        compared = self._compared_ahead(source, guard, input.ahead)
+        if estimate is not None:  # both sides read the rows of every table not compared ahead
+            estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
+        progress.update(rows_done=0, rows_total=estimate)
+        counter = _Counter(heartbeats, progress)
+        try:
+            source_side, target_side = read_both(
+                session,
+                source,
+                target,
+                heartbeats,
+                lambda conn, row_hash, done: verifying.read(conn, row_hash, done, frozenset(compared)),
+                counter.side,
+            )
+        except psycopg.errors.InsufficientPrivilege as error:  # row-level security, see checksums.SESSION
+            raise BadCredentials(
+                f"the users in Secrets {source.secret} and {target.secret} may not read every row of "
+                f"{source.describe()} and {target.describe()}: {said(source, error)}. Verify compares every "
+                "row of every table, and compares none when some would be hidden from it: give the users "
+                "BYPASSRLS (or use superusers), then retry the step or create the Migration again."
+            ) from None
+        source_side = self._reprint_views(target, source_side, target_side)
+        comparison = verifying.compare(source_side, target_side, compared)
+        if comparison.difference:
+            raise VerificationMismatch(
+                f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
+                "and migrate again."
+            )
+        fence = self._mark_target(guard, target, input.ref, heartbeats)
         activity.logger.info(
             "verified %d tables and %d schema objects: source and target are the same; %d rows written to the target",
             len(comparison.checks),
@@ -783,15 +808,14 @@ class PostgresActivities:
         return VerifyResult(tables=comparison.checks, objects=comparison.objects, target_fence=fence)
 
     def _compared_ahead(
-        self, ref: MigrationRef, source: DatabaseConnection, target: DatabaseConnection,
-        compared: AheadComparison | None, heartbeats: Heartbeats,
-    ) -> dict[str, TableAhead]:  # fmt: skip
-        """The tables replicate compared before the freeze that neither side has written since (see ahead)."""
+        self, source: DatabaseConnection, guard: Connection, compared: AheadComparison | None
+    ) -> dict[str, TableAhead]:
+        """The tables replicate compared before the freeze that neither side has written since (see ahead); `guard`
+        is verify's marking session on the target, whose other sessions it ended (their counts are flushed when they
+        exit)."""
         if compared is None or not compared.tables:
             return {}
-        with self._connect(target) as conn, self._marking(conn, target, ref, heartbeats):
-            self._end_sessions(conn, target, heartbeats)  # their counts are flushed when they exit
-            target_marks = ahead.marks(conn)
+        target_marks = ahead.marks(guard)
         with self._connect_primary(source) as conn:  # a standby counts none of its writes
             source_marks = ahead.marks(conn)
         vouched = ahead.vouched(compared, source_marks, target_marks)
@@ -802,13 +826,14 @@ class PostgresActivities:
         )
         return vouched
 
-    def _mark_target(self, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats) -> FenceMark:
-        """The target's mark, once its other sessions are gone, kept in the target for undos without results; refused
-        first, in the same transaction, to a late attempt (see unwritten.marking)."""
-        with self._connect(db) as conn, self._marking(conn, db, ref, heartbeats):
-            fence, ended = self._mark(conn, db, heartbeats)
-            with privileged(db, "keep ferry's markers"):
-                unwritten.record(conn, db, owner(ref), fence, Attempt.current())
+    def _mark_target(
+        self, guard: Connection, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats
+    ) -> FenceMark:
+        """The target's mark, once its other sessions are gone, kept in the target for undos without results; in the
+        marking transaction open on `guard`, which was refused to a late attempt (see unwritten.marking)."""
+        fence, ended = self._mark(guard, db, heartbeats)
+        with privileged(db, "keep ferry's markers"):
+            unwritten.record(guard, db, owner(ref), fence, Attempt.current())
         activity.logger.info("marked where %s's writes stand; ended %d sessions first", db.describe(), ended)
         return fence
 

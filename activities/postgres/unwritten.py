@@ -197,6 +197,12 @@ def read_mark(conn: Connection) -> Mark | None:
     return None if value is None else Mark.parse(value)
 
 
+class VerifyGuardLost(Exception):
+    """verify's marking session, which held LOCK from its first read of the target, was ended before the mark was
+    recorded. Not a PermanentError, so retried: a later attempt of verify ends it (`hold`) and marks the target; a
+    session ended on the server leaves the next attempt to compare again."""
+
+
 @contextlib.contextmanager
 def marking(conn: Connection, db: DatabaseConnection, owner: str, between_tries: Callable[[], None]) -> Iterator[None]:
     """A transaction on `conn` holding LOCK in which verify of `owner` may end the target's other sessions and mark it:

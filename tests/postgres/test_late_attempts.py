@@ -14,13 +14,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
+import psycopg
 import pytest
 from kubernetes import client as k8s
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import restore_script, restoring, unwritten
+from activities.postgres import restore_script, restoring, unwritten, verifying
 from activities.postgres.activities import PostgresActivities, owner
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import connect as connect_to
@@ -170,3 +172,51 @@ def _waiting_for_advisory_lock(databases: Databases) -> bool:
             "where l.locktype = 'advisory' and not l.granted and a.datname = current_database()"
         ).fetchone()
     return row is not None and row[0] > 0
+
+
+def test_a_late_restore_that_resumes_while_verify_compares_waits_for_the_mark_then_refuses_instead_of_emptying(
+    steps: Steps, databases: Databases, target: DatabaseConnection, data_settings: DataActivitySettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A written-off snapshot attempt goes on between verify's reading of the target and its mark: its emptying of the
+    target for its restore committed before the mark, so verify marked (and switch-traffic would move the clients to)
+    an empty target it had compared full. verify now keeps restores off the target from its first read."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.snapshot(restore=True)
+    before = contents(databases.target)
+    late: dict[str, BaseException | None] = {}
+
+    def prepare_again() -> None:
+        with connect_to(target, data_settings) as conn:
+            restoring.prepare_target(conn, target, owner(steps.ref))
+
+    def resumes() -> None:
+        try:
+            ActivityEnvironment().run(prepare_again)
+            late["ended"] = None
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            late["ended"] = error
+
+    compare = verifying.compare
+
+    def compared_then_the_late_attempt_resumes(*args: Any, **kwargs: Any) -> verifying.Comparison:
+        thread = threading.Thread(target=resumes)
+        thread.start()
+        eventually(
+            "the late attempt to wait for verify's lock, or to have emptied the target",
+            lambda: "ended" in late or _waiting_for_advisory_lock(databases),
+        )
+        late["thread"] = thread  # type: ignore[assignment]
+        return compare(*args, **kwargs)
+
+    monkeypatch.setattr(verifying, "compare", compared_then_the_late_attempt_resumes)
+
+    steps.verify()
+    thread = late.pop("thread")
+    assert isinstance(thread, threading.Thread)
+    thread.join(30)
+
+    # Refused once verify committed its mark, or ended by verify's marking while it waited: either way, it did nothing.
+    assert isinstance(late.get("ended"), (TargetVerified, psycopg.errors.AdminShutdown)), late
+    assert contents(databases.target) == before, "the target verify marked holds what it compared"
