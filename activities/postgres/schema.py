@@ -5,7 +5,10 @@ nothing of a missing index, a dropped constraint, a function that is not the sam
 a sequence that would hand out numbers already used. `describe` maps every user object
 (schemas, tables with their columns, constraints, indexes, triggers, views,
 materialized views, sequences, types, functions and extensions) to a short description
-of what it is, and `sequence_values` each sequence to where it stands.
+of what it is, and `sequence_values` each sequence to where it stands. verify also
+compares BEHAVIOUR, what changes how those objects act: in mode Online the schema is
+copied when replicate starts, and a rule or policy made on the source since is on the
+target only if verify sees it missing.
 
 Descriptions are normalized rather than raw catalog rows, because source and target
 may be different major versions: columns are compared by name, position among the live
@@ -142,6 +145,62 @@ from pg_extension e join pg_namespace n on n.oid = e.extnamespace
 }
 """One query per kind of object, each giving (name, description) rows."""
 
+BEHAVIOUR = {
+    "rule": f"""
+select n.nspname || '.' || c.relname || '.' || r.rulename, pg_get_ruledef(r.oid)
+    || case r.ev_enabled when 'D' then ' (disabled)' when 'R' then ' (enabled replica)'
+        when 'A' then ' (enabled always)' else '' end
+from pg_rewrite r join pg_class c on c.oid = r.ev_class join pg_namespace n on n.oid = c.relnamespace
+where r.rulename <> '_RETURN' and {USER} and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+""",
+    "policy": f"""
+select n.nspname || '.' || c.relname || '.' || p.polname,
+    case when p.polpermissive then 'permissive' else 'restrictive' end || ' for '
+    || case p.polcmd when 'r' then 'select' when 'a' then 'insert' when 'w' then 'update' when 'd' then 'delete'
+        else 'all' end
+    || ' to ' || array_to_string(array(select case when role = 0 then 'public' else role::regrole::text end
+        from unnest(p.polroles) as role order by 1), ', ')
+    || coalesce(' using (' || pg_get_expr(p.polqual, p.polrelid) || ')', '')
+    || coalesce(' with check (' || pg_get_expr(p.polwithcheck, p.polrelid) || ')', '')
+from pg_policy p join pg_class c on c.oid = p.polrelid join pg_namespace n on n.oid = c.relnamespace
+where {USER} and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+""",
+    "row security": f"""
+select n.nspname || '.' || c.relname,
+    case when c.relrowsecurity then 'enabled' else 'disabled' end
+    || case when c.relforcerowsecurity then ', forced on the owner too' else '' end
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where (c.relrowsecurity or c.relforcerowsecurity) and {USER}
+and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+""",
+    "trigger state": f"""
+select n.nspname || '.' || c.relname || '.' || g.tgname,
+    case g.tgenabled when 'D' then 'disabled' when 'R' then 'enabled replica' when 'A' then 'enabled always' end
+from pg_trigger g join pg_class c on c.oid = g.tgrelid join pg_namespace n on n.oid = c.relnamespace
+where not g.tgisinternal and g.tgenabled <> 'O' and {USER}
+and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+""",
+    "options": f"""
+select n.nspname || '.' || c.relname, array_to_string(array(select o from unnest(c.reloptions) as o order by 1), ', ')
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where cardinality(c.reloptions) > 0 and {USER} and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
+""",
+    "function settings": f"""
+select n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
+    'parallel ' || case p.proparallel when 's' then 'safe' when 'r' then 'restricted' else 'unsafe' end
+    || case when p.proleakproof then ', leakproof' else '' end
+    || coalesce(', set ' || nullif(array_to_string(array(select o from unnest(p.proconfig) as o order by 1), ', '), ''),
+        '')
+from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+where (p.proparallel <> 'u' or p.proleakproof or cardinality(p.proconfig) > 0) and {USER}
+and {NOT_EXTENSION_MEMBER.format(catalog="'pg_proc'", oid="p.oid")}
+""",
+}
+"""What changes how the objects behave beyond their definitions above: rules, row-level security and its policies,
+triggers not enabled as created, storage and view options, and functions' parallel safety, leakproofness and
+settings. The restore carries them all. Compared by verify only: the fences' catalog fingerprint (fencing) keeps
+to QUERIES, so a mark taken before these were compared is still read as it was taken."""
+
 SEQUENCE_VALUES = f"""
 select n.nspname || '.' || c.relname, pg_sequence_last_value(c.oid)
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
@@ -160,12 +219,13 @@ REPRINTED = "ferry_reprinted_{number}"
 """The name of the temporary view that `reprinted` makes of a query; it never outlives the call."""
 
 
-def describe(conn: Connection) -> dict[str, str]:
-    """Every user object, as `kind schema.name` (e.g. `index shop.orders_pkey`): its normalized description."""
+def describe(conn: Connection, queries: dict[str, str] = QUERIES) -> dict[str, str]:
+    """Every user object, as `kind schema.name` (e.g. `index shop.orders_pkey`): its normalized description; of
+    the kinds `queries` has (BEHAVIOUR for what verify compares besides)."""
     described: dict[str, str] = {}
     with conn.transaction():
         conn.execute("set local search_path = pg_catalog")
-        for kind, query in QUERIES.items():
+        for kind, query in queries.items():
             for name, description in conn.execute(query).fetchall():
                 described[f"{kind} {name}"] = " ".join(str(description).split())
     return described

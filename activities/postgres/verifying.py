@@ -47,7 +47,7 @@ def read(
 ) -> Side:
     """Reads a side: the schema first (quick), then the checksum of every table but those `compared` already, by
     `row_hash` (the other side's too), calling `done` with the tables and rows read."""
-    objects = schema.describe(conn) | schema.sequence_values(conn)
+    objects = schema.describe(conn) | schema.describe(conn, schema.BEHAVIOUR) | schema.sequence_values(conn)
     queries = schema.view_queries(conn)
     tables = checksums.fingerprints(conn, done, lambda table: table not in compared, row_hash=row_hash)
     return Side(tables=tables, objects=objects, queries=queries)
