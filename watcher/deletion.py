@@ -19,7 +19,12 @@ after a crash, decides the same:
   migration someone deleted after it finished.
 - Run finished before the deletion: run the retention cleanup its snapshot asks for (a
   workflow of its own), then release.
-- No run: release at once.
+- No run ever started (the object names none): release at once.
+- A run the object names, of which Temporal has no record (its history was deleted or
+  expired): the status says what is left. RolledBack or Planned: release; Succeeded: the
+  retention cleanup, then release; otherwise the undo workflow takes back what the
+  records say was done, then release. Releasing at once, as for no run, left a source
+  frozen and the clients on the target with nothing said.
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
 the finalizer is released anyway, with a Warning Event saying what may be left.
@@ -68,7 +73,7 @@ from ferry.api.saga import (
     undo_workflow_id,
     workflow_id,
 )
-from watcher.decisions import ref_of
+from watcher.decisions import ref_of, started
 from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
@@ -110,7 +115,7 @@ class DeletionHandler:
         )
         handle = self._client.get_workflow_handle(workflow_id(ref), result_type=MigrationResult)
         described = await _describe(handle)
-        if described is None:
+        if described is None and not started(migration):
             await self._release(migration, "no workflow ever ran for it")
             return
         if datetime.now(UTC) >= deadline:
@@ -120,6 +125,9 @@ class DeletionHandler:
             )
             await self._writer.event(ref, EventType.WARNING, "FinalizerReleased", message, "give-up")
             await self._release(migration, message)
+            return
+        if described is None:
+            await self._history_gone(migration, handle.id, deadline)
             return
         if described.status is WorkflowExecutionStatus.RUNNING and migration.status.phase is Phase.SUCCEEDED:
             await self._wait_for(migration, handle, deadline, "its run has succeeded and is closing")
@@ -131,17 +139,18 @@ class DeletionHandler:
             await self._wait_for(migration, handle, deadline, why)
             return
         if await _succeeded_after(handle, described, requested, migration.status):
-            await self._undo(migration, described, requested, deadline)
+            closed = described.close_time
+            assert closed is not None
+            why = (
+                f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
+                "(which means: roll back); undoing the migration before it goes"
+            )
+            done = f"undone before deletion: its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for"
+            await self._undo(migration, why, done, deadline)
             return
-        cleanup = _retention_cleanup(migration)
-        if cleanup is not None:
-            cleanup_handle = await self._start_cleanup(cleanup)
-            if cleanup_handle is not None:
-                why = "deleting the snapshot (retention) before deletion"
-                await self._wait_for(migration, cleanup_handle, deadline, why)
-                return
-            await self._check_cleanup(migration, cleanup)
-        elif described.status not in _ENDED_WELL and migration.status.phase not in _ALL_UNDONE:
+        if await self._cleaned_up(migration, deadline):
+            return
+        if described.status not in _ENDED_WELL and migration.status.phase not in _ALL_UNDONE:
             message = (
                 f"its workflow {handle.id} ended {_state(described)}, so what it did may not all be undone: "
                 f"{migration.status.message or 'its status says no more'}. Check the source, the target and the "
@@ -165,16 +174,47 @@ class DeletionHandler:
             return
         log.info("Migration %s is being deleted without ferry's finalizer: its run is cancelled (it rolls back)", ref)
 
-    async def _undo(
-        self, migration: Migration, run: WorkflowExecutionDescription, requested: datetime, deadline: datetime
-    ) -> None:
-        """Undoes a run that succeeded after the deletion was asked for; releases the Migration once that is done."""
-        ref = ref_of(migration)
-        closed = run.close_time
+    async def _cleaned_up(self, migration: Migration, deadline: datetime) -> bool:
+        """Runs the retention cleanup a finished Migration's snapshot asks for, if any: True while it waits for it,
+        False once there is nothing (more) to wait for (a cleanup that failed leaves a Warning Event)."""
+        cleanup = _retention_cleanup(migration)
+        if cleanup is None:
+            return False
+        cleanup_handle = await self._start_cleanup(cleanup)
+        if cleanup_handle is not None:
+            why = "deleting the snapshot (retention) before deletion"
+            await self._wait_for(migration, cleanup_handle, deadline, why)
+            return True
+        await self._check_cleanup(migration, cleanup)
+        return False
+
+    async def _history_gone(self, migration: Migration, saga: str, deadline: datetime) -> None:
+        """The Migration's run is known to have started, and Temporal has no record of it: its history went (the
+        namespace's retention, `temporal workflow delete`, a Temporal rebuilt empty). What is left is read from the
+        status. Finished and nothing left, it goes; Succeeded, after its retention cleanup; otherwise (the run went
+        while it ran, or ended Failed or Abandoned) the undo workflow takes back what the records say it did, as for
+        a run that succeeded after its deletion was asked for: each undo finds its step's work where the step
+        recorded it."""
+        phase = migration.status.phase
+        undoing = await _describe(self._client.get_workflow_handle(undo_workflow_id(ref_of(migration)))) is not None
+        if phase in _ALL_UNDONE and not undoing:
+            await self._release(migration, f"its workflow {saga} is gone from Temporal, and its status says {phase}")
+            return
+        if phase is Phase.SUCCEEDED and not undoing:
+            if not await self._cleaned_up(migration, deadline):
+                await self._release(migration, f"its workflow {saga} is gone from Temporal, after it succeeded")
+            return
         why = (
-            f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
-            "(which means: roll back); undoing the migration before it goes"
+            f"Temporal has no record of its workflow {saga} (its history was deleted or expired), and its status does "
+            "not say all was undone: undoing what the run may have done, from what each step recorded, before it goes"
         )
+        done = f"undone before deletion: Temporal had no record of its workflow {saga}"
+        await self._undo(migration, why, done, deadline)
+
+    async def _undo(self, migration: Migration, why: str, done: str, deadline: datetime) -> None:
+        """Undoes, with the undo workflow, what the Migration's run did, for `why`; releases the Migration once that
+        is done, saying `done`."""
+        ref = ref_of(migration)
         handle = self._client.get_workflow_handle(undo_workflow_id(ref), result_type=MigrationResult)
         undone = await _describe(handle)
         if undone is None and migration.spec is not None:
@@ -203,13 +243,12 @@ class DeletionHandler:
             await self._wait_for(migration, handle, deadline, why)
             return
         if undone is not None and undone.status is WorkflowExecutionStatus.COMPLETED:
-            message = f"undone before deletion: {why.split(' (')[0]} after the deletion was asked for"
-            await self._writer.event(ref, EventType.NORMAL, "UndoneBeforeDeletion", message, "undone")
-            await self._release(migration, message)
+            await self._writer.event(ref, EventType.NORMAL, "UndoneBeforeDeletion", done, "undone")
+            await self._release(migration, done)
             return
         message = (
-            f"the undo of the run that succeeded after the deletion was asked for ended {_state(undone)}: "
-            f"check the source, the target and the Service by hand (workflow {handle.id} says what was undone)"
+            f"the undo before deletion ({why.split(':')[0]}) ended {_state(undone)}: check the source, the target and "
+            f"the Service by hand (workflow {handle.id} says what was undone)"
         )
         await self._writer.event(ref, EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
         await self._release(migration, message)

@@ -16,16 +16,19 @@ from botocore.exceptions import ClientError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from temporalio import workflow
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.events import record_event
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import FINALIZER, Migration, Phase
 from ferry.api.migration import EventType as KubernetesEventType
-from ferry.api.saga import ControlRequest, MigrationRef, Signal, undo_workflow_id, workflow_id
+from ferry.api.saga import ControlRequest, MigrationRef, Signal, cleanup_workflow_id, undo_workflow_id, workflow_id
 from tests.cluster import endpoint_pods, without_finalizer_at_create
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, watcher_settings
@@ -576,3 +579,109 @@ async def test_a_deleted_migration_whose_run_failed_is_warned_of_only_when_its_s
         assert message in warning
     else:
         assert warnings == []
+
+
+async def test_a_migration_whose_run_temporal_no_longer_knows_is_undone_from_its_records_before_it_goes(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, temporal_client: Client, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The run's history was deleted (`temporal workflow delete`; the namespace's retention does the same to a closed
+    run) while the clients were on the target and the source frozen. The deletion took the missing run for one that
+    never was and let the Migration go at once, leaving the source read-only and the Service on the target."""
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, soakSeconds=3600))
+
+    async def soaking() -> bool:
+        status = ((await _migration(kubectl, namespace, ref.name)) or {}).get("status") or {}
+        return {step["name"]: step["state"] for step in status.get("steps", [])}.get("switch-traffic") == "Succeeded"
+
+    await eventually("the soak after switch-traffic", soaking, within=240)
+    await temporal_client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=temporal_client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id(ref))
+        )
+    )
+
+    async def forgotten() -> bool:
+        try:
+            await temporal_client.get_workflow_handle(workflow_id(ref)).describe()
+        except RPCError as error:
+            return error.status is RPCStatusCode.NOT_FOUND
+        return False
+
+    await eventually("Temporal to forget the run", forgotten, within=60)
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+    async def gone() -> bool:
+        return await _migration(kubectl, namespace, ref.name) is None
+
+    await eventually("the undo and the Migration to be gone", gone, within=240)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"]
+    assert _selector(kube_api, namespace) == {"app": "orders-db"}
+    assert _read_only_default(databases) is None
+    assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    reasons = await _reasons(kubectl, namespace, ref.name)
+    assert "UndoingBeforeDeletion" in reasons
+    [undone] = reasons["UndoneBeforeDeletion"]
+    assert f"Temporal had no record of its workflow {workflow_id(ref)}" in undone
+
+
+@pytest.mark.parametrize(
+    ("phase", "retention", "cleaned_up"),
+    [
+        pytest.param("RolledBack", "DeleteWithMigration", False, id="rolled-back-goes-at-once"),
+        pytest.param("Succeeded", "DeleteWithMigration", True, id="succeeded-after-its-retention-cleanup"),
+        pytest.param("Succeeded", "Keep", False, id="succeeded-keeping-its-snapshot-goes-at-once"),
+    ],
+)
+async def test_a_finished_migration_whose_run_temporal_no_longer_knows_goes_as_its_status_says(
+    phase: str, retention: str, cleaned_up: bool, kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str,
+    kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str,
+) -> None:  # fmt: skip
+    """The namespace's retention expires a closed run's history: its Migration, deleted later, is what its status
+    says it is, and a success still gets the retention cleanup its snapshot asks for."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["spec"]["snapshot"]["retention"] = {"afterSuccess": retention}
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    snapshot = {"location": f"s3://{bucket}/{ref.uid}", "sha256": "ab" * 32, "sizeBytes": 1}
+    status = {
+        "phase": phase,
+        "workflow": {"namespace": temporal_client.namespace, "id": workflow_id(ref), "runId": str(uuid.uuid4())},
+        "snapshot": snapshot,
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, ref.name, {"status": status}, field_manager="ferry-saga"
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+    kube = Kube(kube_api, "test")
+    deleted = await kube.read_migration(ref)
+    assert deleted is not None
+
+    await pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace)).handle(
+        deleted, gone=False, run_closed=False, received=0.0
+    )
+
+    cleanup = await _started(temporal_client, cleanup_workflow_id(ref))
+    if cleaned_up:
+        assert await kube.read_migration(ref) is not None, "held while the cleanup runs"
+        assert cleanup is not None, "the retention cleanup was started"
+        await cleanup.terminate("the test is over")  # no worker here runs it
+    else:
+        assert await kube.read_migration(ref) is None, "released"
+        assert cleanup is None
+    assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing to undo"
+    assert "UndoIncomplete" not in await _reasons(kubectl, namespace, ref.name)
+
+
+async def _started(client: Client, id: str) -> WorkflowHandle[Any, Any] | None:
+    """The workflow `id`, if Temporal knows it."""
+    handle = client.get_workflow_handle(id)
+    try:
+        await handle.describe()
+    except RPCError as error:
+        if error.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        return None
+    return handle
