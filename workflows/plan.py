@@ -197,18 +197,26 @@ CLUSTER_READY = Guard(
 )
 """Guards the precheck: what provision would refuse (a live or foreign target, a missing source, StorageClass)."""
 
-PRECHECK = Step(
-    StepName.PRECHECK,
-    driver(DriverOperation.PRECHECK),
-    PrecheckResult,
-    build=lambda c: PrecheckInput(
+
+def precheck_input(c: Context, *, first: bool) -> PrecheckInput:
+    """The precheck's input: the first, which measures the rates for the plan and lets a target that does not answer
+    yet wait for provision; or the check after provision, of everything again, the target included."""
+    return PrecheckInput(
         ref=c.ref,
         driver=c.spec.driver,
         snapshot=c.spec.snapshot,
         target_storage_bytes=quantity_bytes(c.spec.target.storage_size),
-        measure=True,
+        measure=first,
         stable_service=c.spec.source.service,
-    ),
+        target_may_wait=first,
+    )
+
+
+PRECHECK = Step(
+    StepName.PRECHECK,
+    driver(DriverOperation.PRECHECK),
+    PrecheckResult,
+    build=lambda c: precheck_input(c, first=True),
     guard=CLUSTER_READY,
     changes_nothing=True,
     report=record_plan,
@@ -216,6 +224,21 @@ PRECHECK = Step(
     why_no_undo="it only reads (the object it writes to test the bucket is deleted at once)",
     timeout=precheck_seconds,
 )
+
+
+def target_to_check(c: Context, _: str) -> PrecheckInput | None:
+    """The check after provision, when the precheck found the target database not answering yet (its server may be
+    the target StatefulSet provision made); None once the precheck checked it (every run before this guard)."""
+    checked = c.results.get(PRECHECK)
+    if checked is None or not checked.target_deferred:
+        return None
+    return precheck_input(c, first=False)
+
+
+TARGET_CHECKED = Guard(driver(DriverOperation.PRECHECK), target_to_check, timeout=precheck_seconds)
+"""Guards the first step that touches the target (mode Snapshot: the freeze; Online: replicate): the precheck again,
+all of it, when it let the target wait for provision. Its failure fails that step, and the rollback removes the
+target: a target that still does not answer, or fails a check, gets nothing copied to it."""
 
 PROVISION = Step(
     StepName.PROVISION,
@@ -233,6 +256,7 @@ FREEZE = Step(
     driver(DriverOperation.FREEZE),
     FreezeResult,
     build=lambda c: FreezeInput(ref=c.ref, driver=c.spec.driver),
+    guard=TARGET_CHECKED,
     needs_approval=True,
     stops_writes=True,
     undo=Undo(
@@ -423,6 +447,7 @@ REPLICATE = Step(
     driver(DriverOperation.REPLICATE),
     ReplicateResult,
     build=lambda c: ReplicateInput(ref=c.ref, driver=c.spec.driver),
+    guard=TARGET_CHECKED,
     report=record_replication,
     starts_the_copy=True,
     undo=Undo(
@@ -467,12 +492,15 @@ def compared_ahead(c: Context) -> VerifyInput:
 ONLINE_VERIFY = dataclasses.replace(VERIFY, build=compared_ahead)
 """As in mode Snapshot, but the tables replicate found equal and nothing wrote since are not read again."""
 
+ONLINE_FREEZE = dataclasses.replace(FREEZE, guard=None)
+"""Mode Online's freeze: replicate, before it, had the target checked after provision where the precheck could not."""
+
 ONLINE_PLAN: tuple[Step[Any, Any], ...] = (
     ONLINE_PRECHECK,
     PROVISION,
     SNAPSHOT,
     REPLICATE,
-    FREEZE,
+    ONLINE_FREEZE,
     CATCH_UP,
     ONLINE_VERIFY,
     SWITCH_TRAFFIC,

@@ -48,7 +48,7 @@ from activities.postgres.replication_checks import listed
 from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
-from ferry.api.errors import PermanentError, PrecheckFailed
+from ferry.api.errors import DatabaseUnreachable, PermanentError, PrecheckFailed
 from ferry.api.migration import CheckedDatabases, DatabaseIdentity, DriverMode, DriverSpec, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
@@ -170,7 +170,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         )
     online = driver.mode is DriverMode.ONLINE
     source = _source(source_db, settings, owner, online, problems) if source_db else None
-    target = _target(target_db, settings, owner, problems) if target_db else None
+    waiting = target_db is not None and input.target_may_wait and _not_answering(target_db, settings)
+    target = _target(target_db, settings, owner, problems) if target_db and not waiting else None
     tools_version = _tools(settings, source, target, problems)
     if tools_version is not None:
         _tools_tls(settings, [db for db in (source_db, target_db) if db], problems)
@@ -229,15 +230,17 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     if problems:
         raise PrecheckFailed(_report(problems))
     assert source is not None
-    assert target is not None
+    assert target is not None or waiting
     assert source_db is not None
     assert target_db is not None
     assert tools_version is not None
     unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
-    collations = locales.collation_warning(source.locale, target.locale, source_db, target_db)
+    collations = locales.collation_warning(source.locale, target.locale, source_db, target_db) if target else None
+    deferred = _checked_after_provision(target_db) if waiting else None
     return PrecheckResult(
         source_version=source.version,
-        target_version=target.version,
+        target_version=target.version if target else None,
+        target_deferred=waiting,
         tools_version=tools_version,
         source_size_bytes=source.size,
         target_storage_bytes=input.target_storage_bytes,
@@ -246,8 +249,31 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         )
         if input.measure
         else None,
-        warnings=[warning for warning in (unbounded, _other_databases(source_db, source), collations) if warning],
-        databases=CheckedDatabases(source=source.identity, target=target.identity),
+        warnings=[
+            warning for warning in (deferred, unbounded, _other_databases(source_db, source), collations) if warning
+        ],
+        databases=CheckedDatabases(source=source.identity, target=target.identity if target else None),
+    )
+
+
+def _not_answering(db: DatabaseConnection, settings: DataActivitySettings) -> bool:
+    """Whether the database's server does not answer at all (no address, no listener, no reply): the target
+    StatefulSet that serves it may be yet to be created. A server that answers, refusing or not, is checked now."""
+    try:
+        with connect(db, settings, **SESSION):
+            return False
+    except DatabaseUnreachable:
+        return True
+    except PermanentError:
+        return False
+
+
+def _checked_after_provision(db: DatabaseConnection) -> str:
+    return (
+        f"the target database does not answer yet ({db.describe()}, Secret {db.secret}): nothing of it was checked. "
+        "If provision's target StatefulSet serves it, that is expected: it is checked, all of it, once provision has "
+        "created the target, before the freeze (mode Online: before replicate), and the Migration rolls back if it "
+        "still does not answer then. If the Secret should name a server that runs already, fix its host and port."
     )
 
 

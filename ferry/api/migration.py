@@ -687,7 +687,11 @@ class PlanStatus(ApiModel):
 
     steps: list[str] = Field(description="The steps that will run, in order.")
     source_version: str
-    target_version: str
+    target_version: str | None = Field(
+        default=None,
+        description="Unset while the target database is to be checked once provision has created it (it did not "
+        "answer before).",
+    )
     tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
     source_size_bytes: int = Field(ge=0)
     target_storage_bytes: int | None = Field(default=None, ge=0, description="spec.target.storageSize, in bytes.")

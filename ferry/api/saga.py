@@ -298,13 +298,26 @@ class PrecheckInput(ApiModel):
         description="spec.source.service, which switch-traffic points at the target: the source Secret must not "
         "reach the source through it.",
     )
+    target_may_wait: bool = Field(
+        default=False,
+        description="A target database that does not answer yet is no problem: its server may be the target "
+        "StatefulSet provision is about to create. Its checks then wait for the check after provision "
+        "(target_deferred in the result).",
+    )
 
 
 class PrecheckResult(ApiModel):
     """What the checks found when nothing stood in the way."""
 
     source_version: str = Field(description="The source server's version, e.g. 15.18.")
-    target_version: str = Field(description="The target server's version.")
+    target_version: str | None = Field(
+        default=None, description="The target server's version; None while its checks wait (target_deferred)."
+    )
+    target_deferred: bool = Field(
+        default=False,
+        description="The target database did not answer (the input allowed it): nothing of it was checked, and the "
+        "saga checks it all again once provision has created the target, before anything is copied.",
+    )
     tools_version: str = Field(description="Version of the pg_dump/pg_restore the worker will use.")
     source_size_bytes: int = Field(description="Size of the source database.")
     throughput: Throughput | None = Field(default=None, description="Measured when the input asked for it.")

@@ -684,3 +684,37 @@ def test_precheck_names_the_enabled_subscriptions_of_the_source_and_passes_disab
     assert f"{enabled}: {name}." in problem
     assert "Their apply workers write to it whatever the freeze says" in problem
     assert "Disable them for the migration (ALTER SUBSCRIPTION ... DISABLE" in problem
+
+
+def test_a_target_that_does_not_answer_yet_waits_for_provision_when_the_saga_lets_it_and_is_refused_otherwise(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """On a cluster the target Secret names the Pods of the StatefulSet provision creates after the precheck: nothing
+    answers there yet. The saga's first precheck lets it wait (the check after provision looks at it); the check
+    after provision does not."""
+    create_shop(databases.source, customers=10, orders=100)
+    create_secret(kube_api, namespace, OTHER, _connection(databases.target, host="127.0.0.1", port=str(free_port())))
+    waiting = _with(steps, target=OTHER)
+
+    result = waiting.precheck(target_may_wait=True)
+
+    assert result.target_deferred
+    assert result.target_version is None
+    assert result.databases is not None
+    assert result.databases.target is None, "nothing to pin yet"
+    [warning] = [w for w in result.warnings if w.startswith("the target database does not answer yet")]
+    assert f"Secret {namespace}/{OTHER}" in warning
+    (problem,) = _problems(waiting)
+    assert problem.startswith(f"could not connect to database '{databases.target.database}' on 127.0.0.1:")
+
+
+def test_a_target_that_answers_is_checked_at_once_even_when_it_could_wait(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """Only a server that does not answer at all waits: one that refuses the credentials is a problem now."""
+    create_secret(kube_api, namespace, OTHER, _connection(databases.target, password="not-the-password"))
+
+    problems = _problems_of(_with(steps, target=OTHER), target_may_wait=True)
+
+    assert any(f"Secret {namespace}/{OTHER}" in problem for problem in problems), problems
+    assert steps.precheck(target_may_wait=True).target_version is not None, "a target that answers is checked"
