@@ -209,6 +209,7 @@ def precheck_input(c: Context, *, first: bool) -> PrecheckInput:
         measure=first,
         stable_service=c.spec.source.service,
         target_may_wait=first,
+        after_provision=not first,
     )
 
 
@@ -235,10 +236,12 @@ def target_to_check(c: Context, _: str) -> PrecheckInput | None:
     return precheck_input(c, first=False)
 
 
-TARGET_CHECKED = Guard(driver(DriverOperation.PRECHECK), target_to_check, timeout=precheck_seconds)
+TARGET_CHECKED = Guard(driver(DriverOperation.PRECHECK), target_to_check, timeout=precheck_seconds, once=True)
 """Guards the first step that touches the target (mode Snapshot: the freeze; Online: replicate): the precheck again,
-all of it, when it let the target wait for provision. Its failure fails that step, and the rollback removes the
-target: a target that still does not answer, or fails a check, gets nothing copied to it."""
+all of it, when it let the target wait for provision, until it has passed once (a later attempt of the step would
+find what an earlier one began, such as replicate's table-sync slots, counted against it). Its failure fails that
+step, and the rollback removes the target: a target that still does not answer, or fails a check, gets nothing
+copied to it."""
 
 PROVISION = Step(
     StepName.PROVISION,
@@ -266,6 +269,29 @@ FREEZE = Step(
         ),
     ),
 )
+
+
+def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
+    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
+    verified = c.results.get(VERIFY)
+    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
+
+
+SOURCE_CHECKED_BEFORE_EMPTYING = "source-checked-before-the-target-is-emptied"
+"""Patch: the undos that empty the target (migrate's, and the snapshot's that restored) are guarded by the check
+before traffic goes back (SOURCE_STILL_THERE), which first reaches the source, the database the precheck pinned."""
+
+SOURCE_STILL_THERE = Guard(
+    driver(DriverOperation.CHECK_UNWRITTEN),
+    mark_of_verify,
+    timeout=lambda spec: spec.timeouts.switch_traffic,
+    result=CheckUnwrittenResult,
+    patch=SOURCE_CHECKED_BEFORE_EMPTYING,
+)
+"""Guards the undos that empty the target: the source must still be the database the precheck pinned, and answer,
+and the target unwritten since verify's mark (if it has one). A source whose volume was lost or replaced, or whose
+database was dropped, while the saga copied it leaves the target's restore and the snapshot the only copies: the
+check fails, and the rollback stops there (a guard's failure stops it), before they are emptied or deleted."""
 
 
 def snapshot_input(c: Context, *, restore: bool) -> SnapshotInput:
@@ -310,6 +336,7 @@ SNAPSHOT_AND_RESTORE = dataclasses.replace(
         lambda c, done: undo_snapshot_input(c, done, restored=True),
         result=UndoSnapshotResult,
         report=record_snapshot_deleted,
+        guard=SOURCE_STILL_THERE,
         blocks_older=False,
         empties_target=True,
     ),
@@ -328,6 +355,7 @@ MIGRATE = Step(
     undo=Undo(
         driver(DriverOperation.UNDO_MIGRATE),
         lambda c, _: UndoMigrateInput(ref=c.ref, driver=c.spec.driver),
+        guard=SOURCE_STILL_THERE,
         blocks_older=False,
         empties_target=True,
     ),
@@ -359,12 +387,6 @@ NO_WRITES_SINCE_FREEZE = Guard(
     result=CheckFrozenResult,
 )
 """Guards the steps after which the source stops counting: switch-traffic and scale-down-old."""
-
-
-def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
-    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
-    verified = c.results.get(VERIFY)
-    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
 
 
 NO_WRITES_ON_TARGET = Guard(

@@ -231,6 +231,8 @@ class Saga:
         self.status = status
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
+        self.checked_once: set[str] = set()
+        """Steps whose guard of Guard.once has passed in this run: it is not run again before their later attempts."""
         self.leftovers: dict[str, str] = {}
         """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
         last error: what is left of them, until the step runs again or a later undo of it succeeds."""
@@ -588,13 +590,16 @@ class Saga:
     async def _attempt(self, step: Step[Any, Any]) -> tuple[str | None, BaseException | None]:
         """One attempt: the guard, then the activity. Returns (why it failed, the failure), (None, None) if not."""
         guard = step.guard_call(self.context)
-        if guard is not None:
+        once = step.guard is not None and step.guard.once
+        if guard is not None and not (once and step.name in self.checked_once):
             checked = await self._call(guard)
             if checked.interruption is not None:
                 await self._interrupted(step.name, None)
                 raise checked.interruption
             if checked.error is not None:
                 return error_text(checked.error), checked.error
+            if once:
+                self.checked_once.add(step.name)
         outcome = await self._call(step.call(self.context))
         reason = None
         if outcome.error is None and outcome.result is not None:
@@ -968,6 +973,9 @@ class Saga:
                 Phase.ROLLING_BACK, f"undoing {name}{tries}", "CompensationStarted", key=f"{name}.{entry.undo_attempts}"
             )
             guard = step.undo_guard_call(self.context)
+            patch = step.undo.guard.patch if step.undo is not None and step.undo.guard is not None else None
+            if guard is not None and patch is not None and not workflow.patched(patch):
+                guard = None
             checking = guard is not None
             try:
                 if guard is not None:

@@ -157,6 +157,11 @@ class Guard(Generic[G]):
     """The check's input for the step it guards; None when there is nothing to check."""
     timeout: Callable[[MigrationSpec], int]
     result: type[ApiModel] | None = None
+    once: bool = False
+    """Whether it runs only until it has passed once in the run, not before each later attempt of its step."""
+    patch: str | None = None
+    """The guard runs only in runs that have this patch (workflow.patched): one added to an undo that already ran
+    without it, so that histories from before replay as they ran."""
 
     def call(self, context: Context, step: str, summary: str) -> Call | None:
         argument = self.build(context, step)

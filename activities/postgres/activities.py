@@ -161,10 +161,18 @@ class PostgresActivities:
         if self._protection is not None:
             secrets = named_secrets(input.driver, input.snapshot)
             self._protection.protect(input.ref, secrets)
+        pinned = None
         with Heartbeats(self._settings.heartbeat_interval):
+            if input.after_provision:
+                # The steps since the first precheck acted on the source it recorded: a Secret that names another
+                # database now fails here (DatabaseReplaced, retried), and the record of the source stays as it was.
+                pinned = self._database(input.ref, input.driver.source_secret, "spec.driver.sourceSecret")
+                with self._connect(pinned, **prechecks.SESSION):
+                    pass
             result = prechecks.precheck(self._secrets, self._settings, input, owner(input.ref))
         if result.databases is not None:
-            self._pins.record(input.ref, result.databases)
+            kept = pinned.identity if pinned is not None and pinned.identity is not None else result.databases.source
+            self._pins.record(input.ref, result.databases.model_copy(update={"source": kept}))
         for warning in result.warnings:  # keyed by what it says: another attempt's other warnings shift no key
             self._warn(input.ref, warning, f"precheck.warning.{hashlib.sha256(warning.encode()).hexdigest()[:12]}")
         activity.logger.info(

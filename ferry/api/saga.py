@@ -304,6 +304,11 @@ class PrecheckInput(ApiModel):
         "StatefulSet provision is about to create. Its checks then wait for the check after provision "
         "(target_deferred in the result).",
     )
+    after_provision: bool = Field(
+        default=False,
+        description="The check after provision: the source must still be the database the first precheck recorded "
+        "(status.databases), which stays recorded; only the target's is added.",
+    )
 
 
 class PrecheckResult(ApiModel):

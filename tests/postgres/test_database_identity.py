@@ -14,7 +14,7 @@ from psycopg import sql
 from activities.postgres.connection import DatabaseReplaced
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import GROUP, PLURAL, VERSION, MigrationStatus
+from ferry.api.migration import GROUP, PLURAL, VERSION, CheckedDatabases, MigrationStatus
 from ferry.api.saga import MigrationRef
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
@@ -154,3 +154,45 @@ def test_a_source_that_is_another_database_when_traffic_would_go_back_holds_the_
     _name_in_secret(kube_api, namespace, SOURCE_SECRET, databases.source.database)
     assert steps.check_unwritten(verified.target_fence).compared
     steps.undo_freeze()
+
+
+def test_the_check_after_provision_keeps_the_source_the_first_precheck_recorded_and_adds_the_target(
+    steps: Steps,
+    databases: Databases,
+    elsewhere: dict[str, PostgresEndpoint],
+    kube_api: k8s.ApiClient,
+    namespace: str,
+    ref: MigrationRef,
+) -> None:
+    """The precheck let the target wait (it did not answer), and steps acted on the source since (mode Online: the
+    recovery snapshot). Run again after provision, it must not record whatever the source Secret names now as the
+    source: the freeze would then act on, and its undo look at, a database nothing checked the run against."""
+    create_shop(databases.source, customers=10, orders=100)
+    steps.precheck()
+    custom = k8s.CustomObjectsApi(kube_api)
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": {"databases": {"target": None}}},
+        field_manager="ferry-precheck",
+    )  # fmt: skip
+    first = _recorded(kube_api, ref)
+    assert first.source is not None
+    assert first.target is None, "as the first precheck leaves it when the target waits"
+
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, elsewhere["source"].database)
+    with pytest.raises(DatabaseReplaced, match=f"Secret {namespace}/{SOURCE_SECRET} no longer names the database"):
+        steps.precheck(after_provision=True)
+    assert _recorded(kube_api, ref) == first, "nothing recorded"
+
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, databases.source.database)
+    steps.precheck(after_provision=True)
+    after = _recorded(kube_api, ref)
+    assert after.source == first.source
+    assert after.target is not None
+    assert after.target.database == databases.target.database
+
+
+def _recorded(kube_api: k8s.ApiClient, ref: MigrationRef) -> CheckedDatabases:
+    raw = k8s.CustomObjectsApi(kube_api).get_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+    recorded = MigrationStatus.model_validate(raw["status"]).databases
+    assert recorded is not None
+    return recorded

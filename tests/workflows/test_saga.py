@@ -14,6 +14,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.postgres.connection import DatabaseReplaced
 from ferry.api.errors import (
     BadCredentials,
     DatabaseUnreachable,
@@ -763,8 +764,9 @@ async def test_a_rollback_after_switch_traffic_checks_the_target_against_verifys
     assert result.phase is Phase.ROLLED_BACK
     assert fakes.step_calls == [*FORWARD, *way_back(STEP_ACTIVITIES)]
     assert fakes.step_calls.index(CHECK_UNWRITTEN) == fakes.step_calls.index(UNDO[SWITCH_TRAFFIC]) - 1
-    (checked,) = fakes.inputs[CHECK_UNWRITTEN]
-    assert checked["fence"] == {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq"}
+    fence = {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq"}
+    # Before traffic goes back, and again before each undo that empties the target (migrate's, the snapshot's).
+    assert [checked["fence"] for checked in fakes.inputs[CHECK_UNWRITTEN]] == [fence] * 3
 
 
 async def test_writes_on_the_target_stop_the_rollback_before_traffic_goes_back_and_nothing_older_is_undone(
@@ -1127,3 +1129,33 @@ async def test_a_rollback_ends_the_write_downtime_window_when_the_freeze_is_undo
 def collapsed(calls: list[str]) -> list[str]:
     """The calls with the attempts of one undo in a row counted once."""
     return [call for index, call in enumerate(calls) if index == 0 or calls[index - 1] != call]
+
+
+@pytest.mark.parametrize(
+    "gone",
+    [
+        pytest.param(InvalidSpec("database 'orders' does not exist on the source's server"), id="dropped"),
+        pytest.param(DatabaseReplaced("Secret shop/orders-db-source now reaches another database"), id="replaced"),
+    ],
+)
+async def test_a_source_gone_while_it_was_copied_stops_the_rollback_before_the_target_is_emptied_or_snapshot_deleted(
+    run_saga: Run, gone: Exception
+) -> None:
+    """Its volume lost or replaced, or its database dropped, while the saga copied it: the target's restore and the
+    snapshot are the only copies left. The check before each undo that empties the target reaches the source first,
+    and its failure stops the rollback there (a retried one once its attempts are spent)."""
+    fakes = FakeSaga(fail={VERIFY: InvalidSpec("the source does not answer"), CHECK_UNWRITTEN: gone})
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "RollbackIncomplete"
+    assert UNDO[MIGRATE] not in fakes.step_calls
+    assert UNDO[SNAPSHOT] not in fakes.step_calls
+    assert UNDO[PROVISION] not in fakes.step_calls, "nor the target's volumes"
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert "the check before undoing migrate failed" in (final.message or "")
+    await record_history(saga, f"source-checked-before-the-target-is-emptied-{type(gone).__name__}")

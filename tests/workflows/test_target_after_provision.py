@@ -91,3 +91,20 @@ async def test_mode_online_checks_a_waiting_target_before_replicate_and_not_agai
     calls = saga.fakes.step_calls
     assert calls[: calls.index(REPLICATE) + 1] == [CHECK_CLUSTER, PRECHECK, PROVISION, SNAPSHOT, PRECHECK, REPLICATE]
     assert calls.count(PRECHECK) == 2
+
+
+async def test_the_check_after_provision_runs_once_and_not_again_before_a_later_attempt_of_the_freeze(
+    run_saga: Run,
+) -> None:
+    """A later attempt would find what an earlier one began (mode Online: replicate's table-sync slots) counted
+    against it."""
+    fakes = FakeSaga(
+        extra_results={PRECHECK: WAITING}, fail={FREEZE: RuntimeError("lock timeout")}, fail_times={FREEZE: 1}
+    )
+    saga = await run_saga(fakes)
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    calls = saga.fakes.step_calls
+    assert calls[: calls.index(FREEZE, calls.index(FREEZE) + 1) + 1] == [
+        CHECK_CLUSTER, PRECHECK, PROVISION, PRECHECK, FREEZE, FREEZE
+    ]  # fmt: skip
