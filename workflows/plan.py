@@ -271,27 +271,22 @@ FREEZE = Step(
 )
 
 
-def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
-    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
-    verified = c.results.get(VERIFY)
-    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
-
-
 SOURCE_CHECKED_BEFORE_EMPTYING = "source-checked-before-the-target-is-emptied"
 """Patch: the undos that empty the target (migrate's, and the snapshot's that restored) are guarded by the check
 before traffic goes back (SOURCE_STILL_THERE), which first reaches the source, the database the precheck pinned."""
 
 SOURCE_STILL_THERE = Guard(
     driver(DriverOperation.CHECK_UNWRITTEN),
-    mark_of_verify,
+    lambda c, _: CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, source_only=True),
     timeout=lambda spec: spec.timeouts.switch_traffic,
     result=CheckUnwrittenResult,
     patch=SOURCE_CHECKED_BEFORE_EMPTYING,
 )
-"""Guards the undos that empty the target: the source must still be the database the precheck pinned, and answer,
-and the target unwritten since verify's mark (if it has one). A source whose volume was lost or replaced, or whose
-database was dropped, while the saga copied it leaves the target's restore and the snapshot the only copies: the
-check fails, and the rollback stops there (a guard's failure stops it), before they are emptied or deleted."""
+"""Guards the undos that empty the target: the source must still answer as the database the precheck pinned. A source
+whose volume was lost or replaced, or whose database was dropped, while the saga copied it leaves the target's restore
+and the snapshot the only copies: the check fails, and the rollback stops there (a guard's failure stops it), before
+they are emptied or deleted. Only the source (source_only): the undo compares the target with verify's mark itself,
+and a target that does not answer, often why the rollback runs, must not keep the source frozen."""
 
 
 def snapshot_input(c: Context, *, restore: bool) -> SnapshotInput:
@@ -387,6 +382,12 @@ NO_WRITES_SINCE_FREEZE = Guard(
     result=CheckFrozenResult,
 )
 """Guards the steps after which the source stops counting: switch-traffic and scale-down-old."""
+
+
+def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
+    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
+    verified = c.results.get(VERIFY)
+    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
 
 
 NO_WRITES_ON_TARGET = Guard(

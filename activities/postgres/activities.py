@@ -879,14 +879,16 @@ class PostgresActivities:
         (DatabaseUnreachable, retried by the undos): traffic goes back only to a source that
         serves.
         """
-        db = self._database_to_undo(
-            input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
-        )
         source = self._database_to_undo(
             input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the check before traffic goes back"
         )
         with self._connect(source, **READING):
             pass  # the database the precheck pinned, else DatabaseReplaced (retried): see above
+        if input.source_only:
+            return CheckUnwrittenResult(compared=False)
+        db = self._database_to_undo(
+            input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
+        )
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db, **READING) as conn:
             mark = input.fence or unwritten.recorded(conn, owner(input.ref))
             if mark is None:

@@ -562,6 +562,12 @@ class CheckUnwrittenInput(ApiModel):
     fence: FenceMark | None = Field(
         default=None, description="Verify's mark of the target; None: read the mark verify recorded in the target."
     )
+    source_only: bool = Field(
+        default=False,
+        description="Only that the source answers as the database the precheck recorded: the check before an undo "
+        "that empties the target, which compares the target with verify's mark itself. A target that does not answer "
+        "then (often why the rollback runs) does not stop the way back to the source.",
+    )
 
 
 class CheckUnwrittenResult(ApiModel):

@@ -15,7 +15,7 @@ from activities.postgres.connection import DatabaseReplaced
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import GROUP, PLURAL, VERSION, CheckedDatabases, MigrationStatus
-from ferry.api.saga import MigrationRef
+from ferry.api.saga import CheckUnwrittenInput, MigrationRef
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps
 from tests.postgres.data import connect, create_shop, database_settings
@@ -153,6 +153,31 @@ def test_a_source_that_is_another_database_when_traffic_would_go_back_holds_the_
     assert _tables(databases.target) == restored
     _name_in_secret(kube_api, namespace, SOURCE_SECRET, databases.source.database)
     assert steps.check_unwritten(verified.target_fence).compared
+    steps.undo_freeze()
+
+
+def test_the_check_before_an_undo_that_empties_the_target_reaches_the_source_alone(
+    steps: Steps,
+    databases: Databases,
+    elsewhere: dict[str, PostgresEndpoint],
+    kube_api: k8s.ApiClient,
+    namespace: str,
+) -> None:
+    """A source replaced while it was copied fails it, so the rollback stops before the target's restore, the only
+    copy left, is emptied; a target that does not answer (often why the rollback runs) does not."""
+    create_shop(databases.source, customers=10, orders=100)
+    steps.precheck()
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    source_only = CheckUnwrittenInput(ref=steps.ref, driver=steps.driver, source_only=True)
+
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, elsewhere["source"].database)
+    with pytest.raises(DatabaseReplaced, match=f"Secret {namespace}/{SOURCE_SECRET} no longer names the database"):
+        steps.env.run(steps.postgres.check_unwritten, source_only)
+
+    _name_in_secret(kube_api, namespace, SOURCE_SECRET, databases.source.database)
+    k8s.CoreV1Api(kube_api).patch_namespaced_secret(TARGET_SECRET, namespace, {"stringData": {"port": "1"}})
+    assert not steps.env.run(steps.postgres.check_unwritten, source_only).compared, "the target is not reached"
     steps.undo_freeze()
 
 

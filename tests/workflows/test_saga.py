@@ -765,8 +765,9 @@ async def test_a_rollback_after_switch_traffic_checks_the_target_against_verifys
     assert fakes.step_calls == [*FORWARD, *way_back(STEP_ACTIVITIES)]
     assert fakes.step_calls.index(CHECK_UNWRITTEN) == fakes.step_calls.index(UNDO[SWITCH_TRAFFIC]) - 1
     fence = {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq"}
-    # Before traffic goes back, and again before each undo that empties the target (migrate's, the snapshot's).
-    assert [checked["fence"] for checked in fakes.inputs[CHECK_UNWRITTEN]] == [fence] * 3
+    # Before traffic goes back; then, of the source only, before each undo that empties the target.
+    checks = [(checked["fence"], checked["sourceOnly"]) for checked in fakes.inputs[CHECK_UNWRITTEN]]
+    assert checks == [(fence, False), (None, True), (None, True)]
 
 
 async def test_writes_on_the_target_stop_the_rollback_before_traffic_goes_back_and_nothing_older_is_undone(
