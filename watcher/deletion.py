@@ -58,6 +58,7 @@ from ferry.api.migration import (
     Migration,
     MigrationStatus,
     Phase,
+    StepState,
     secret_finalizer,
 )
 from ferry.api.saga import (
@@ -196,12 +197,18 @@ class DeletionHandler:
         a run that succeeded after its deletion was asked for: each undo finds its step's work where the step
         recorded it."""
         phase = migration.status.phase
+        if phase is not Phase.SUCCEEDED and _every_step_succeeded(migration):
+            phase = Phase.SUCCEEDED  # its last status write, the one that says so, did not land
         undoing = await _describe(self._client.get_workflow_handle(undo_workflow_id(ref_of(migration)))) is not None
+        if migration.spec is not None and migration.spec.dry_run and not undoing:
+            await self._release(migration, f"its workflow {saga} is gone from Temporal; a dry run changes nothing")
+            return
         if phase in _ALL_UNDONE and not undoing:
             await self._release(migration, f"its workflow {saga} is gone from Temporal, and its status says {phase}")
             return
         if phase is Phase.SUCCEEDED and not undoing:
-            if not await self._cleaned_up(migration, deadline):
+            shown = migration.status.model_copy(update={"phase": phase})
+            if not await self._cleaned_up(migration.model_copy(update={"status": shown}), deadline):
                 await self._release(migration, f"its workflow {saga} is gone from Temporal, after it succeeded")
             return
         why = (
@@ -396,6 +403,12 @@ async def _succeeded_after(
         return False
     result = await handle.result()
     return result.phase is Phase.SUCCEEDED
+
+
+def _every_step_succeeded(migration: Migration) -> bool:
+    """Whether the status shows every step of the run Succeeded: the run had succeeded, whatever its phase says."""
+    steps = migration.status.steps
+    return bool(steps) and all(step.state is StepState.SUCCEEDED for step in steps)
 
 
 def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:

@@ -685,3 +685,52 @@ async def _started(client: Client, id: str) -> WorkflowHandle[Any, Any] | None:
             raise
         return None
     return handle
+
+
+@pytest.mark.parametrize(
+    ("spec", "cleaned_up"),
+    [
+        pytest.param({"snapshot": {"retention": {"afterSuccess": "DeleteWithMigration"}}}, True, id="all-succeeded"),
+        pytest.param({"dryRun": True}, False, id="dry-run"),
+    ],
+)
+async def test_a_running_migration_whose_run_temporal_no_longer_knows_is_not_undone_when_there_is_nothing_to_undo(
+    spec: dict[str, Any], cleaned_up: bool, kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str,
+    kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str,
+) -> None:  # fmt: skip
+    """Every step shown Succeeded (the last status write, saying Succeeded, did not land): it succeeded, and goes as a
+    success does, after its retention cleanup. A dry run changed nothing."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    for key, value in spec.items():
+        manifest["spec"][key] = {**manifest["spec"].get(key, {}), **value} if isinstance(value, dict) else value
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    steps = ["precheck", "provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"]
+    status = {
+        "phase": "Running",
+        "workflow": {"namespace": temporal_client.namespace, "id": workflow_id(ref), "runId": str(uuid.uuid4())},
+        "snapshot": {"location": f"s3://{bucket}/{ref.uid}", "sha256": "ab" * 32, "sizeBytes": 1},
+        "steps": [{"name": name, "state": "Succeeded" if cleaned_up else "Pending"} for name in steps],
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, ref.name, {"status": status}, field_manager="ferry-saga"
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+    kube = Kube(kube_api, "test")
+    deleted = await kube.read_migration(ref)
+    assert deleted is not None
+
+    await pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace)).handle(
+        deleted, gone=False, run_closed=False, received=0.0
+    )
+
+    assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
+    cleanup = await _started(temporal_client, cleanup_workflow_id(ref))
+    if cleaned_up:
+        assert cleanup is not None, "the retention cleanup of a success"
+        await cleanup.terminate("the test is over")
+    else:
+        assert cleanup is None
+        assert await kube.read_migration(ref) is None, "released"

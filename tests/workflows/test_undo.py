@@ -15,6 +15,7 @@ from ferry.api.migration import MigrationStatus, Phase, StepState
 from ferry.api.saga import UNDO_WORKFLOW_NAME, MigrationResult, UndoMigrationInput, undo_workflow_id
 from tests.workflows.conftest import history_path, migration_input
 from tests.workflows.fakes import CHECK_UNWRITTEN, STEP_ACTIVITIES, UNDO, UNDO_GUARD, FakeSaga
+from workflows import plan
 from workflows.undo import MigrationUndoWorkflow
 
 pytestmark = pytest.mark.timeout(90)
@@ -123,3 +124,23 @@ async def test_the_status_goes_on_from_the_succeeded_run(time_skipping: Workflow
 
 
 STEP_NAMES = ["precheck", "provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"]
+
+
+async def test_given_a_status_the_undo_takes_back_only_the_steps_that_may_have_run(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A run whose history went while it froze the source (watcher/deletion.py): the steps after the freeze never ran,
+    and the check before switch-traffic's undo, which must reach the target, would hold the rollback for nothing. The
+    step after the last one shown begun counts as begun: it may have started before the status said so."""
+    order = [step.name for step in plan.PLAN]
+    shown = {"precheck": StepState.SUCCEEDED, "provision": StepState.SUCCEEDED, "freeze": StepState.RUNNING}
+    status = MigrationStatus.model_validate(
+        {"phase": "Running", "steps": [{"name": name, "state": shown.get(name, StepState.PENDING)} for name in order]}
+    )
+    fakes = FakeSaga()
+
+    result = await undo(time_skipping.client, task_queue, fakes, status=status)
+
+    assert result.phase is Phase.ROLLED_BACK
+    snapshot, freeze, provision = (UNDO[name] for name in ("postgresql.snapshot", "postgresql.freeze", "provision"))
+    assert fakes.step_calls == [UNDO_GUARD[snapshot], snapshot, freeze, provision]
