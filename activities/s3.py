@@ -237,11 +237,13 @@ def require_own_snapshot(ref: MigrationRef, spec: SnapshotSpec, bucket: str, key
 
 def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str, *, under: bool = False) -> int:
     """Aborts every unfinished multipart upload of exactly `key` or, with `under`, of every key that starts with
-    it, e.g. left by a worker that died; returns how many."""
+    it, e.g. left by a worker that died; returns how many. Each key listed is checked here too: a store (or a proxy)
+    that ignored the prefix would otherwise have every upload in the bucket aborted."""
     aborted = 0
     for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=key):
         for upload in page.get("Uploads", []):
-            if not under and upload.get("Key") != key:
+            found = str(upload.get("Key", ""))
+            if found != key and not (under and found.startswith(key)):
                 continue
             try:
                 s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
@@ -261,6 +263,8 @@ def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = 
         return removed
     for listing in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for found in listing.get("Contents", []):
+            if not str(found["Key"]).startswith(prefix):
+                continue  # a store that ignored the prefix: another snapshot's object, or anyone's
             s3.delete_object(Bucket=bucket, Key=found["Key"])
             removed += 1
     return removed
