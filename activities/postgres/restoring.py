@@ -63,7 +63,7 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, replication, subscription, tls, unwritten
+from activities.postgres import database_settings, replication, subscription, tls, tools, unwritten
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
@@ -463,7 +463,8 @@ class Restore:
         refused = tls.refusal(self._db, said)
         if refused is not None:
             return refused
-        return RuntimeError(f"could not restore {self._location} into {self._db.describe()}: {said}")
+        message = f"could not restore {self._location} into {self._db.describe()}: {said}"
+        return tools.lock_table_refusal(self._db, message) or RuntimeError(message)
 
     def _relay_script(self) -> None:
         """The relay thread, with `freeze`: pg_restore's script through Copies into psql. psql gets the end of its input

@@ -34,11 +34,29 @@ from activities.postgres import tls
 from activities.postgres.connection import APPLICATION_NAME, parameters
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
+from ferry.api.errors import InvalidSpec
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 TOOLS = ("pg_dump", "pg_restore")
 DEBIAN_FOLDERS = Path("/usr/lib/postgresql")
 STDERR_LINES = 20
+OUT_OF_LOCKS = ("out of shared memory", "max_locks_per_transaction")
+"""What the server says when one transaction needs more locks than its lock table holds (its hint names the setting)."""
+
+
+def lock_table_refusal(db: DatabaseConnection, said: str) -> InvalidSpec | None:
+    """A permanent failure for a tool's transaction that the server's lock table could not hold (`said` says what
+    failed, as the server told it); None for any other failure. Another attempt would fail the same way."""
+    if not all(words in said for words in OUT_OF_LOCKS):
+        return None
+    return InvalidSpec(
+        f"{said}. The restore creates the database's tables, indexes and large objects in one transaction, and the "
+        f"lock table of the server of {db.describe()} is too small for them: another attempt would fail the same "
+        "way. Raise max_locks_per_transaction on that server (a restart; the target's Pods take the source's "
+        "settings unless they are changed), then create the Migration again."
+    )
+
+
 MESSAGES = {"LC_MESSAGES": "C"}
 """The tools' messages in English whatever the worker's locale: ferry reads them ("permission denied")."""
 
@@ -204,7 +222,8 @@ class Tool:
         """What to raise for its exit with `code`: TlsMismatch when TLS failed, else a RuntimeError saying it could
         not do what it was `doing` and what it said."""
         failure = self.failure(code)
-        return tls.refusal(self._db, failure) or RuntimeError(f"could not {doing}: {failure}")
+        said = f"could not {doing}: {failure}"
+        return tls.refusal(self._db, failure) or lock_table_refusal(self._db, said) or RuntimeError(said)
 
     def __enter__(self) -> Tool:
         return self

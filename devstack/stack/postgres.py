@@ -86,6 +86,8 @@ class PostgresInstance:
     process: ManagedProcess | None = None
     tls: ServerTls | None = None
     """Serve TLS only, with this certificate; None: the stack's usual instance, without TLS."""
+    settings: tuple[str, ...] = ()
+    """More server settings, `name=value` each, after the stack's own (a test's instance with a smaller lock table)."""
 
     @property
     def data(self) -> Path:
@@ -179,6 +181,7 @@ class PostgresInstance:
                 *TWO_PHASE_COMMIT,
                 *self._tls_settings(),
                 *(LOGICAL_REPLICATION if self.name == "source" else ()),
+                *(option for setting in self.settings for option in ("-c", setting)),
             ],
             user=self.user.name if self.user else None,
             cwd=self.data.parent,  # ferry's own folder may be closed to the server's user
