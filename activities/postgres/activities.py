@@ -813,7 +813,13 @@ class PostgresActivities:
             comparison.objects,
             fence.writes,
         )
-        return VerifyResult(tables=comparison.checks, objects=comparison.objects, target_fence=fence)
+        tables = verifying.listed(comparison.checks)
+        return VerifyResult(
+            tables=tables,
+            tables_compared=len(comparison.checks) if len(tables) < len(comparison.checks) else None,
+            objects=comparison.objects,
+            target_fence=fence,
+        )
 
     def _compared_ahead(
         self, source: DatabaseConnection, guard: Connection, compared: AheadComparison | None

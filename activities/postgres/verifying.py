@@ -95,3 +95,14 @@ def compare(source: Side, target: Side, ahead: Mapping[str, TableAhead] | None =
         objects=len(source.objects.keys() | target.objects.keys()),
         difference=". ".join(sentences) if sentences else None,
     )
+
+
+LISTED = 500
+"""How many equal tables verify's result lists at most: a result past Temporal's payload limit (2 MiB, some ten
+thousand tables) fails the attempt, after every row was read, and every attempt after it."""
+
+
+def listed(checks: list[TableCheck]) -> list[TableCheck]:
+    """The checks verify's result carries: every one that differs, then equal ones up to LISTED, in their order."""
+    different = [check for check in checks if not check.equal]
+    return different + [check for check in checks if check.equal][:LISTED]

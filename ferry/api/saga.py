@@ -545,7 +545,11 @@ class TableCheck(ApiModel):
 
 class VerifyResult(ApiModel):
     tables: list[TableCheck] = Field(
-        description="Every table, populated materialized view and (as `large objects`) the large objects, compared."
+        description="The tables, populated materialized views and (as `large objects`) the large objects compared: "
+        "every one that differs, and the others up to a bound (tables_compared counts them all)."
+    )
+    tables_compared: int | None = Field(
+        default=None, description="How many were compared, listed or not (None: every one is listed)."
     )
     objects: int = Field(default=0, description="Schema objects and sequences compared besides the rows.")
     target_fence: FenceMark | None = Field(

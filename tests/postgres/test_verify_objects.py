@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from activities.postgres import schema
+from activities.postgres import schema, verifying
 from ferry.api.errors import VerificationMismatch
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps
@@ -340,3 +340,15 @@ def test_what_changes_how_objects_behave_is_restored_and_verifies_equal(steps: S
     steps.migrate(steps.snapshot())
 
     steps.verify()
+
+
+def test_verify_names_every_table_it_compared_up_to_a_bound_and_counts_them_all(
+    steps: Steps, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _both(databases, "create table shop.a (id int primary key)", "create table shop.b (id int primary key)")
+    monkeypatch.setattr(verifying, "LISTED", 2)
+
+    result = steps.verify()
+
+    assert len(result.tables) == 2
+    assert result.tables_compared == 5, "shop.orders, shop.totals, shop.a, shop.b and the large objects"

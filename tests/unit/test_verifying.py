@@ -6,7 +6,8 @@ queries are printed again, and only the query part of a view's description chang
 
 from __future__ import annotations
 
-from activities.postgres.verifying import Side, compare, queries_to_reprint, with_reprinted
+from activities.postgres.verifying import LISTED, Side, compare, listed, queries_to_reprint, with_reprinted
+from ferry.api.saga import TableCheck
 
 QUALIFIED = "SELECT orders.id FROM shop.orders WHERE (orders.total > (50)::numeric);"
 BARE = "SELECT id FROM shop.orders WHERE (total > (50)::numeric);"
@@ -46,3 +47,20 @@ def test_a_query_the_target_could_not_print_keeps_its_difference() -> None:
 
     assert comparison.difference is not None
     assert "relation shop.big (" in comparison.difference
+
+
+def test_verifys_result_lists_every_table_that_differs_and_the_equal_ones_up_to_a_bound() -> None:
+    """Its result must stay under Temporal's payload limit (2 MiB): some ten thousand tables passed it, and every
+    attempt of verify then failed after reading every row."""
+    checks = [
+        TableCheck(
+            table=f"s.t{n}", source_rows=1, target_rows=1 if n != 7 else 0, source_checksum="a", target_checksum="a"
+        )
+        for n in range(LISTED + 50)
+    ]
+
+    shown = listed(checks)
+
+    assert [check.table for check in shown][:1] == ["s.t7"]
+    assert len(shown) == LISTED + 1
+    assert listed(checks[:3]) == checks[:3]
