@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -84,6 +84,15 @@ MIRROR_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=10
 )
 """Status mirroring is best effort: each write carries the whole status, so the next one catches up."""
+STATUS_WRITES_NEVER_END_THE_RUN = "status-writes-never-end-the-run"
+"""Patch: a status write that failed for good (the Kubernetes API refusing it for the few minutes MIRROR_RETRY spans)
+no longer ends the run: a local activity's failure reaches the workflow as its ApplicationError, not an ActivityError,
+so it escaped the handler, and the run closed Failed wherever it stood, a frozen source and all, with nothing undone.
+The write that says the run finished (Succeeded, RolledBack, Failed, Planned) is tried again at FINAL_STATUS_RETRY
+intervals until it lands: once the run closes nothing writes the status again, and the Migration would show Running
+for good, every `kubectl wait` hanging."""
+FINAL_STATUS_RETRY = (timedelta(seconds=30), timedelta(minutes=5))
+"""The first wait between tries of the final status write, and the longest (it doubles)."""
 MIRROR_TIMEOUT = timedelta(seconds=30)
 RETENTION_TIMEOUT = timedelta(minutes=5)
 COALESCED_MIRRORS = "coalesced-status-mirrors"
@@ -1095,20 +1104,31 @@ class Saga:
         # its own, so a status write never queues behind snapshots and restores for an activity slot, and costs the
         # history one marker instead of an activity's three events and a workflow task's three.
         execute = workflow.execute_local_activity if self._coalesces() else workflow.execute_activity
-        try:
-            mirrored = await execute(
-                KubeActivity.MIRROR_STATUS.value,
-                MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event, earlier_events=earlier),
-                result_type=MirrorStatusResult,
-                start_to_close_timeout=MIRROR_TIMEOUT,
-                retry_policy=MIRROR_RETRY,
-                summary=f"{self.ref}: status {self.status.phase}, {event.reason}",
-            )
-        except ActivityError as error:
-            if is_cancelled_exception(error):
-                raise
-            workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
-            return
+        wait = FINAL_STATUS_RETRY[0]
+        while True:
+            try:
+                mirrored = await execute(
+                    KubeActivity.MIRROR_STATUS.value,
+                    MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event, earlier_events=earlier),
+                    result_type=MirrorStatusResult,
+                    start_to_close_timeout=MIRROR_TIMEOUT,
+                    retry_policy=MIRROR_RETRY,
+                    summary=f"{self.ref}: status {self.status.phase}, {event.reason}",
+                )
+                break
+            except FailureError as error:
+                if is_cancelled_exception(error):
+                    raise
+                # A local activity's failure is its ApplicationError itself; runs from before the patch failed on it.
+                caught = isinstance(error, ActivityError) or workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN)
+                if not caught:
+                    raise
+                workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
+                final = self.status.phase is not None and self.status.phase.finished
+                if not final or not workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN):
+                    return
+                await workflow.sleep(wait)  # the run's last word: nothing writes the status after it
+                wait = min(wait * 2, FINAL_STATUS_RETRY[1])
         if mirrored.found:
             self.backed_by_migration = True
         else:

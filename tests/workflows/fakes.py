@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from ferry.api.migration import ApiModel, MigrationSpec, MigrationStatus, StepName, Throughput
 from ferry.api.saga import (
@@ -177,6 +178,12 @@ class FakeSaga:
     cancelled: list[str] = dataclasses.field(default_factory=list)
     statuses: list[MigrationStatus] = dataclasses.field(default_factory=list)
     events: list[EventRecord] = dataclasses.field(default_factory=list)
+    final_mirrors_failing: int = 0
+    """The first this many status writes of a finished phase fail for good (the Kubernetes API refusing them for a
+    while: each fails at once, as a write whose attempts ran out looks to the run, without their real-time waits)."""
+    mirrors_failing_from: tuple[int, int] = (0, 0)
+    """(n, count): from the n-th status write on (counting from 1), this many fail for good."""
+    _mirror_calls: int = 0
     mirrors_held: bool = False
     """Status writes wait until `release_mirrors()`: the workflow task that started one stays open meanwhile (a local
     activity's), so what reaches the run in that time comes to it in one later activation, as under load."""
@@ -276,6 +283,13 @@ class FakeSaga:
             if self.mirrors_held:
                 self.mirrors_waiting += 1
                 await self._mirrors_released.wait()
+            if request.status.phase is not None and request.status.phase.finished and self.final_mirrors_failing > 0:
+                self.final_mirrors_failing -= 1
+                raise _failed_for_good("the API server answered 429 Too Many Requests")
+            self._mirror_calls += 1
+            first, count = self.mirrors_failing_from
+            if first and first <= self._mirror_calls < first + count:
+                raise _failed_for_good("the API server answered 503 Service Unavailable")
             self.calls.append(MIRROR)
             self.statuses.append(request.status)
             self.events.extend(request.earlier_events)
@@ -285,3 +299,7 @@ class FakeSaga:
             return MirrorStatusResult(found=self.gone_after is None or mirrors <= self.gone_after)
 
         return mirror_status
+
+
+def _failed_for_good(message: str) -> ApplicationError:
+    return ApplicationError(message, type="ApiException", non_retryable=True)

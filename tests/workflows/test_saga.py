@@ -1160,3 +1160,29 @@ async def test_a_source_gone_while_it_was_copied_stops_the_rollback_before_the_t
     assert final.phase is Phase.FAILED
     assert "the check before undoing migrate failed" in (final.message or "")
     await record_history(saga, f"source-checked-before-the-target-is-emptied-{type(gone).__name__}")
+
+
+async def test_the_status_that_says_the_run_finished_is_written_however_long_the_api_refuses_it(run_saga: Run) -> None:
+    """Once the run closes nothing writes the status again: a final write given up after a few minutes left the
+    Migration showing Running for good, and every `kubectl wait` hanging."""
+    fakes = FakeSaga(final_mirrors_failing=6)
+    saga = await run_saga(fakes)
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.SUCCEEDED
+    assert fakes.final_mirrors_failing == 0
+    assert saga.final_status.phase is Phase.SUCCEEDED
+    await record_history(saga, "final-status-until-written")
+
+
+async def test_a_status_write_refused_for_good_mid_run_does_not_end_the_run(run_saga: Run) -> None:
+    """A status write that used up its attempts reached the run as a local activity's failure, which escaped the
+    handler: the run closed Failed wherever it stood (here at its sixth write, steps under way), nothing undone."""
+    fakes = FakeSaga(mirrors_failing_from=(6, 1))  # one write, the source frozen
+    saga = await run_saga(fakes)
+
+    result = await saga.handle.result()
+
+    assert result.phase is Phase.SUCCEEDED
+    assert fakes.step_calls == FORWARD
