@@ -44,6 +44,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from ferry.api import search_attributes
+    from ferry.api.integrity import NOT_BACKED
     from ferry.api.migration import (
         ApiModel,
         DeadlinePolicy,
@@ -173,6 +174,13 @@ class StepFailed(Exception):
     def __init__(self, step: str, error: str) -> None:
         super().__init__(f"step {step} failed: {error}")
         self.step = step
+
+
+def _refused_by_the_gate(error: BaseException) -> bool:
+    """Whether an activity's failure is the worker's gate refusing the run (worker/gate.py), not the work failing."""
+    while error.__cause__ is not None and isinstance(error, ActivityError):
+        error = error.__cause__
+    return isinstance(error, ApplicationError) and error.type == NOT_BACKED
 
 
 def error_text(error: BaseException) -> str:
@@ -1125,8 +1133,8 @@ class Saga:
                     raise
                 workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
                 final = self.status.phase is not None and self.status.phase.finished
-                if not final or not workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN):
-                    return
+                if not final or _refused_by_the_gate(error) or not workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN):
+                    return  # the worker's gate refuses every write of this run alike: trying again changes nothing
                 await workflow.sleep(wait)  # the run's last word: nothing writes the status after it
                 wait = min(wait * 2, FINAL_STATUS_RETRY[1])
         if mirrored.found:

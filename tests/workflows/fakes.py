@@ -181,6 +181,8 @@ class FakeSaga:
     final_mirrors_failing: int = 0
     """The first this many status writes of a finished phase fail for good (the Kubernetes API refusing them for a
     while: each fails at once, as a write whose attempts ran out looks to the run, without their real-time waits)."""
+    mirror_failure: str = "ApiException"
+    """The type of those failures (ferry.api.integrity.NOT_BACKED: the worker's gate refusing the run's writes)."""
     mirrors_failing_from: tuple[int, int] = (0, 0)
     """(n, count): from the n-th status write on (counting from 1), this many fail for good."""
     _mirror_calls: int = 0
@@ -285,11 +287,11 @@ class FakeSaga:
                 await self._mirrors_released.wait()
             if request.status.phase is not None and request.status.phase.finished and self.final_mirrors_failing > 0:
                 self.final_mirrors_failing -= 1
-                raise _failed_for_good("the API server answered 429 Too Many Requests")
+                raise _failed_for_good("the API server answered 429 Too Many Requests", self.mirror_failure)
             self._mirror_calls += 1
             first, count = self.mirrors_failing_from
             if first and first <= self._mirror_calls < first + count:
-                raise _failed_for_good("the API server answered 503 Service Unavailable")
+                raise _failed_for_good("the API server answered 503 Service Unavailable", self.mirror_failure)
             self.calls.append(MIRROR)
             self.statuses.append(request.status)
             self.events.extend(request.earlier_events)
@@ -301,5 +303,5 @@ class FakeSaga:
         return mirror_status
 
 
-def _failed_for_good(message: str) -> ApplicationError:
-    return ApplicationError(message, type="ApiException", non_retryable=True)
+def _failed_for_good(message: str, type: str) -> ApplicationError:
+    return ApplicationError(message, type=type, non_retryable=True)

@@ -23,6 +23,7 @@ from ferry.api.errors import (
     WritesAfterFreeze,
     WritesOnTarget,
 )
+from ferry.api.integrity import NOT_BACKED
 from ferry.api.migration import STEP_ORDER, Phase, StepName, StepState
 from ferry.api.saga import ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
@@ -1186,3 +1187,12 @@ async def test_a_status_write_refused_for_good_mid_run_does_not_end_the_run(run_
 
     assert result.phase is Phase.SUCCEEDED
     assert fakes.step_calls == FORWARD
+
+
+async def test_a_final_status_write_the_workers_gate_refuses_is_not_tried_again(run_saga: Run) -> None:
+    """The gate refuses every write of a run that is not the Migration's (a reset of a finished one): the run ends."""
+    fakes = FakeSaga(final_mirrors_failing=1_000, mirror_failure=NOT_BACKED)
+    saga = await run_saga(fakes)
+
+    assert (await saga.handle.result()).phase is Phase.SUCCEEDED
+    assert fakes.final_mirrors_failing == 999, "tried once"
