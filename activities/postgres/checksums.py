@@ -192,10 +192,23 @@ from pg_catalog.generate_series(0, 200) as n
 """
 """COLUMNS of probe rows with a column of every kind it reads, so that a difference in how a kind is hashed shows."""
 
+LARGE_OBJECT_PIECE = 1 << 20
+"""Bytes of a large object read at a time: `lo_get` of a whole object over 1 GB fails (PostgreSQL allocates the whole
+result), so each object is hashed piece by piece, the md5 of its pieces' md5s, in order."""
 LARGE_OBJECT_CHECKSUM = """
+with recursive pieces(oid, at, digest, more) as (
+    select m.oid, 0::bigint, pg_catalog.md5(g.piece), pg_catalog.length(g.piece) = %(piece)s
+    from pg_catalog.pg_largeobject_metadata m, lateral (select pg_catalog.lo_get(m.oid, 0, %(piece)s) as piece) g
+    union all
+    select p.oid, p.at + %(piece)s, pg_catalog.md5(g.piece), pg_catalog.length(g.piece) = %(piece)s
+    from pieces p, lateral (select pg_catalog.lo_get(p.oid, p.at + %(piece)s, %(piece)s) as piece) g
+    where p.more
+), objects(oid, digest) as (
+    select oid, pg_catalog.md5(pg_catalog.string_agg(digest, '' order by at)) from pieces group by oid
+)
 select pg_catalog.count(*), coalesce(pg_catalog.sum(('x' || pg_catalog.left(
-    pg_catalog.md5(m.oid::text || ':' || pg_catalog.md5(pg_catalog.lo_get(m.oid))), 16))::bit(64)::bigint), 0)
-from pg_catalog.pg_largeobject_metadata m
+    pg_catalog.md5(oid::text || ':' || digest), 16))::bit(64)::bigint), 0)
+from objects
 """
 
 
@@ -298,7 +311,7 @@ def fingerprints(
         done(len(result), counted)
     if not large_objects:
         return result
-    row = conn.execute(LARGE_OBJECT_CHECKSUM).fetchone()
+    row = conn.execute(LARGE_OBJECT_CHECKSUM, {"piece": LARGE_OBJECT_PIECE}).fetchone()
     assert row is not None
     if row[0]:
         result[LARGE_OBJECTS] = (int(row[0]), hashlib.sha256(f"{row[0]}:{row[1]}".encode()).hexdigest()[:32])
