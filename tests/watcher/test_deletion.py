@@ -201,8 +201,10 @@ async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_be
     assert "UndoingBeforeDeletion" in reasons
     assert "UndoneBeforeDeletion" in reasons
     undo = temporal_client.get_workflow_handle(undo_workflow_id(ref))
-    (checked,) = await _results(undo, "postgresql.check_unwritten")
+    # Before traffic goes back; then, of the source alone, before each undo that empties the target.
+    checked, *sources = await _results(undo, "postgresql.check_unwritten")
     assert checked["compared"], "without the run's results, the check found verify's mark in the target"
+    assert [source["compared"] for source in sources] == [False, False]
 
 
 def _selector(api: k8s.ApiClient, namespace: str) -> dict[str, str]:
