@@ -209,6 +209,7 @@ def precheck_input(c: Context, *, first: bool) -> PrecheckInput:
         measure=first,
         stable_service=c.spec.source.service,
         target_may_wait=first,
+        target_replicas=c.spec.target.replicas,
         after_provision=not first,
     )
 

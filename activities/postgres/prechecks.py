@@ -237,6 +237,7 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
     collations = locales.collation_warning(source.locale, target.locale, source_db, target_db) if target else None
     deferred = _checked_after_provision(target_db) if waiting else None
+    replicas = _replicas(target_db, input.target_replicas) if input.target_replicas > 1 else None
     return PrecheckResult(
         source_version=source.version,
         target_version=target.version if target else None,
@@ -250,7 +251,9 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         if input.measure
         else None,
         warnings=[
-            warning for warning in (deferred, unbounded, _other_databases(source_db, source), collations) if warning
+            warning
+            for warning in (deferred, replicas, unbounded, _other_databases(source_db, source), collations)
+            if warning
         ],
         databases=CheckedDatabases(source=source.identity, target=target.identity if target else None),
     )
@@ -266,6 +269,15 @@ def _not_answering(db: DatabaseConnection, settings: DataActivitySettings) -> bo
         return True
     except PermanentError:
         return False
+
+
+def _replicas(db: DatabaseConnection, replicas: int) -> str:
+    return (
+        f"spec.target.replicas is {replicas}: ferry restores into one database, {db.describe()} (Secret {db.secret}), "
+        f"and switch-traffic points the clients' Service at all {replicas} of the target's Pods. The others hold the "
+        "data only if the target's image replicates it from that one (a failover manager); otherwise clients reach "
+        "empty databases. Unless it does, migrate to 1 replica and scale the target up once replication is set up."
+    )
 
 
 def _checked_after_provision(db: DatabaseConnection) -> str:

@@ -304,6 +304,9 @@ class PrecheckInput(ApiModel):
         "StatefulSet provision is about to create. Its checks then wait for the check after provision "
         "(target_deferred in the result).",
     )
+    target_replicas: int = Field(
+        default=1, ge=1, description="spec.target.replicas: every one of them gets the clients, one gets the data."
+    )
     after_provision: bool = Field(
         default=False,
         description="The check after provision: the source must still be the database the first precheck recorded "

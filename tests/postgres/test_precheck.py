@@ -718,3 +718,16 @@ def test_a_target_that_answers_is_checked_at_once_even_when_it_could_wait(
 
     assert any(f"Secret {namespace}/{OTHER}" in problem for problem in problems), problems
     assert steps.precheck(target_may_wait=True).target_version is not None, "a target that answers is checked"
+
+
+def test_precheck_warns_that_a_target_of_several_replicas_gets_the_data_in_one_of_them(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The Service selects every target Pod; unless the image replicates, the others are empty databases."""
+    create_shop(databases.source, customers=10, orders=100)
+
+    warnings = steps.precheck(target_replicas=3).warnings
+
+    [warning] = [w for w in warnings if w.startswith("spec.target.replicas is 3")]
+    assert f"Secret {namespace}/{TARGET_SECRET}" in warning
+    assert not [w for w in steps.precheck().warnings if w.startswith("spec.target.replicas")]
