@@ -202,11 +202,15 @@ settings. The restore carries them all. Compared by verify only: the fences' cat
 to QUERIES, so a mark taken before these were compared is still read as it was taken."""
 
 SEQUENCE_VALUES = f"""
-select n.nspname || '.' || c.relname, pg_sequence_last_value(c.oid)
-from pg_class c join pg_namespace n on n.oid = c.relnamespace
+select n.nspname, c.relname, pg_sequence_last_value(c.oid), s.seqstart
+from pg_class c join pg_namespace n on n.oid = c.relnamespace join pg_sequence s on s.seqrelid = c.oid
 where c.relkind = 'S' and c.relpersistence <> 't' and {USER}
 and {NOT_EXTENSION_MEMBER.format(catalog="'pg_class'", oid="c.oid")}
 """
+"""Each user sequence's last value handed out (NULL while is_called is false: none handed out since it was created,
+restarted or set with setval(..., false)), and its start value."""
+SEQUENCES_READ_AT_ONCE = 200
+"""How many sequences without a last value handed out `sequence_values` reads in one query."""
 
 
 VIEW_QUERIES = f"""
@@ -267,9 +271,37 @@ def reprinted(conn: Connection, queries: dict[str, str]) -> dict[str, str]:
 
 
 def sequence_values(conn: Connection) -> dict[str, str]:
-    """Where each user sequence stands, as `value of sequence schema.name`: its last value, or `not used yet`."""
-    rows = conn.execute(SEQUENCE_VALUES).fetchall()
-    return {f"value of sequence {name}": "not used yet" if value is None else str(value) for name, value in rows}
+    """Where each user sequence stands, as `value of sequence schema.name`: its last value handed out; `not used yet`
+    while the next value is its start value; `next value N` when it was set to hand out N next (setval(..., false),
+    ALTER SEQUENCE ... RESTART).
+
+    pg_sequence_last_value says nothing of a sequence whose is_called is false, so those are read from the sequence
+    itself: otherwise a sequence set to start again past the rows' keys on one side and not on the other would read
+    the same, and the target would hand out keys the source had used. Sequences in the usual states read as they
+    always did, so a fence mark taken by an older worker still compares."""
+    found: dict[str, str] = {}
+    unread: list[tuple[str, str, str, int]] = []
+    for namespace, name, value, start in conn.execute(SEQUENCE_VALUES).fetchall():
+        key = f"value of sequence {namespace}.{name}"
+        if value is None:
+            unread.append((key, namespace, name, int(start)))
+        else:
+            found[key] = str(value)
+    for first in range(0, len(unread), SEQUENCES_READ_AT_ONCE):
+        chunk = unread[first : first + SEQUENCES_READ_AT_ONCE]
+        query = sql.SQL(" union all ").join(
+            sql.SQL("select {}::int, last_value, is_called from {}").format(
+                sql.Literal(index), sql.Identifier(namespace, name)
+            )
+            for index, (_, namespace, name, _) in enumerate(chunk)
+        )
+        for index, last_value, is_called in conn.execute(query).fetchall():
+            key, _, _, start = chunk[index]
+            if is_called:
+                found[key] = str(last_value)
+            else:
+                found[key] = "not used yet" if int(last_value) == start else f"next value {last_value}"
+    return found
 
 
 def differences(source: dict[str, str], target: dict[str, str]) -> list[str]:

@@ -175,6 +175,28 @@ def test_writes_that_touch_no_row_counter_are_caught_too(
         steps.check_frozen(frozen.fence)
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param("select setval('audit.spare_seq', 5000, false)", id="setval-not-called"),
+        pytest.param("alter sequence audit.spare_seq restart with 5000", id="restart"),
+    ],
+)
+def test_a_sequence_set_to_hand_out_another_value_next_is_caught_though_it_hands_out_none(
+    steps: Steps, source: Databases, write: str
+) -> None:
+    """A sequence that has handed out no value since it was created reads the same to pg_sequence_last_value
+    whatever value it is set to hand out first."""
+    with connect(source.source) as superuser:
+        superuser.execute("create sequence audit.spare_seq")
+    frozen = steps.freeze()
+    with connect(source.source) as superuser:
+        superuser.execute(f"begin read write; {write}; commit")
+
+    with pytest.raises(WritesAfterFreeze, match="sequences moved"):
+        steps.check_frozen(frozen.fence)
+
+
 def test_statistics_reset_after_the_freeze_fails_the_check_since_nothing_can_be_vouched_for(
     steps: Steps, source: Databases
 ) -> None:

@@ -73,6 +73,20 @@ def test_verify_sees_a_sequence_that_is_behind(steps: Steps, databases: Database
     )
 
 
+def test_verify_sees_a_sequence_set_to_hand_out_another_value_next(steps: Steps, databases: Databases) -> None:
+    """Set with setval(..., false) on the source, untouched on the target: neither has handed out a value since,
+    and the target would hand out keys from 1 again."""
+    _both(databases, "create sequence shop.invoice_seq")
+    with connect(databases.source) as conn:
+        conn.execute("select setval('shop.invoice_seq', 500, false)")
+
+    message = _mismatch(steps)
+
+    assert (
+        "value of sequence shop.invoice_seq ('next value 500' in the source, 'not used yet' in the target)" in message
+    )
+
+
 def test_verify_sees_a_materialized_view_defined_differently(steps: Steps, databases: Databases) -> None:
     _both(databases)
     _on_target(
