@@ -9,7 +9,9 @@ Terminated or TimedOut" (see watcher/abandoned.py).
 
 A finished Migration that is not being deleted and has no new control decides
 `nothing`: it costs neither a Temporal call nor an API write, and a list keeps no more
-of it than a summary (watcher/inventory.py).
+of it than a summary (watcher/inventory.py). The one exception is a finished Migration
+whose deletion still has work (a snapshot kept until then) and which lost ferry's
+finalizer (`kubectl replace` of a manifest without it): one write puts it back.
 
 A new Migration's workflow starts before ferry's finalizer is added (with the
 annotation, in one write), so a deleted Migration without the finalizer may have a run
@@ -33,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, Migration
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, AfterSuccess, Migration, Phase
 from ferry.api.saga import MigrationRef, workflow_id
 from watcher.controls import Control, Rejection, pending
 
@@ -122,7 +124,10 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         return Action(cancel=not migration.finished)
     given = tuple(pending(migration))
     if migration.finished:
-        return Action(controls=given)
+        # Held only where its deletion still has work: `kubectl replace` of a manifest without finalizers drops
+        # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it.
+        held = FINALIZER in migration.metadata.finalizers or not deleting_it_has_work(migration)
+        return Action(controls=given, add_finalizer=not held)
     if migration.spec is None:
         return Action(invalid_spec=migration.spec_problem or "the spec does not validate")
     return Action(
@@ -130,6 +135,19 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         start=not started(migration),
         controls=given,
         check_run=run_closed,
+    )
+
+
+def deleting_it_has_work(migration: Migration) -> bool:
+    """Whether deleting this finished Migration has work for ferry: the retention cleanup of a snapshot that
+    afterSuccess: DeleteWithMigration keeps until then (watcher/deletion.py)."""
+    status, spec = migration.status, migration.spec
+    return (
+        status.phase is Phase.SUCCEEDED
+        and status.snapshot is not None
+        and not status.snapshot.deleted
+        and spec is not None
+        and spec.snapshot.retention.after_success is AfterSuccess.DELETE_WITH_MIGRATION
     )
 
 

@@ -52,7 +52,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ferry.api.migration import (
     FINALIZER,
-    AfterSuccess,
     DeletionStatus,
     EventType,
     Migration,
@@ -74,7 +73,7 @@ from ferry.api.saga import (
     undo_workflow_id,
     workflow_id,
 )
-from watcher.decisions import ref_of, started
+from watcher.decisions import deleting_it_has_work, ref_of, started
 from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
@@ -415,9 +414,7 @@ def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:
     """The cleanup a finished Migration's retention asks for on deletion, if any."""
     status, spec = migration.status, migration.spec
     snapshot = status.snapshot
-    if status.phase is not Phase.SUCCEEDED or snapshot is None or spec is None:
-        return None
-    if spec.snapshot.retention.after_success is not AfterSuccess.DELETE_WITH_MIGRATION or snapshot.deleted:
+    if not deleting_it_has_work(migration) or snapshot is None or spec is None:
         return None
     ref = ref_of(migration)
     # Where the object is comes from the spec, never from the status: anyone who may write the status could name

@@ -67,6 +67,25 @@ def test_a_finished_migration_costs_nothing_even_without_the_finalizer() -> None
         assert decide(migration(finalizers=(), phase=phase)).nothing, phase
 
 
+def test_a_finished_migration_whose_snapshot_goes_with_it_gets_the_finalizer_back_when_it_lost_it() -> None:
+    """`kubectl replace` of a manifest without finalizers drops ferry's: the deletion would then skip the retention
+    cleanup and leave the snapshot (afterSuccess: DeleteWithMigration) in the bucket."""
+    snapshot = {"location": f"s3://ferry-snapshots/{UID}", "sha256": "ab" * 32, "sizeBytes": 1}
+    succeeded = {"phase": "Succeeded", "snapshot": snapshot, "workflow": RUNNING["workflow"]}
+
+    assert decide(migration(finalizers=(), **succeeded)) == Action(add_finalizer=True)
+    assert keep(migration(finalizers=(), **succeeded)).migration is not None, "a list keeps it for its pass"
+    assert decide(migration(**succeeded)).nothing, "held already"
+    assert decide(migration(finalizers=(), **{**succeeded, "snapshot": {**snapshot, "deleted": True}})).nothing
+    kept = samples.migration("orders-db-to-16")["spec"]
+    kept["snapshot"]["retention"] = {"afterSuccess": "Keep"}
+    keeping = migration(finalizers=(), spec=kept, **succeeded)
+    assert keeping.spec is not None
+    assert decide(keeping).nothing
+    for phase in ("RolledBack", "Failed", "Abandoned"):
+        assert decide(migration(finalizers=(), **{**succeeded, "phase": phase})).nothing, phase
+
+
 def test_a_finished_migration_with_a_new_control_only_acknowledges_it() -> None:
     action = decide(migration(annotations={"ferry.dev/retry": "bob"}, phase="Succeeded"))
 

@@ -131,13 +131,22 @@ async def test_deleting_a_succeeded_migration_keeps_the_target_and_its_data(
     kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
     kube_api: k8s.ApiClient, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket))
+    """Even after a `kubectl replace` of the manifest as applied, which drops ferry's finalizer: the watcher puts it
+    back, so the deletion still runs the snapshot's retention cleanup."""
+    manifest = migration_manifest(stack, bucket)
+    ref = apply_migration(kubectl, namespace, manifest)
 
     async def succeeded() -> bool:
         return await _phase(kubectl, namespace, ref.name) == "Succeeded"
 
     await eventually("the migration to succeed", succeeded, within=120)
     snapshot = (await _migration(kubectl, namespace, ref.name) or {})["status"]["snapshot"]
+    await asyncio.to_thread(kubectl, "replace", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+
+    async def held() -> bool:
+        return FINALIZER in ((await _migration(kubectl, namespace, ref.name)) or {})["metadata"].get("finalizers", [])
+
+    await eventually("ferry's finalizer to be back after the replace", held, within=30)
 
     await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--timeout=120s")
 
