@@ -137,6 +137,13 @@ stays so after the target was emptied: within a rollback (an undo of snapshot fa
 target), and across failurePolicy Pause's cycles (an emptying undo failing in a later cycle, after the target had been
 emptied and no traffic had reached it again). The way back then stopped before the freeze's undo and left the source
 frozen."""
+UNRUN_STEPS_MOVED_NO_TRAFFIC = "unrun-steps-moved-no-traffic"
+"""Patch: a step that moves traffic (switch-traffic) whose activity this run never called, its check before it having
+failed at every attempt (the target not answering to seal verify's mark, say), moved nothing: its undo runs without the
+check that the target took no writes, and it does not count as traffic having reached the target (TARGET_KEPT). That
+check needs the target to answer, and a target that did not answer is often why the step failed: the way back stopped
+there, before the freeze's undo, and left the source frozen with no traffic ever having moved. A run made by a reset
+keeps the old answer: what its earlier run did after the reset point is not in its history."""
 UNDOS_RETRY_UNREACHABLE = "undos-retry-an-unreachable-database"
 """Patch: an undo whose database did not answer, or refused the credentials, is tried again like any other failure
 of an undo, up to its attempts. Both counted as permanent at once, as they do for a step: a source Pod rescheduled
@@ -249,6 +256,9 @@ class Saga:
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
         self.checked_once: set[str] = set()
+        self.called: set[str] = set()
+        """Steps whose activity this run called at least once (all of them after `start_all`): a step started whose
+        guard failed at every attempt never acted (UNRUN_STEPS_MOVED_NO_TRAFFIC)."""
         """Steps whose guard of Guard.once has passed in this run: it is not run again before their later attempts."""
         self.leftovers: dict[str, str] = {}
         """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
@@ -617,6 +627,7 @@ class Saga:
                 return error_text(checked.error), checked.error
             if once:
                 self.checked_once.add(step.name)
+        self.called.add(step.name)
         outcome = await self._call(step.call(self.context))
         reason = None
         if outcome.error is None and outcome.result is not None:
@@ -908,6 +919,7 @@ class Saga:
         """Counts every step as started, as the undo of a finished run does: each one's undo runs on the way back."""
         for step in steps:
             self._start(step)
+            self.called.add(step.name)
 
     def _start(self, step: Step[Any, Any]) -> None:
         self.started.append(step)  # from now on its undo runs on the way back, whatever happens
@@ -929,9 +941,18 @@ class Saga:
             and (s in self.started or (s.name in steps and steps[s.name].state is not StepState.PENDING))
             for s in self.steps
         )
-        if old == self.traffic_since_emptied:
-            return old
-        return self.traffic_since_emptied if workflow.patched(TRAFFIC_SINCE_EMPTIED) else old
+        moved = old
+        if old != self.traffic_since_emptied and workflow.patched(TRAFFIC_SINCE_EMPTIED):
+            moved = self.traffic_since_emptied
+        if moved and not any(self._may_have_acted(s) for s in self.steps if s.resumes_writes):
+            return not workflow.patched(UNRUN_STEPS_MOVED_NO_TRAFFIC)
+        return moved
+
+    def _may_have_acted(self, step: Step[Any, Any]) -> bool:
+        """Whether `step` may have acted: this run called its activity, or the run was made by a reset (what the
+        earlier run did after the reset point is not in this one's history)."""
+        info = workflow.info()
+        return step.name in self.called or info.run_id != info.first_execution_run_id
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
@@ -993,6 +1014,13 @@ class Saga:
             patch = step.undo.guard.patch if step.undo is not None and step.undo.guard is not None else None
             if guard is not None and patch is not None and not workflow.patched(patch):
                 guard = None
+            if (
+                guard is not None
+                and step.resumes_writes
+                and not self._may_have_acted(step)
+                and workflow.patched(UNRUN_STEPS_MOVED_NO_TRAFFIC)
+            ):
+                guard = None  # it moved no traffic: the target took none of the clients' writes
             checking = guard is not None
             try:
                 if guard is not None:

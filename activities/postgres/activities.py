@@ -406,22 +406,22 @@ class PostgresActivities:
         """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal).
 
         A reachable target without this Migration's mark fails the check (TargetNotVerified): traffic never goes to a
-        target nothing says holds the source's data. Best effort otherwise: a target that cannot be reached now
-        (restarting, recovering) leaves the mark unsealed with a warning, and the check passes, as it did before
-        seals. Failing it instead would end the migration at once (the target unreachable is not retried), and the
-        rollback's first guard, which needs the target too, would stop there with the source frozen. Unsealed, a late
-        verify is still refused by the mark's attempt, unless it is a late attempt of the very activity that marked,
-        or of a reset's new run."""
+        target nothing says holds the source's data. So does a target that does not answer, retryably
+        (TargetUnsealed): it may have lost its volume and come back empty, which its Pods' readiness does not show;
+        the seal's session is what finds it (its identity differs from the one the precheck pinned: DatabaseReplaced).
+        A step whose check failed at every attempt moved no traffic, and the rollback does not ask the target before
+        it sends none back (workflows/saga.py, UNRUN_STEPS_MOVED_NO_TRAFFIC)."""
         target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
         try:
             with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
                 waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
                 sealed = unwritten.seal(conn, owner(ref), Attempt.current(), waiting)
         except (DatabaseUnreachable, psycopg.OperationalError) as error:
-            activity.logger.warning(
-                "could not seal verify's mark on %s (%s): the check goes on without it", target.describe(), error
-            )
-            return
+            raise unwritten.TargetUnsealed(
+                f"{target.describe()} did not answer to have verify's mark sealed ({error}), so nothing says it still "
+                "holds what verify compared: the clients are not sent there. The check is tried again at the next "
+                "attempt; if the target stays silent, the Migration rolls back (nothing moved to the target)."
+            ) from error
         if not sealed:
             raise TargetNotVerified(
                 f"{target.describe()} holds no mark of verify of Migration {ref}, so nothing says it holds what verify "

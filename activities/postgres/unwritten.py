@@ -203,6 +203,12 @@ class VerifyGuardLost(Exception):
     session ended on the server leaves the next attempt to compare again."""
 
 
+class TargetUnsealed(Exception):
+    """The target did not answer when the check before switch-traffic came to seal verify's mark on it. Not a
+    PermanentError, so the check is tried again at the step's next attempt; traffic never moves to a target nothing
+    has looked at since verify: a server that lost its volume and came back empty answers Ready all the same."""
+
+
 @contextlib.contextmanager
 def marking(conn: Connection, db: DatabaseConnection, owner: str, between_tries: Callable[[], None]) -> Iterator[None]:
     """A transaction on `conn` holding LOCK in which verify of `owner` may end the target's other sessions and mark it:

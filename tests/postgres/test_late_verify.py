@@ -34,7 +34,7 @@ from activities.postgres.attempts import Attempt
 from activities.postgres.unwritten import VerifyGuardLost
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.readiness import LOOPBACK
-from ferry.api.errors import TargetNotVerified, TargetVerified, WritesOnTarget
+from ferry.api.errors import PermanentError, TargetNotVerified, TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark, VerifyResult
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
@@ -330,12 +330,12 @@ def test_the_check_before_switch_traffic_refuses_a_target_without_verifys_mark(
     steps.undo_freeze()
 
 
-def test_the_check_before_switch_traffic_passes_unsealed_when_the_target_cannot_be_reached(
+def test_the_check_before_switch_traffic_fails_retryably_when_the_target_cannot_be_reached(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
-    """The seal is a second line (the mark's attempt refuses a late verify already): a target restarting at that moment
-    leaves the mark unsealed, and the check passes, as before seals. Failing it would end the migration for good, and
-    the rollback's first guard, which needs the target too, would stop there with the source frozen."""
+    """A target that does not answer may have lost its volume and come back empty, Ready all the same: the clients are
+    not sent there until the seal's session has found it as verify left it. The failure is not permanent, so the
+    step's next attempt checks again; the rollback, should it come to that, knows that no traffic moved."""
     create_shop(databases.source, customers=10, orders=10)
     frozen = steps.freeze()
     steps.migrate(steps.snapshot())
@@ -350,10 +350,14 @@ def test_the_check_before_switch_traffic_passes_unsealed_when_the_target_cannot_
         steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET})
     )
 
-    checked = scheduled_as(unreachable, 22).check_frozen(frozen.fence, before="switch-traffic")
+    with pytest.raises(unwritten.TargetUnsealed, match="did not answer to have verify's mark sealed") as raised:
+        scheduled_as(unreachable, 22).check_frozen(frozen.fence, before="switch-traffic")
 
-    assert checked.fence is not None
+    assert not isinstance(raised.value, PermanentError), "tried again at the step's next attempt"
     assert "sealed_by" not in _mark(databases), "nothing sealed the mark"
+    checked = scheduled_as(steps, 23).check_frozen(frozen.fence, before="switch-traffic")  # the target answers again
+    assert checked.fence is not None
+    assert _mark(databases)["sealed_by"]["activity"] == "23"
     steps.undo_freeze()
 
 

@@ -164,6 +164,8 @@ class FakeSaga:
     fail_from: dict[str, int] = dataclasses.field(default_factory=dict)
     """...from this call on, counting from 1 (default: the first): the precheck passes, its check after provision
     (the same activity) fails."""
+    fail_when: dict[str, Callable[[Any], bool]] = dataclasses.field(default_factory=dict)
+    """...and only for the inputs (the JSON received) this says yes to (default: every input)."""
     hold: set[str] = dataclasses.field(default_factory=set)
     """These activities wait, heartbeating, until `release()` or cancellation."""
     finish_when_cancelled: set[str] = dataclasses.field(default_factory=set)
@@ -243,6 +245,7 @@ class FakeSaga:
             self.calls.append(name)
             self.inputs.setdefault(name, []).append(argument)
             failing = len(self.inputs[name]) >= self.fail_from.get(name, 1)
+            failing = failing and self.fail_when.get(name, lambda _: True)(argument)
             if name in self.fail and failing and self.fail_times.get(name, 1_000_000) > 0:
                 self.fail_times[name] = self.fail_times.get(name, 1_000_000) - 1
                 raise self.fail[name]

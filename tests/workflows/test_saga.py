@@ -46,6 +46,7 @@ from tests.workflows.fakes import (
     VERIFY,
     FakeSaga,
 )
+from workflows import plan
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
@@ -357,6 +358,30 @@ async def test_writes_after_the_freeze_stop_the_saga_before_traffic_moves(run_sa
     assert switch.last_error is not None
     assert switch.last_error.startswith("WritesAfterFreeze: 12 rows")
     assert fakes.undo_calls == undos_of(started_until(SWITCH_TRAFFIC))
+
+
+async def test_a_switch_whose_check_never_passed_is_undone_without_asking_the_target_that_took_no_traffic(
+    run_saga: Run,
+) -> None:
+    """The target stops answering after verify: the check before switch-traffic cannot seal verify's mark at any
+    attempt, so switch-traffic never runs. The rollback needs no word from the target before traffic "goes back" (it
+    never left): asking it stopped the way back there, the source frozen."""
+    silent = ApplicationError("orders-db-16 did not answer to have verify's mark sealed", type="TargetUnsealed")
+    fakes = FakeSaga(
+        fail={CHECK_FROZEN: silent, CHECK_UNWRITTEN: DatabaseUnreachable("orders-db-16 did not answer")},
+        fail_when={CHECK_UNWRITTEN: lambda given: not given.get("sourceOnly")},
+    )
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError):
+        await saga.handle.result()
+
+    assert SWITCH_TRAFFIC not in fakes.calls
+    assert fakes.step_calls.count(CHECK_FROZEN) == plan.SWITCH_TRAFFIC.retry.attempts, "tried at every attempt"
+    assert all(given.get("sourceOnly") for given in fakes.inputs[CHECK_UNWRITTEN]), "the target was not asked"
+    assert saga.final_status.phase is Phase.ROLLED_BACK
+    assert fakes.undo_calls == undos_of(started_until(SWITCH_TRAFFIC))
+    await record_history(saga, "unrun-steps-moved-no-traffic")
 
 
 async def test_a_failed_precheck_ends_the_migration_before_anything_changes(run_saga: Run) -> None:
