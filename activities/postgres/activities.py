@@ -400,7 +400,39 @@ class PostgresActivities:
             activity.logger.info("%s is as frozen as the freeze left it; ended %d sessions", db.describe(), ended)
             if input.before == StepName.SWITCH_TRAFFIC:
                 self._seal(input.ref, input.driver, heartbeats)
+            elif input.before == StepName.SCALE_DOWN_OLD:
+                self._still_verified(input.ref, input.driver)
         return CheckFrozenResult(sessions_ended=ended, fence=present)
+
+    def _still_verified(self, ref: MigrationRef, driver: DriverSpec) -> None:
+        """Before the source is scaled down: the target the clients now use is still the database verify marked.
+
+        A target that lost its volume and came back empty (a claim deleted with its Pod, say) is another server, which
+        its first session finds (DatabaseReplaced), or an emptied database without the mark (TargetNotVerified): the
+        source stays up, and the run does not say Succeeded over a copy that is gone. Read only: the target serves
+        the clients, so none of its sessions is ended. A target that does not answer now (restarting) passes, with a
+        warning, as the source's scale-down changes nothing on it."""
+        target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
+        try:
+            with self._connect(target, default_transaction_read_only="on") as conn:
+                mark = unwritten.read_mark(conn)
+        except (DatabaseUnreachable, psycopg.OperationalError) as error:
+            activity.logger.warning(
+                "could not reach %s to see verify's mark before the scale-down (%s): going on", target.describe(), error
+            )
+            return
+        if mark is None or mark.migration != owner(ref):
+            holds = (
+                f"no mark of verify of Migration {ref} any more"
+                if mark is None
+                else f"the mark of verify of Migration {mark.migration}, not of Migration {ref}"
+            )
+            raise TargetNotVerified(
+                f"{target.describe()}, which the clients use since switch-traffic, holds {holds}: it lost what verify "
+                "compared (emptied, or restored over). The source is not scaled down "
+                "and keeps its data: stop the clients' writes to the target, see what it holds, and bring the source's "
+                "rows back to it, or roll back once the target's own writes are safe."
+            )
 
     def _seal(self, ref: MigrationRef, driver: DriverSpec, heartbeats: Heartbeats) -> None:
         """Seals verify's mark on the target: traffic may move to it once this check passed (see unwritten.seal).

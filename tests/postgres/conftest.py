@@ -149,9 +149,10 @@ class Steps:
         undo = UndoFreezeInput(ref=self.ref, driver=self.driver, previous_setting=previous)
         self.env.run(self.postgres.undo_freeze, undo)
 
-    def check_frozen(self, fence: FenceMark | None, before: str = "scale-down-old") -> CheckFrozenResult:
+    def check_frozen(self, fence: FenceMark | None, before: str = "the test's look") -> CheckFrozenResult:
         """The check of the frozen source; before switch-traffic (`before`), it also seals verify's mark on the
-        target, and fails where there is none."""
+        target, and fails where there is none; before scale-down-old, it fails where the target (reachable) lacks the
+        mark. Before anything else (the default), the source alone."""
         assert fence is not None, "the freeze returned its mark"
         call = CheckFrozenInput(ref=self.ref, driver=self.driver, fence=fence, before=before)
         return self.env.run(self.postgres.check_frozen, call)

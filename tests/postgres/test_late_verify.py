@@ -326,7 +326,36 @@ def test_the_check_before_switch_traffic_refuses_a_target_without_verifys_mark(
         steps.check_frozen(frozen.fence, before="switch-traffic")
 
     assert verified_mark(databases.target) is None, "nothing marked or sealed"
-    steps.check_frozen(frozen.fence, before="scale-down-old")  # the source itself is as frozen as ever
+    steps.check_frozen(frozen.fence)  # the source itself is as frozen as ever
+    steps.undo_freeze()
+
+
+def test_the_check_before_scale_down_old_keeps_the_source_when_the_target_lost_what_verify_compared(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The clients use the target since switch-traffic; if it came back empty (its volume lost with its Pod), the source
+    holds the only copy, and is not scaled down. A target that does not answer at that moment does not stop the
+    scale-down, which changes nothing on it."""
+    create_shop(databases.source, customers=10, orders=10)
+    frozen = steps.freeze()
+    steps.migrate(steps.snapshot())
+    steps.verify()
+    steps.check_frozen(frozen.fence, before="switch-traffic")
+    steps.check_frozen(frozen.fence, before="scale-down-old")  # as verify left it
+
+    target = databases.target
+    create_secret(
+        kube_api, namespace, UNREACHABLE_TARGET,
+        {"host": LOOPBACK, "port": str(_closed_port()), "username": target.user, "password": target.password,
+         "database": target.database},
+    )  # fmt: skip
+    silent = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET}))
+    silent.check_frozen(frozen.fence, before="scale-down-old")
+
+    with connect(target) as conn:  # what an emptied database looks like: no mark
+        conn.execute(sql.SQL("alter database {} reset ferry.verified_mark").format(sql.Identifier(target.database)))
+    with pytest.raises(TargetNotVerified, match=r"holds no mark of verify of Migration .* any more.*not scaled down"):
+        steps.check_frozen(frozen.fence, before="scale-down-old")
     steps.undo_freeze()
 
 
