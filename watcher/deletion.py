@@ -22,8 +22,9 @@ after a crash, decides the same:
 - No run ever started (the object names none): release at once.
 - A run the object names, of which Temporal has no record (its history was deleted or
   expired): the status says what is left. RolledBack or Planned: release; Succeeded: the
-  retention cleanup, then release; otherwise the undo workflow takes back what the
-  records say was done, then release. Releasing at once, as for no run, left a source
+  retention cleanup, then release; Failed or Abandoned: a Warning, then release, as with
+  the history there; otherwise the undo workflow takes back what the records say was
+  done, then release. Releasing at once, as for no run, left a source
   frozen and the clients on the target with nothing said.
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
@@ -191,10 +192,11 @@ class DeletionHandler:
     async def _history_gone(self, migration: Migration, saga: str, deadline: datetime) -> None:
         """The Migration's run is known to have started, and Temporal has no record of it: its history went (the
         namespace's retention, `temporal workflow delete`, a Temporal rebuilt empty). What is left is read from the
-        status. Finished and nothing left, it goes; Succeeded, after its retention cleanup; otherwise (the run went
-        while it ran, or ended Failed or Abandoned) the undo workflow takes back what the records say it did, as for
-        a run that succeeded after its deletion was asked for: each undo finds its step's work where the step
-        recorded it."""
+        status. Finished and nothing left, it goes; Succeeded, after its retention cleanup; Failed or Abandoned, with
+        a Warning that what it did may not all be undone, as when its history is there (nothing is undone: a later
+        Migration may build on what it left); otherwise (the run went while it ran) the undo workflow takes back what
+        the records say it did, as for a run that succeeded after its deletion was asked for: each undo finds its
+        step's work where the step recorded it."""
         phase = migration.status.phase
         if phase is not Phase.SUCCEEDED and _every_step_succeeded(migration):
             phase = Phase.SUCCEEDED  # its last status write, the one that says so, did not land
@@ -209,6 +211,17 @@ class DeletionHandler:
             shown = migration.status.model_copy(update={"phase": phase})
             if not await self._cleaned_up(migration.model_copy(update={"status": shown}), deadline):
                 await self._release(migration, f"its workflow {saga} is gone from Temporal, after it succeeded")
+            return
+        if phase is not None and phase.finished and not undoing:
+            # Failed (a rollback that stopped, or left something) or Abandoned (terminated): as with its history there.
+            # What it left may be what a later Migration now builds on (its target another's source).
+            message = (
+                f"its workflow {saga} is gone from Temporal, and its status says {phase}, so what it did may not all "
+                f"be undone: {migration.status.message or 'its status says no more'}. Check the source, the target "
+                "and the Service by hand"
+            )
+            await self._writer.event(ref_of(migration), EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
+            await self._release(migration, f"its workflow {saga} is gone from Temporal, and its status says {phase}")
             return
         why = (
             f"Temporal has no record of its workflow {saga} (its history was deleted or expired), and its status does "
