@@ -11,6 +11,7 @@ Used by the status mirror (the saga's Events) and by the watcher (its own Events
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import logging
@@ -28,6 +29,16 @@ MAX_NAME = 253
 log = logging.getLogger("ferry.events")
 
 
+class Recorded(enum.Enum):
+    """What became of an Event `record_event` was asked to record."""
+
+    NEW = "new"
+    ALREADY = "already"
+    """Recorded before, under the same key."""
+    NAMESPACE_GOING = "namespace going"
+    """Left out: the namespace is being deleted, or is gone."""
+
+
 def record_event(
     core: k8s.CoreV1Api,
     ref: MigrationRef,
@@ -38,8 +49,8 @@ def record_event(
     key: str,
     component: str,
     instance: str,
-) -> bool:
-    """Creates the Event unless it exists; returns whether this call created it."""
+) -> Recorded:
+    """Creates the Event unless it exists; returns what became of it."""
     digest = hashlib.sha256(f"{ref.uid}{key}".encode()).hexdigest()[:16]
     name = f"{ref.name[: MAX_NAME - len(digest) - 1]}.{digest}"
     now = datetime.now(UTC)
@@ -69,12 +80,12 @@ def record_event(
     except ApiException as error:
         if error.status == 409:
             log.debug("Event %s/%s was already recorded", ref.namespace, name)
-            return False
+            return Recorded.ALREADY
         if _no_new_objects_in_namespace(error):
             log.info("Event %s %s/%s not recorded: its namespace is being deleted", reason, ref.namespace, name)
-            return False
+            return Recorded.NAMESPACE_GOING
         raise
-    return True
+    return Recorded.NEW
 
 
 def _no_new_objects_in_namespace(error: ApiException) -> bool:

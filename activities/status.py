@@ -40,7 +40,7 @@ from temporalio import activity
 
 from activities import kube_calls
 from activities.api_refusals import server_message
-from activities.events import record_event
+from activities.events import Recorded, record_event
 from activities.known_versions import KnownVersion, KnownVersions
 from activities.progress_status import FIELD_MANAGER as PROGRESS_FIELD_MANAGER
 from activities.settings import KubeActivitySettings
@@ -218,7 +218,7 @@ class StatusActivities:
             component=REPORTING_COMPONENT,
             instance=self._settings.reporting_instance,
         )
-        if created:
+        if created is Recorded.NEW:
             activity.logger.info("recorded %s Event %s for Migration %s", event.type.value, event.reason, ref)
 
 

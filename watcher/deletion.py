@@ -51,6 +51,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.events import Recorded
 from ferry.api.migration import (
     FINALIZER,
     DeletionStatus,
@@ -179,7 +180,7 @@ class DeletionHandler:
         """Runs the retention cleanup a finished Migration's snapshot asks for, if any: True while it waits for it,
         False once there is nothing (more) to wait for (a cleanup that failed leaves a Warning Event)."""
         cleanup = _retention_cleanup(migration)
-        if cleanup is None:
+        if cleanup is None or await self._namespace_going(migration, cleanup):
             return False
         cleanup_handle = await self._start_cleanup(cleanup)
         if cleanup_handle is not None:
@@ -300,6 +301,29 @@ class DeletionHandler:
         except Exception as error:  # noqa: BLE001 - a failed or cancelled run has finished too
             log.info("Migration %s: %s ended: %s", ref, handle.id, error)
         self._resubmit(ref)
+
+    async def _namespace_going(self, migration: Migration, cleanup: DeleteSnapshotInput) -> bool:
+        """Whether the retention cleanup, not started yet, is to be left out because the Migration's namespace is
+        being deleted: that takes the target's claims and the source's with it, and the snapshot may be the last copy
+        of the database (a namespace deleted by mistake, the wrong kube context). The Event that says the cleanup
+        starts is what finds out: the API server refuses new objects in such a namespace, and the watcher needs no
+        access to namespaces."""
+        ref = ref_of(migration)
+        if await _describe(self._client.get_workflow_handle(cleanup_workflow_id(ref))) is not None:
+            return False  # started before the namespace went: it finishes
+        location = cleanup.artifact.location
+        message = f"deleting the snapshot {location} before the Migration goes (afterSuccess: DeleteWithMigration)"
+        recorded = await self._writer.event(ref, EventType.NORMAL, "RetentionCleanup", message, "retention-cleanup")
+        if recorded is not Recorded.NAMESPACE_GOING:
+            return False
+        log.warning(
+            "Migration %s goes with its namespace, which is being deleted, and with it the target's and the source's "
+            "volumes: its snapshot %s is kept, though its retention (afterSuccess: DeleteWithMigration) deletes it "
+            "with the Migration, as it may be the last copy of the database. Delete it by hand once not needed.",
+            ref,
+            location,
+        )
+        return True
 
     async def _start_cleanup(self, cleanup: DeleteSnapshotInput) -> WorkflowHandle[Any, Any] | None:
         """Starts (once) the retention cleanup; None when it has run already."""

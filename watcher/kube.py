@@ -25,7 +25,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from activities.events import record_event
+from activities.events import Recorded, record_event
 from ferry.api.migration import GROUP, PLURAL, VERSION, EventType, Migration
 from ferry.api.saga import MigrationRef
 from ferry.kube_requests import DEFAULT_TIMEOUTS
@@ -245,9 +245,9 @@ class Kube:
                 return
             raise
 
-    async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
+    async def record_event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> Recorded:
         """Records a watcher Event once per key (a second pass finds it there and records nothing)."""
-        await asyncio.to_thread(
+        return await asyncio.to_thread(
             record_event, self._events, ref, type=kind, reason=reason, message=message, key=f"watcher.{key}",
             component=COMPONENT, instance=self._identity,
         )  # fmt: skip

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from activities.events import Recorded
 from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, DeletionStatus, EventType, Migration, Phase
 from ferry.api.saga import MigrationRef
 from watcher.decisions import ref_of
@@ -149,6 +150,6 @@ class MigrationWriter:
             },
         )
 
-    async def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> None:
+    async def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> Recorded:
         """Records a watcher Event once per key (a relist does not record it again)."""
-        await self._kube.record_event(ref, kind, reason, message, key)
+        return await self._kube.record_event(ref, kind, reason, message, key)

@@ -26,10 +26,18 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.events import record_event
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import FINALIZER, Migration, Phase
+from ferry.api.migration import FINALIZER, Migration, Phase, SnapshotSpec
 from ferry.api.migration import EventType as KubernetesEventType
-from ferry.api.saga import ControlRequest, MigrationRef, Signal, cleanup_workflow_id, undo_workflow_id, workflow_id
-from tests.cluster import endpoint_pods, without_finalizer_at_create
+from ferry.api.saga import (
+    ControlRequest,
+    MigrationRef,
+    Signal,
+    cleanup_workflow_id,
+    snapshot_key,
+    undo_workflow_id,
+    workflow_id,
+)
+from tests.cluster import FINALIZER_AT_CREATE, endpoint_pods, without_finalizer_at_create
 from tests.conftest import Kubectl
 from tests.end_to_end import Databases, apply_migration, eventually, migration_manifest, watcher_settings
 from tests.watcher.conftest import WatcherProcess, has_workflow, pass_handler
@@ -689,6 +697,51 @@ async def test_a_finished_migration_whose_run_temporal_no_longer_knows_goes_as_i
     assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
     warned = phase in ("Failed", "Abandoned")
     assert ("UndoIncomplete" in await _reasons(kubectl, namespace, ref.name)) == warned
+
+
+async def test_a_succeeded_migration_deleted_with_its_namespace_keeps_its_snapshot(
+    stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client, task_queue: str
+) -> None:
+    """Deleting the namespace (by mistake, in the wrong kube context) takes the target's and the source's volumes with
+    it: the snapshot that afterSuccess: DeleteWithMigration deletes with the Migration may be the last copy of the
+    database, and is kept."""
+    core, custom = k8s.CoreV1Api(kube_api), k8s.CustomObjectsApi(kube_api)
+    namespace = f"t-namespace-going-{uuid.uuid4().hex[:6]}"
+    labels = {FINALIZER_AT_CREATE: "false"}
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace, labels=labels)))
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    key = snapshot_key(ref, SnapshotSpec.model_validate(manifest["spec"]["snapshot"]))
+    s3 = stack.s3_client()
+    s3.put_object(Bucket=bucket, Key=key, Body=b"the only copy")
+    status = {
+        "phase": "Succeeded",
+        "workflow": {"namespace": temporal_client.namespace, "id": workflow_id(ref), "runId": str(uuid.uuid4())},
+        "snapshot": {"location": f"s3://{bucket}/{key}", "sha256": "ab" * 32, "sizeBytes": 13},
+    }
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, ref.name, {"status": status}, field_manager="ferry-saga"
+    )
+    kube = Kube(kube_api, "test")
+    core.delete_namespace(namespace)
+
+    async def deleted_by_the_namespace_controller() -> bool:
+        found = await kube.read_migration(ref)
+        return found is not None and found.metadata.deletion_timestamp is not None
+
+    await eventually("the namespace's deletion to reach the Migration", deleted_by_the_namespace_controller)
+    deleting = await kube.read_migration(ref)
+    assert deleting is not None
+    await pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace)).handle(
+        deleting, gone=False, run_closed=False, received=0.0
+    )
+
+    assert await kube.read_migration(ref) is None, "released: the namespace goes"
+    assert await _started(temporal_client, cleanup_workflow_id(ref)) is None, "no retention cleanup"
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"the only copy"
+    s3.delete_object(Bucket=bucket, Key=key)
 
 
 async def _started(client: Client, id: str) -> WorkflowHandle[Any, Any] | None:
