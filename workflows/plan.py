@@ -268,6 +268,7 @@ FREEZE = Step(
         lambda c, done: UndoFreezeInput(
             ref=c.ref, driver=c.spec.driver, previous_setting=done.previous_setting if done else None
         ),
+        persists=True,
     ),
 )
 

@@ -74,7 +74,17 @@ with workflow.unsafe.imports_passed_through():
     from workflows import plan
     from workflows.controls import Controls, Stage
     from workflows.status import SagaStatus
-    from workflows.steps import UNDO_RETRY, WATCH_RETRY, Call, Context, Results, Retry, Step
+    from workflows.steps import (
+        PERSISTING_ATTEMPTS,
+        PERSISTING_DELAY,
+        UNDO_RETRY,
+        WATCH_RETRY,
+        Call,
+        Context,
+        Results,
+        Retry,
+        Step,
+    )
 
 T = TypeVar("T")
 
@@ -148,6 +158,11 @@ UNDOS_RETRY_UNREACHABLE = "undos-retry-an-unreachable-database"
 """Patch: an undo whose database did not answer, or refused the credentials, is tried again like any other failure
 of an undo, up to its attempts. Both counted as permanent at once, as they do for a step: a source Pod rescheduled
 or a password rotated while the Secret lagged ended the rollback at its first attempt, the source frozen."""
+UNDOS_THAT_LET_WRITES_IN_PERSIST = "undos-that-let-writes-in-persist"
+"""Patch: an undo that `persists` (the freeze's: Undo.persists) goes on being tried once its attempts are spent on
+failures a person can fix, PERSISTING_ATTEMPTS more times PERSISTING_DELAY apart. It ended the rollback after about
+ten minutes, the source frozen, every client refused, until someone ran the undo's SQL by hand: credentials rotated to
+a new role (which the freeze shuts out) or a password changed before its Secret, a source Pod down for longer."""
 RETRIED_BY_UNDOS = frozenset({"DatabaseUnreachable", "BadCredentials"})
 """Failure types permanent for a step (the failure policy decides sooner) that an undo tries again (see above)."""
 KEEPS_THE_TARGET = frozenset({"WritesOnTarget"})
@@ -998,7 +1013,9 @@ class Saga:
         """
         assert step.undo is not None
         retry, name = step.undo.retry, step.name
-        for attempt in range(1, retry.attempts + 1):
+        last, attempt = retry.attempts, 0
+        while True:
+            attempt += 1
             entry = self.status.update_step(
                 name,
                 workflow.now(),
@@ -1033,16 +1050,20 @@ class Saga:
                 self.status.update_step(
                     name, workflow.now(), last_error=f"{'check before undo' if checking else 'undo'}: {error}"
                 )
-                if self._undo_gives_up(failure, retry) or attempt == retry.attempts:
+                gives_up = self._undo_gives_up(failure, retry)
+                if not gives_up and attempt == retry.attempts and self._persists(step):
+                    last += PERSISTING_ATTEMPTS
+                if gives_up or attempt >= last:
                     self._compensations.add(1, {"step": name, "outcome": "failed"})
                     self.status.update_step(name, workflow.now(), state=StepState.COMPENSATION_FAILED)
                     await self.record(f"{what} failed: {error}", "CompensationFailed", EventType.WARNING, key=str(name))
                     kept = not checking and self._keeps_the_target(step, failure)
                     return UndoFailure(error=error, refused=checking, kept=kept)
-                delay = retry.delay(attempt)
+                delay = retry.delay(attempt) if attempt < retry.attempts else PERSISTING_DELAY
+                waiting = "; writes to the source stay stopped until it succeeds" if attempt >= retry.attempts else ""
                 await self.record(
                     f"{what}: attempt {attempt} failed: {error}; "
-                    f"attempt {attempt + 1} of {retry.attempts} in {delay.total_seconds():g}s",
+                    f"attempt {attempt + 1} of {last} in {delay.total_seconds():g}s{waiting}",
                     "CompensationRetrying",
                     EventType.WARNING,
                     key=f"{name}.{entry.undo_attempts}",
@@ -1059,7 +1080,11 @@ class Saga:
             self.status.update_step(name, workflow.now(), state=StepState.COMPENSATED)
             await self.record(f"undid {name}", "StepCompensated", key=str(name))
             return None
-        raise AssertionError("unreachable: the last attempt returns")
+
+    @staticmethod
+    def _persists(step: Step[Any, Any]) -> bool:
+        """Whether `step`'s undo, its own attempts spent, goes on being tried (UNDOS_THAT_LET_WRITES_IN_PERSIST)."""
+        return step.undo is not None and step.undo.persists and workflow.patched(UNDOS_THAT_LET_WRITES_IN_PERSIST)
 
     async def _call_once(self, call: Call) -> Any:
         """Runs one activity of the way back once; the rollback is shielded, so nothing interrupts it."""

@@ -106,6 +106,11 @@ STEP_RETRY = Retry(attempts=5)
 UNDO_RETRY = Retry(attempts=12, first_delay=timedelta(seconds=2))
 """An undo tries harder (about ten minutes in all) before the Migration ends Failed."""
 
+PERSISTING_DELAY = timedelta(minutes=10)
+PERSISTING_ATTEMPTS = 144
+"""An undo that `persists` is tried this many more times, PERSISTING_DELAY apart (a day), once its own attempts are
+spent on failures a person can fix."""
+
 
 class Results:
     """What the steps of this run returned, by step; typed by the step asked about."""
@@ -227,6 +232,12 @@ class Undo(Generic[R, U, UR]):
     undone under what depends on it (the target is not removed while the Service still sends it traffic). False for
     an undo that only empties the target's database or the snapshot's bucket: nothing older depends on that (the
     source is unfrozen and the target removed all the same), so its failure is reported and the rollback goes on."""
+    persists: bool = False
+    """Whether writes stay stopped until it succeeds (the freeze's): once its attempts are spent on failures a person
+    can fix (the database not answering, credentials refused, anything not permanent), it goes on being tried,
+    PERSISTING_ATTEMPTS more times PERSISTING_DELAY apart, the status saying why
+    (saga.UNDOS_THAT_LET_WRITES_IN_PERSIST): a Secret fixed an hour later lets the source take writes again with no SQL
+    by hand."""
     empties_target: bool = False
     """Whether it empties the target's database, which may hold writes only it has once traffic moved there: then its
     refusal or its failure stops the rollback whatever blocks_older says (saga.TARGET_KEPT). It compares the target

@@ -259,6 +259,13 @@ def _raise_if_permanent(db: DatabaseConnection, message: str) -> None:
     if refused is not None:  # before the credentials: a hostssl-only server says "no pg_hba.conf entry" too
         raise refused
     lowered = message.lower()
+    if "permission denied for database" in lowered:
+        raise BadCredentials(
+            f"{db.describe()} refused the connection: {message}. The role in Secret {db.secret} may not connect to "
+            "the database: if a Migration froze it, its freeze took CONNECT from every role but the one it froze "
+            "with (credentials rotated to a new role since, say). Put that role's credentials, or a superuser's, in "
+            f"Secret {db.secret}; the next attempt reads them again (an undo tries again by itself)."
+        )
     if any(phrase in lowered for phrase in REFUSED_CREDENTIALS) or ("role" in lowered and "does not exist" in lowered):
         raise BadCredentials(
             f"{db.describe()} refused the credentials: {message}. Fix the username and password in "

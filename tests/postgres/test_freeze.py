@@ -244,6 +244,36 @@ def test_the_databases_owner_without_superuser_can_freeze_check_and_undo(
             conn.execute("insert into public.orders values (1)")
 
 
+def test_an_undo_whose_secret_names_a_role_the_freeze_shut_out_says_so_and_works_once_it_names_one_that_may(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """Credentials rotated to a new role while the source is frozen: the freeze took CONNECT from every role but the
+    one it froze with, so the new one is refused, and "fix the username and password" would not help."""
+    with database_owner(source.source) as as_owner, application_role(source.source) as rotated:
+        with connect(source.source) as conn:
+            conn.execute(f"alter table public.orders owner to {as_owner.user}")
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+        privileges_before = connect_privileges(source.source)
+        by_owner.freeze()
+        k8s.CoreV1Api(kube_api).replace_namespaced_secret(
+            "owner-db",
+            namespace,
+            k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="owner-db"), string_data=connection_of(rotated)),
+        )
+
+        with pytest.raises(BadCredentials, match=r"its freeze took CONNECT from every role but the one it froze with"):
+            by_owner.undo_freeze()
+
+        k8s.CoreV1Api(kube_api).replace_namespaced_secret(
+            "owner-db",
+            namespace,
+            k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="owner-db"), string_data=connection_of(as_owner)),
+        )
+        by_owner.undo_freeze()
+        assert connect_privileges(source.source) == privileges_before
+
+
 def _prepare(conn: psycopg.Connection[Any], gid: str, statement: str) -> None:
     """Phase one of a two-phase commit, as an XA/JTA transaction manager runs it: the rows are neither committed nor
     rolled back until COMMIT PREPARED (or ROLLBACK PREPARED), from any session."""

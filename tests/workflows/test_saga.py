@@ -47,6 +47,7 @@ from tests.workflows.fakes import (
     FakeSaga,
 )
 from workflows import plan
+from workflows.steps import PERSISTING_ATTEMPTS, UNDO_RETRY
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
@@ -742,6 +743,46 @@ async def test_an_undo_whose_database_does_not_answer_for_a_while_is_tried_again
     assert fakes.undo_calls[-1] == UNDO[PROVISION], "and the older undos after it"
     if isinstance(refusal, DatabaseUnreachable):
         await record_history(saga, "undos-retry-an-unreachable-database")
+
+
+async def test_the_undo_of_the_freeze_goes_on_being_tried_past_its_attempts_until_someone_fixes_the_secret(
+    run_saga: Run,
+) -> None:
+    """Credentials rotated to a role the freeze shut out, fixed in the Secret hours later: the undo that lets writes in
+    again is still being tried then, every ten minutes, and the rollback finishes with no SQL by hand."""
+    rotated = BadCredentials("orders-db refused the connection: permission denied for database orders")
+    failures = UNDO_RETRY.attempts + 8
+    fakes = FakeSaga(
+        fail={VERIFY: InvalidSpec("row counts differ"), UNDO[FREEZE]: rotated}, fail_times={UNDO[FREEZE]: failures}
+    )
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError) as failure:
+        await saga.handle.result()
+
+    assert isinstance(failure.value.cause, ApplicationError)
+    assert failure.value.cause.type == "MigrationRolledBack"
+    assert saga.final_status.phase is Phase.ROLLED_BACK
+    freeze = saga.final_status.steps[STEP_ACTIVITIES.index(FREEZE)]
+    assert freeze.state is StepState.COMPENSATED
+    assert freeze.undo_attempts == failures + 1
+    assert fakes.undo_calls[-1] == UNDO[PROVISION], "and the older undos after it"
+    waited = [event.message for event in fakes.events if event.reason == "CompensationRetrying"]
+    assert f"attempt {failures + 1} of {UNDO_RETRY.attempts + PERSISTING_ATTEMPTS} in 600s" in waited[-1]
+    assert waited[-1].endswith("writes to the source stay stopped until it succeeds")
+    await record_history(saga, "undos-that-let-writes-in-persist")
+
+
+async def test_an_undo_that_does_not_let_writes_in_gives_up_after_its_own_attempts(run_saga: Run) -> None:
+    """Only the freeze's undo persists: a Service that cannot be pointed back ends the rollback where it was."""
+    fakes = FakeSaga(fail={SCALE_DOWN_OLD: InvalidSpec("no"), UNDO[SWITCH_TRAFFIC]: RuntimeError("refused")})
+    saga = await run_saga(fakes)
+
+    with pytest.raises(WorkflowFailureError):
+        await saga.handle.result()
+
+    assert fakes.undo_calls.count(UNDO[SWITCH_TRAFFIC]) == UNDO_RETRY.attempts
+    assert saga.final_status.phase is Phase.FAILED
 
 
 @pytest.mark.parametrize("undo_failing", [MIGRATE, SNAPSHOT])
