@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import checks, fences, kube_calls, kube_objects, records, serving
+from activities import blocked, checks, fences, kube_calls, kube_objects, records, serving
 from activities.api_refusals import explain_refusals, server_message
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
@@ -58,6 +59,20 @@ SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
 """Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
 OTHER_PODS_SHOWN = 5
 MIGRATIONS_PAGE = 500
+LOOK_WHY_AFTER = 5.0
+"""Seconds provision waits for the target to be Ready before it also looks why not (Events, Pods), at every poll."""
+REFUSAL_GRACE = 30.0
+"""Seconds into an attempt of provision after which a create the API server refused the target's controller fails
+the attempt (TargetRefused): the controller tries again by itself, so a refusal that passes (a quota freed by a Pod
+that was terminating) is waited out."""
+
+
+class TargetRefused(Exception):
+    """The API server refuses the target StatefulSet's controller what it needs (a Pod, a claim): a ResourceQuota, a
+    LimitRange, Pod Security admission, a webhook. Not a PermanentError: the next attempt waits again, so a cause
+    fixed meanwhile lets provision finish; the failure policy decides after the last one."""
+
+
 """Migrations per page when a source's Migrations are listed without the API server's selection."""
 
 
@@ -96,12 +111,44 @@ class Provisioning(ClusterApi):
         )  # fmt: skip
         activity.logger.info("applied StatefulSet and Service %s/%s for Migration %s", ref.namespace, target, ref)
 
-        ready = self._wait(
-            lambda: checks.stateful_set_ready(
-                self._apps.read_namespaced_stateful_set(target, ref.namespace), all_updated=True
-            )
-        )
+        started = time.monotonic()
+
+        def ready_or_why_not() -> Progress:
+            stateful_set = self._apps.read_namespaced_stateful_set(target, ref.namespace)
+            progress = checks.stateful_set_ready(stateful_set, all_updated=True)
+            waited = time.monotonic() - started
+            if progress.done or waited < LOOK_WHY_AFTER:
+                return progress
+            refused, waiting = self._why_not_ready(stateful_set)
+            if refused and waited >= REFUSAL_GRACE:
+                raise TargetRefused(
+                    f"the cluster refuses what StatefulSet {ref.namespace}/{target} needs: {'; '.join(refused)}. Fix "
+                    "the cause (a ResourceQuota, a LimitRange, Pod Security admission or a webhook of the namespace), "
+                    "or delete the Migration; the next attempt of provision waits again, and after the last one the "
+                    "Migration rolls back (nothing but the target exists yet)."
+                )
+            shown = "; ".join([*refused, *waiting])
+            return dataclasses.replace(progress, waiting_for=f"{progress.waiting_for}: {shown}") if shown else progress
+
+        ready = self._wait(ready_or_why_not)
         return ProvisionResult(stateful_set=target, service=target, ready_replicas=ready.counts["ready"])
+
+    def _why_not_ready(self, stateful_set: Any) -> tuple[list[str], list[str]]:
+        """(What the API server refused the StatefulSet's controller since ferry made it, what its Pods wait for).
+        Best effort: a read that fails (no access to Events, say) leaves its part empty."""
+        namespace, uid = stateful_set.metadata.namespace, stateful_set.metadata.uid
+        refused: list[str] = []
+        waiting: list[str] = []
+        try:
+            events = self._core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={uid}").items
+            refused = blocked.refused_creates(events, stateful_set.metadata.creation_timestamp)
+        except ApiException as error:
+            activity.logger.info("could not list the Events of StatefulSet %s (%s)", stateful_set.metadata.name, error)
+        try:
+            waiting = blocked.waiting_on(self._pods_of(stateful_set))
+        except ApiException as error:
+            activity.logger.info("could not list the Pods of StatefulSet %s (%s)", stateful_set.metadata.name, error)
+        return refused, waiting
 
     @activity.defn(name=KubeActivity.CHECK_CLUSTER.value)
     @explain_refusals

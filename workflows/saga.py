@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
+from temporalio.exceptions import TimeoutError as TimeoutFailure
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -216,7 +217,18 @@ def error_text(error: BaseException) -> str:
         error = error.__cause__
     if isinstance(error, ApplicationError) and error.type:
         return scrub(f"{error.type}: {error.message}")
-    return scrub(str(error) or type(error).__name__)
+    return scrub((str(error) or type(error).__name__) + _last_seen(error))
+
+
+def _last_seen(error: BaseException) -> str:
+    """What an activity that timed out last said it waited for (activities/waiting.py heartbeats it): a step timing
+    out says "StatefulSet shop/orders-db-18 Ready: Pod orders-db-18-0 is not scheduled (...)", not the timeout alone."""
+    details = error.last_heartbeat_details if isinstance(error, TimeoutFailure) else ()
+    last = details[-1] if details else None
+    if not isinstance(last, dict) or not last.get("waiting_for"):
+        return ""
+    counts = ", ".join(f"{key} {value}" for key, value in last.items() if key != "waiting_for")
+    return f"; it was waiting for {last['waiting_for']}" + (f" ({counts})" if counts else "")
 
 
 def is_permanent(error: BaseException, retry: Retry) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 import uuid
 from typing import Any
 
@@ -208,6 +209,40 @@ def test_provision_stops_waiting_when_the_activity_is_cancelled(
         activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
 
     assert len(heartbeats) == 1, "it stops at the first poll after the cancellation"
+
+
+def test_provision_whose_pods_the_namespace_refuses_fails_saying_why_instead_of_waiting_out_its_timeout(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    heartbeats: list[tuple[Any, ...]],
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ResourceQuota the target's Pods exceed: the StatefulSet controller's creates are refused, which showed as a
+    step running for its whole timeout, five times, then "activity StartToClose timeout"."""
+    monkeypatch.setattr(provisioning, "LOOK_WHY_AFTER", 0.2)
+    monkeypatch.setattr(provisioning, "REFUSAL_GRACE", 1.0)
+    core = k8s.CoreV1Api(kube_api)
+    pods = len(core.list_namespaced_pod(ref.namespace).items)
+    quota = k8s.V1ResourceQuota(
+        metadata=k8s.V1ObjectMeta(name="no-more-pods"), spec=k8s.V1ResourceQuotaSpec(hard={"pods": str(pods)})
+    )
+    core.create_namespaced_resource_quota(ref.namespace, quota)
+    bound = threading.Timer(60, activity_env.cancel)  # waiting for ever fails the test (CancelledError), not hangs it
+    bound.start()
+
+    with pytest.raises(provisioning.TargetRefused) as refused:
+        activity_env.run(cluster.provision, ProvisionInput(ref=ref, spec=spec))
+    bound.cancel()
+
+    message = str(refused.value)
+    assert f"the cluster refuses what StatefulSet {ref.namespace}/{TARGET} needs: create Pod {TARGET}-0" in message
+    assert "no-more-pods" in message, "the quota is named"
+    assert "ResourceQuota" in message
+    assert any("no-more-pods" in str(details) for details in heartbeats), "the heartbeats said it while it waited"
 
 
 def test_undo_provision_removes_the_target_its_service_and_claims_and_leaves_the_source(

@@ -1,0 +1,64 @@
+"""Why a StatefulSet ferry made has no Ready Pod yet: what the cluster refused it, and what its Pods wait for.
+
+provision waits until the target StatefulSet is Ready; left at that, a ResourceQuota, a
+LimitRange, Pod Security admission or a webhook refusing the target's Pods, or a Pod no
+node can take, showed as a step running for its whole timeout, five times, then a
+rollback saying only "activity StartToClose timeout". The StatefulSet controller records
+each refused create as a `FailedCreate` Event on the StatefulSet; the scheduler and the
+kubelet say in the Pod's status what it waits for. Read here, from objects the caller
+listed: pure functions, tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+SHOWN = 3
+"""At most this many reasons go into one message."""
+
+
+def refused_creates(events: Iterable[Any], since: datetime) -> list[str]:
+    """The messages of the StatefulSet controller's `FailedCreate` Events last seen at or after `since` (a create of a
+    Pod or a claim the API server refused), newest first, each once."""
+    found: list[tuple[datetime, str]] = []
+    for event in events:
+        seen = _last_seen(event)
+        if event.reason == "FailedCreate" and seen is not None and seen >= since and event.message:
+            found.append((seen, " ".join(event.message.split())))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return list(dict.fromkeys(message for _, message in found))[:SHOWN]
+
+
+def waiting_on(pods: Iterable[Any]) -> list[str]:
+    """What each Pod that is not Ready waits for, in words: a node (the scheduler's reason), or a container that
+    does not start (its waiting reason: ImagePullBackOff, CrashLoopBackOff, CreateContainerConfigError...)."""
+    found: list[str] = []
+    for pod in sorted(pods, key=lambda pod: pod.metadata.name):
+        status = pod.status
+        if status is None:
+            continue
+        name = pod.metadata.name
+        for condition in status.conditions or []:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                found.append(f"Pod {name} is not scheduled ({condition.reason}: {_words(condition.message)})")
+        for container in [*(status.init_container_statuses or []), *(status.container_statuses or [])]:
+            waiting = container.state.waiting if container.state else None
+            if waiting is not None and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+                found.append(
+                    f"container {container.name} of Pod {name} waits: {waiting.reason}"
+                    + (f" ({_words(waiting.message)})" if waiting.message else "")
+                )
+    return found[:SHOWN]
+
+
+def _last_seen(event: Any) -> datetime | None:
+    """When an Event last happened: core/v1's lastTimestamp, else its series' or its own eventTime (events.k8s.io)."""
+    series = getattr(event, "series", None)
+    seen: datetime | None = event.last_timestamp or (series.last_observed_time if series else None) or event.event_time
+    return seen
+
+
+def _words(message: str | None) -> str:
+    return " ".join((message or "no message").split())
