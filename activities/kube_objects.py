@@ -31,6 +31,20 @@ def is_pod_of(stateful_set: str, pod: str) -> bool:
     return pod.startswith(prefix) and pod[len(prefix) :].isdigit()
 
 
+def pod_named_by(host: str, namespace: str) -> tuple[str, str] | None:
+    """(StatefulSet, governing Service) of the Pod whose stable DNS name `host` is, in `namespace`:
+    `<statefulset>-<ordinal>.<service>`, optionally followed by `.<namespace>`, `.svc` and the cluster's domain; None
+    for any other host (an IP address, a Service, a name outside the namespace)."""
+    labels = host.lower().rstrip(".").split(".")
+    if len(labels) < 2 or (len(labels) > 2 and labels[2] != namespace) or (len(labels) > 3 and labels[3] != "svc"):
+        return None
+    pod, service = labels[0], labels[1]
+    stateful_set, _, ordinal = pod.rpartition("-")
+    if not stateful_set or not ordinal.isdigit():
+        return None
+    return stateful_set, service
+
+
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 

@@ -22,6 +22,7 @@ and its applies still gets through: the check narrows the window to those two ca
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import time
@@ -161,8 +162,63 @@ class Provisioning(ClusterApi):
         dry run stores nothing); the Event is recorded once per Migration, so it is idempotent.
         """
         self._checked_manifests(input.ref, input.spec)
+        self._refuse_secrets_naming_other_pods(input.ref, input.spec)
         self._name_other_pods_selected(input.ref, input.spec)
         activity.logger.info("the cluster has what Migration %s needs", input.ref)
+
+    def _refuse_secrets_naming_other_pods(self, ref: MigrationRef, spec: MigrationSpec) -> None:
+        """Refuses a database Secret whose host is a Pod of another StatefulSet than the one its side names (a Secret
+        copied from another Migration, say): ferry would copy from, or restore into, that StatefulSet's database while
+        switch-traffic sends the clients to the target's Pods, which would hold none of it; a rollback would then
+        delete the target, and the copy with it. Only a host that names, by its stable DNS name, a Pod of a StatefulSet
+        that exists under that Service is refused: an IP address or any other name is not known to be wrong. A
+        Secret that cannot be read is left to the precheck, which says why."""
+        sides = (
+            (
+                "spec.driver.sourceSecret",
+                spec.driver.source_secret,
+                spec.source.stateful_set,
+                "spec.source.statefulSet",
+            ),
+            (
+                "spec.driver.targetSecret",
+                spec.driver.target_secret,
+                spec.target.stateful_set,
+                "spec.target.statefulSet",
+            ),
+        )
+        for field, secret, expected, side in sides:
+            host = self._secret_host(ref.namespace, secret)
+            named = kube_objects.pod_named_by(host, ref.namespace) if host else None
+            if named is None or named[0] == expected:
+                continue
+            other, service = named
+            found = kube_calls.read_json_or_none(self._apps.read_namespaced_stateful_set, other, ref.namespace)
+            if found is None or found["spec"].get("serviceName") != service:
+                continue
+            raise InvalidSpec(
+                f"{field}: Secret {ref.namespace}/{secret} reaches its database at {host}, a Pod of StatefulSet "
+                f"{other}, not of {expected} ({side}): ferry would work on {other}'s database while switch-traffic "
+                f"moves the clients from {spec.source.stateful_set}'s Pods to {spec.target.stateful_set}'s. Set its "
+                f"host to a Pod of {expected} (<{expected}-0>.<its serviceName>), or, if {other} is meant, delete the "
+                "Migration and create it again naming it. Nothing changed."
+            )
+
+    def _secret_host(self, namespace: str, name: str) -> str | None:
+        """The `host` of a database Secret; None when it cannot be read or has none."""
+        try:
+            secret = self._core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status in (403, 404):
+                return None
+            raise
+        encoded = (secret.data or {}).get("host")
+        if not encoded:
+            return None
+        try:
+            return base64.b64decode(encoded).decode().strip() or None
+        except (ValueError, UnicodeDecodeError):
+            return None
 
     @activity.defn(name=KubeActivity.UNDO_PROVISION.value)
     @explain_refusals

@@ -245,6 +245,56 @@ def test_provision_whose_pods_the_namespace_refuses_fails_saying_why_instead_of_
     assert any("no-more-pods" in str(details) for details in heartbeats), "the heartbeats said it while it waited"
 
 
+@pytest.mark.parametrize(
+    ("secret", "host", "refused"),
+    [
+        pytest.param("orders-db-target", f"{SOURCE}-0.{SOURCE}", True, id="target-secret-names-the-source"),
+        pytest.param(
+            "orders-db-target", "billing-db-1.billing-db.{namespace}.svc", True, id="target-secret-names-another"
+        ),
+        pytest.param("orders-db-source", "billing-db-0.billing-db", True, id="source-secret-names-another"),
+        pytest.param("orders-db-target", f"{TARGET}-0.{TARGET}", False, id="target-secret-names-the-target"),
+        pytest.param("orders-db-source", f"{SOURCE}-0.{SOURCE}.{{namespace}}.svc.cluster.local", False, id="source"),
+        pytest.param("orders-db-target", "billing-db-0.other-service", False, id="no-statefulset-under-that-service"),
+        pytest.param("orders-db-target", "10.0.0.7", False, id="an-address-is-not-known-to-be-wrong"),
+    ],
+)
+def test_the_check_of_the_cluster_refuses_a_database_secret_naming_a_pod_of_another_stateful_set(
+    kube_api: k8s.ApiClient,
+    activity_env: ActivityEnvironment,
+    cluster: ClusterActivities,
+    ref: MigrationRef,
+    spec: MigrationSpec,
+    source: str,
+    secret: str,
+    host: str,
+    refused: bool,
+) -> None:
+    """A Secret copied from another Migration: ferry would restore into (or copy from) that StatefulSet's database,
+    verify it, and send the clients to the target's own Pods, which hold none of it."""
+    core, apps = k8s.CoreV1Api(kube_api), k8s.AppsV1Api(kube_api)
+    other = k8s.V1StatefulSet(
+        metadata=k8s.V1ObjectMeta(name="billing-db"),
+        spec=k8s.V1StatefulSetSpec(
+            service_name="billing-db", replicas=0, selector=k8s.V1LabelSelector(match_labels={"app": "billing-db"}),
+            template=k8s.V1PodTemplateSpec(
+                metadata=k8s.V1ObjectMeta(labels={"app": "billing-db"}),
+                spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="postgres", image="postgres:15")]),
+            ),
+        ),
+    )  # fmt: skip
+    apps.create_namespaced_stateful_set(ref.namespace, other)
+    data = {"host": host.format(namespace=ref.namespace), "port": "5432", "username": "u", "password": "p",
+            "database": "orders"}  # fmt: skip
+    core.create_namespaced_secret(ref.namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=secret), string_data=data))
+
+    if refused:
+        with pytest.raises(InvalidSpec, match=r"a Pod of StatefulSet .*, not of .*Nothing changed"):
+            activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+    else:
+        activity_env.run(cluster.check_cluster, ProvisionInput(ref=ref, spec=spec))
+
+
 def test_undo_provision_removes_the_target_its_service_and_claims_and_leaves_the_source(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
