@@ -447,7 +447,22 @@ class PostgresActivities:
         try:
             with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
                 waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
-                sealed = unwritten.seal(conn, owner(ref), Attempt.current(), waiting)
+
+                def unchanged(mark: FenceMark) -> None:
+                    settled = unwritten.settle(conn, waiting)
+                    with privileged(target, "read every sequence"):
+                        present = fencing.read(conn)
+                    found = fencing.changes(mark, present, since="verify compared it")
+                    if found:
+                        raise TargetNotVerified(
+                            f"{target.describe()} is not as verify left it: {'; '.join(found)}"
+                            + ("" if settled else " (some of its sessions may not have said all they wrote yet)")
+                            + ". A crash of its server since (which empties unlogged tables and drops the statistics "
+                            "that would show writes), or writes by someone else, and verify's comparison no longer "
+                            "holds: the clients are not sent there, and nothing changed. Roll back, and migrate again."
+                        )
+
+                sealed = unwritten.seal(conn, owner(ref), Attempt.current(), waiting, unchanged)
         except (DatabaseUnreachable, psycopg.OperationalError) as error:
             raise unwritten.TargetUnsealed(
                 f"{target.describe()} did not answer to have verify's mark sealed ({error}), so nothing says it still "

@@ -287,10 +287,19 @@ def record(conn: Connection, db: DatabaseConnection, owner: str, fence: FenceMar
         database_settings.change(conn, VERIFIED_MARK, json.dumps(entry, sort_keys=True))
 
 
-def seal(conn: Connection, owner: str, by: Attempt, between_tries: Callable[[], None]) -> bool:
+def seal(
+    conn: Connection,
+    owner: str,
+    by: Attempt,
+    between_tries: Callable[[], None],
+    unchanged: Callable[[FenceMark], None] = lambda _: None,
+) -> bool:
     """Adds to `owner`'s mark on the target that traffic may move to it from now on (the check before switch-traffic,
     `by`, found the source still frozen): no verify marks it again, whatever attempt it is, until an undo has emptied
-    it and removed the mark. False when the target holds no mark of `owner` (nothing to seal); idempotent."""
+    it and removed the mark. False when the target holds no mark of `owner` (nothing to seal); idempotent.
+
+    Before it seals a mark, it calls `unchanged` with the mark's fence, in the same transaction: raising there leaves
+    the mark unsealed. A sealed mark is not compared again: traffic may have moved to the target since."""
     conn.execute(NO_TRANSACTION_TIMEOUTS)
     with conn.transaction():
         hold(conn, between_tries)
@@ -298,6 +307,9 @@ def seal(conn: Connection, owner: str, by: Attempt, between_tries: Callable[[], 
         if mark is None or mark.migration != owner:
             return False
         if mark.sealed_by is None:
+            fence = recorded(conn, owner)
+            if fence is not None:
+                unchanged(fence)
             entry = {**mark.entry, "sealed_by": by.as_json()}
             database_settings.change(conn, VERIFIED_MARK, json.dumps(entry, sort_keys=True))
         return True

@@ -359,6 +359,35 @@ def test_the_check_before_scale_down_old_keeps_the_source_when_the_target_lost_w
     steps.undo_freeze()
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        pytest.param(
+            "update shop.customers set email = 'x' || email where id = 1", "1 row was inserted, updated", id="write"
+        ),
+        pytest.param("select pg_stat_reset()", "statistics were reset", id="crash"),  # what a crash does to them
+    ],
+)
+def test_the_check_before_switch_traffic_refuses_a_target_that_is_no_longer_as_verify_left_it(
+    steps: Steps, databases: Databases, change: str, said: str
+) -> None:
+    """A crash of the target's server between verify and the switch empties its unlogged tables and drops the
+    statistics that would show writes; a write by someone else changes it. verify's comparison no longer holds, and
+    the clients are not sent there."""
+    create_shop(databases.source, customers=10, orders=10)
+    frozen = steps.freeze()
+    steps.migrate(steps.snapshot())
+    steps.verify()
+    with connect(databases.target) as conn:
+        conn.execute(change)
+
+    with pytest.raises(TargetNotVerified, match=rf"is not as verify left it: .*{said}.*the clients are not sent there"):
+        steps.check_frozen(frozen.fence, before="switch-traffic")
+
+    assert "sealed_by" not in _mark(databases), "left unsealed"
+    steps.undo_freeze()
+
+
 def test_the_check_before_switch_traffic_fails_retryably_when_the_target_cannot_be_reached(
     steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
 ) -> None:
