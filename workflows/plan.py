@@ -386,10 +386,21 @@ NO_WRITES_SINCE_FREEZE = Guard(
 """Guards the steps after which the source stops counting: switch-traffic and scale-down-old."""
 
 
-def mark_of_verify(c: Context, _: str) -> CheckUnwrittenInput:
-    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark)."""
+def mark_of_verify(c: Context, step: str) -> CheckUnwrittenInput:
+    """Nothing may have been written to the target since verify marked it (no result of verify: its recorded mark).
+
+    When this run never called the activity of `step` (switch-traffic: its check failed at every attempt), the check
+    first asks the stable Service: with no record of a switch by this Migration (a reset's earlier run would have left
+    one), no traffic moved, and the target, which may not answer, is not asked."""
     verified = c.results.get(VERIFY)
-    return CheckUnwrittenInput(ref=c.ref, driver=c.spec.driver, fence=verified.target_fence if verified else None)
+    unrun = step not in c.called
+    return CheckUnwrittenInput(
+        ref=c.ref,
+        driver=c.spec.driver,
+        fence=verified.target_fence if verified else None,
+        service=c.spec.source.service if unrun else None,
+        target_stateful_set=c.spec.target.stateful_set if unrun else None,
+    )
 
 
 NO_WRITES_ON_TARGET = Guard(

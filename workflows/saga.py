@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         WriteDowntimeStatus,
     )
     from ferry.api.saga import (
+        CheckUnwrittenResult,
         ControlRequest,
         DeleteSnapshotInput,
         EventRecord,
@@ -148,13 +149,12 @@ stays so after the target was emptied: within a rollback (an undo of snapshot fa
 target), and across failurePolicy Pause's cycles (an emptying undo failing in a later cycle, after the target had been
 emptied and no traffic had reached it again). The way back then stopped before the freeze's undo and left the source
 frozen."""
-UNRUN_STEPS_MOVED_NO_TRAFFIC = "unrun-steps-moved-no-traffic"
-"""Patch: a step that moves traffic (switch-traffic) whose activity this run never called, its check before it having
-failed at every attempt (the target not answering to seal verify's mark, say), moved nothing: its undo runs without the
-check that the target took no writes, and it does not count as traffic having reached the target (TARGET_KEPT). That
-check needs the target to answer, and a target that did not answer is often why the step failed: the way back stopped
-there, before the freeze's undo, and left the source frozen with no traffic ever having moved. A run made by a reset
-keeps the old answer: what its earlier run did after the reset point is not in its history."""
+NO_TRAFFIC_MOVED = "no-traffic-moved"
+"""Patch: when the check before switch-traffic's undo finds that this Migration never moved the traffic (its check
+before the step failed at every attempt, the target not answering to seal verify's mark, say, and the stable Service
+carries no record of a switch by it), traffic counts as not having reached the target (TARGET_KEPT): an undo that
+empties the target failing then (the same silent target) is gone past, and the source is unfrozen. It stopped the way
+back there, the source frozen, with no traffic ever having moved."""
 UNDOS_RETRY_UNREACHABLE = "undos-retry-an-unreachable-database"
 """Patch: an undo whose database did not answer, or refused the credentials, is tried again like any other failure
 of an undo, up to its attempts. Both counted as permanent at once, as they do for a step: a source Pod rescheduled
@@ -283,9 +283,6 @@ class Saga:
         self.controls = controls
         self.started: list[Step[Any, Any]] = []
         self.checked_once: set[str] = set()
-        self.called: set[str] = set()
-        """Steps whose activity this run called at least once (all of them after `start_all`): a step started whose
-        guard failed at every attempt never acted (UNRUN_STEPS_MOVED_NO_TRAFFIC)."""
         """Steps whose guard of Guard.once has passed in this run: it is not run again before their later attempts."""
         self.leftovers: dict[str, str] = {}
         """Steps whose undo kept failing and that the way back went past (ROLLBACK_PAST_LEFTOVERS), with the undo's
@@ -654,7 +651,7 @@ class Saga:
                 return error_text(checked.error), checked.error
             if once:
                 self.checked_once.add(step.name)
-        self.called.add(step.name)
+        self.context.called.add(step.name)
         outcome = await self._call(step.call(self.context))
         reason = None
         if outcome.error is None and outcome.result is not None:
@@ -946,7 +943,7 @@ class Saga:
         """Counts every step as started, as the undo of a finished run does: each one's undo runs on the way back."""
         for step in steps:
             self._start(step)
-            self.called.add(step.name)
+            self.context.called.add(step.name)
 
     def _start(self, step: Step[Any, Any]) -> None:
         self.started.append(step)  # from now on its undo runs on the way back, whatever happens
@@ -968,18 +965,9 @@ class Saga:
             and (s in self.started or (s.name in steps and steps[s.name].state is not StepState.PENDING))
             for s in self.steps
         )
-        moved = old
-        if old != self.traffic_since_emptied and workflow.patched(TRAFFIC_SINCE_EMPTIED):
-            moved = self.traffic_since_emptied
-        if moved and not any(self._may_have_acted(s) for s in self.steps if s.resumes_writes):
-            return not workflow.patched(UNRUN_STEPS_MOVED_NO_TRAFFIC)
-        return moved
-
-    def _may_have_acted(self, step: Step[Any, Any]) -> bool:
-        """Whether `step` may have acted: this run called its activity, or the run was made by a reset (what the
-        earlier run did after the reset point is not in this one's history)."""
-        info = workflow.info()
-        return step.name in self.called or info.run_id != info.first_execution_run_id
+        if old == self.traffic_since_emptied:
+            return old
+        return self.traffic_since_emptied if workflow.patched(TRAFFIC_SINCE_EMPTIED) else old
 
     async def _stop_rollback(self, reason: str, step: str, failure: UndoFailure, left: list[str]) -> None:
         self.status.current_step = None
@@ -1043,17 +1031,12 @@ class Saga:
             patch = step.undo.guard.patch if step.undo is not None and step.undo.guard is not None else None
             if guard is not None and patch is not None and not workflow.patched(patch):
                 guard = None
-            if (
-                guard is not None
-                and step.resumes_writes
-                and not self._may_have_acted(step)
-                and workflow.patched(UNRUN_STEPS_MOVED_NO_TRAFFIC)
-            ):
-                guard = None  # it moved no traffic: the target took none of the clients' writes
             checking = guard is not None
             try:
                 if guard is not None:
-                    await self._call_once(guard)
+                    checked = await self._call_once(guard)
+                    if step.resumes_writes and isinstance(checked, CheckUnwrittenResult) and checked.no_traffic_moved:
+                        self._no_traffic_moved(step)
                 checking = False
                 result = await self._call_once(call)
             except ActivityError as failure:
@@ -1092,6 +1075,13 @@ class Saga:
             self.status.update_step(name, workflow.now(), state=StepState.COMPENSATED)
             await self.record(f"undid {name}", "StepCompensated", key=str(name))
             return None
+
+    def _no_traffic_moved(self, step: Step[Any, Any]) -> None:
+        """The check before `step`'s undo found that this Migration never moved the traffic: it did not reach the
+        target (NO_TRAFFIC_MOVED). Older workers never said so, so no recorded run asks the patch."""
+        if self.traffic_since_emptied and workflow.patched(NO_TRAFFIC_MOVED):
+            workflow.logger.info("%s moved no traffic: the target took none of the clients' writes", step.name)
+            self.traffic_since_emptied = False
 
     @staticmethod
     def _persists(step: Step[Any, Any]) -> bool:

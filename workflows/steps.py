@@ -139,6 +139,9 @@ class Context:
     ref: MigrationRef
     spec: MigrationSpec
     results: Results
+    called: set[str] = dataclasses.field(default_factory=set)
+    """Steps whose activity this run called at least once (all of them in the undo of a finished run): a step whose
+    guard failed at every attempt never acted."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
+from activities import kube_objects, records
 from activities import s3 as snapshot_store
 from activities.events import record_event
 from activities.heartbeats import Heartbeats
@@ -441,8 +443,8 @@ class PostgresActivities:
         target nothing says holds the source's data. So does a target that does not answer, retryably
         (TargetUnsealed): it may have lost its volume and come back empty, which its Pods' readiness does not show;
         the seal's session is what finds it (its identity differs from the one the precheck pinned: DatabaseReplaced).
-        A step whose check failed at every attempt moved no traffic, and the rollback does not ask the target before
-        it sends none back (workflows/saga.py, UNRUN_STEPS_MOVED_NO_TRAFFIC)."""
+        A step whose check failed at every attempt moved no traffic, and the check before its undo asks the stable
+        Service instead of the target (`_no_traffic_moved`; workflows/saga.py, NO_TRAFFIC_MOVED)."""
         target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
         try:
             with self._connect(target) as conn, privileged(target, "end other sessions and keep ferry's markers"):
@@ -939,6 +941,8 @@ class PostgresActivities:
             pass  # the database the precheck pinned, else DatabaseReplaced (retried): see above
         if input.source_only:
             return CheckUnwrittenResult(compared=False)
+        if self._no_traffic_moved(input):
+            return CheckUnwrittenResult(compared=False, no_traffic_moved=True)
         db = self._database_to_undo(
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
         )
@@ -969,6 +973,34 @@ class PostgresActivities:
             )
         activity.logger.info("%s took no writes since traffic moved to it: traffic may go back", db.describe())
         return CheckUnwrittenResult(compared=True, fence=present)
+
+    def _no_traffic_moved(self, input: CheckUnwrittenInput) -> bool:
+        """Whether the stable Service shows that this Migration never moved the traffic (asked only when this run never
+        called switch-traffic's activity: `input.service`): no record of a switch by it (switch-traffic writes one in
+        the same write as the selector; a reset's earlier run would have left it) and a selector that does not select
+        the target's Pods. False whenever that cannot be read: then the target is compared, as ever."""
+        if input.service is None or input.target_stateful_set is None or self._api is None:
+            return False
+        ref = input.ref
+        try:
+            service = k8s.CoreV1Api(self._api).read_namespaced_service(input.service, ref.namespace)
+        except ApiException as error:
+            activity.logger.info("could not read Service %s/%s (%s)", ref.namespace, input.service, error)
+            return False
+        record = records.selector_record(service.metadata.annotations or {})
+        selector = (service.spec.selector if service.spec else None) or {}
+        target_labels = kube_objects.target_pod_labels(ref, input.target_stateful_set)
+        on_target = bool(selector) and all(target_labels.get(key) == value for key, value in selector.items())
+        if (record is not None and not record.is_of_another(ref)) or on_target:
+            return False
+        activity.logger.info(
+            "Service %s/%s carries no record of a switch by Migration %s and does not select the target's Pods: no "
+            "traffic moved, so the target is not compared",
+            ref.namespace,
+            input.service,
+            ref,
+        )
+        return True
 
     def _reprint_views(
         self, target: DatabaseConnection, source_side: verifying.Side, target_side: verifying.Side

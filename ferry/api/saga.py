@@ -575,11 +575,21 @@ class CheckUnwrittenInput(ApiModel):
         "that empties the target, which compares the target with verify's mark itself. A target that does not answer "
         "then (often why the rollback runs) does not stop the way back to the source.",
     )
+    service: str | None = Field(
+        default=None,
+        description="The stable Service, given when this run never called switch-traffic's activity: if it carries no "
+        "record of a switch by this Migration and does not select the target's Pods, no traffic moved, and the target "
+        "is not asked (it may not answer).",
+    )
+    target_stateful_set: str | None = Field(default=None, description="spec.target.statefulSet, with `service`.")
 
 
 class CheckUnwrittenResult(ApiModel):
     compared: bool = Field(description="False when the target holds no mark of this Migration: nothing to compare.")
     fence: FenceMark | None = Field(default=None, description="The target as the check found it: equal to the mark.")
+    no_traffic_moved: bool = Field(
+        default=False, description="The stable Service shows that this Migration never moved the traffic (`service`)."
+    )
 
 
 class ReplicateInput(ApiModel):

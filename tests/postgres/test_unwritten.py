@@ -17,12 +17,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from kubernetes import client as k8s
 from psycopg import sql
 
-from ferry.api.errors import WritesOnTarget
-from ferry.api.saga import VerifyResult
+from activities.kube_objects import target_pod_labels
+from activities.records import PREVIOUS_SELECTOR_ANNOTATION, encode_selector
+from devstack.stack.readiness import LOOPBACK, free_port
+from ferry.api.errors import DatabaseUnreachable, WritesOnTarget
+from ferry.api.saga import CheckUnwrittenInput, VerifyResult
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps
+from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import as_new, connect, contents, create_shop, database_settings, verified_mark
 
 
@@ -202,3 +206,36 @@ def test_an_idle_pooled_session_does_not_keep_the_undo_from_emptying_a_target_no
         assert steps.undo_migrate().removed
 
     assert as_new(databases.target)
+
+
+def test_the_check_before_the_undo_of_a_switch_this_run_never_ran_asks_the_service_not_the_silent_target(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """switch-traffic's check failed at every attempt (the target not answering to seal verify's mark): the stable
+    Service says no traffic moved, so the target, still silent, is not asked. A record of a switch by this Migration
+    (a reset's earlier run switched), or a selector that selects the target's Pods, and it is asked, as ever."""
+    core = k8s.CoreV1Api(kube_api)
+    service = k8s.V1Service(
+        metadata=k8s.V1ObjectMeta(name="orders-db"),
+        spec=k8s.V1ServiceSpec(selector={"app": "orders-db"}, ports=[k8s.V1ServicePort(port=5432)]),
+    )
+    core.create_namespaced_service(namespace, service)
+    target = databases.target
+    create_secret(
+        kube_api, namespace, "silent-target",
+        {"host": LOOPBACK, "port": str(free_port()), "username": target.user, "password": target.password,
+         "database": target.database},
+    )  # fmt: skip
+    driver = steps.driver.model_copy(update={"target_secret": "silent-target"})
+    check = CheckUnwrittenInput(ref=steps.ref, driver=driver, service="orders-db", target_stateful_set="orders-db-16")
+
+    checked = steps.env.run(steps.postgres.check_unwritten, check)
+
+    assert (checked.compared, checked.no_traffic_moved) == (False, True)
+    switched = {PREVIOUS_SELECTOR_ANNOTATION: encode_selector(steps.ref, {"app": "orders-db"})}
+    for selector, recorded in ((target_pod_labels(steps.ref, "orders-db-16"), {}), ({"app": "orders-db"}, switched)):
+        changed = core.read_namespaced_service("orders-db", namespace)
+        changed.spec.selector, changed.metadata.annotations = selector, recorded
+        core.replace_namespaced_service("orders-db", namespace, changed)
+        with pytest.raises(DatabaseUnreachable):
+            steps.env.run(steps.postgres.check_unwritten, check)

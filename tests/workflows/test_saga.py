@@ -25,7 +25,7 @@ from ferry.api.errors import (
 )
 from ferry.api.integrity import NOT_BACKED
 from ferry.api.migration import STEP_ORDER, Phase, StepName, StepState
-from ferry.api.saga import ControlRequest, MigrationResult, Signal
+from ferry.api.saga import CheckUnwrittenResult, ControlRequest, MigrationResult, Signal
 from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import (
     CHECK_CLUSTER,
@@ -361,16 +361,17 @@ async def test_writes_after_the_freeze_stop_the_saga_before_traffic_moves(run_sa
     assert fakes.undo_calls == undos_of(started_until(SWITCH_TRAFFIC))
 
 
-async def test_a_switch_whose_check_never_passed_is_undone_without_asking_the_target_that_took_no_traffic(
+async def test_a_switch_whose_check_never_passed_moved_no_traffic_so_a_silent_target_does_not_keep_the_source_frozen(
     run_saga: Run,
 ) -> None:
     """The target stops answering after verify: the check before switch-traffic cannot seal verify's mark at any
-    attempt, so switch-traffic never runs. The rollback needs no word from the target before traffic "goes back" (it
-    never left): asking it stopped the way back there, the source frozen."""
+    attempt, so switch-traffic never runs. The check before its undo asks the stable Service instead of the silent
+    target, and, no traffic having moved, migrate's undo failing on that target is gone past: the source is unfrozen.
+    The way back stopped there, the source frozen."""
     silent = ApplicationError("orders-db-16 did not answer to have verify's mark sealed", type="TargetUnsealed")
     fakes = FakeSaga(
-        fail={CHECK_FROZEN: silent, CHECK_UNWRITTEN: DatabaseUnreachable("orders-db-16 did not answer")},
-        fail_when={CHECK_UNWRITTEN: lambda given: not given.get("sourceOnly")},
+        fail={CHECK_FROZEN: silent, UNDO[MIGRATE]: DatabaseUnreachable("orders-db-16 did not answer")},
+        extra_results={CHECK_UNWRITTEN: CheckUnwrittenResult(compared=False, no_traffic_moved=True)},
     )
     saga = await run_saga(fakes)
 
@@ -379,10 +380,15 @@ async def test_a_switch_whose_check_never_passed_is_undone_without_asking_the_ta
 
     assert SWITCH_TRAFFIC not in fakes.calls
     assert fakes.step_calls.count(CHECK_FROZEN) == plan.SWITCH_TRAFFIC.retry.attempts, "tried at every attempt"
-    assert all(given.get("sourceOnly") for given in fakes.inputs[CHECK_UNWRITTEN]), "the target was not asked"
-    assert saga.final_status.phase is Phase.ROLLED_BACK
-    assert fakes.undo_calls == undos_of(started_until(SWITCH_TRAFFIC))
-    await record_history(saga, "unrun-steps-moved-no-traffic")
+    [asked] = [given for given in fakes.inputs[CHECK_UNWRITTEN] if not given.get("sourceOnly")]
+    assert (asked["service"], asked["targetStatefulSet"]) == ("orders-db", "orders-db-16"), "the Service is asked"
+    assert UNDO[FREEZE] in fakes.undo_calls, "the source takes writes again"
+    assert fakes.undo_calls[-1] == UNDO[PROVISION]
+    final = saga.final_status
+    assert final.phase is Phase.FAILED
+    assert final.message is not None
+    assert "not undone: migrate" in final.message
+    await record_history(saga, "no-traffic-moved")
 
 
 async def test_a_failed_precheck_ends_the_migration_before_anything_changes(run_saga: Run) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,20 @@ def test_there_are_recorded_histories_of_both_versions_to_replay() -> None:
     assert len([name for name in names if name.startswith("v2.1-")]) >= 6
 
 
+@pytest.mark.parametrize("as_a_reset_run", [False, True], ids=["as-recorded", "as-a-reset-run"])
 @pytest.mark.parametrize("history", RECORDED, ids=[path.stem for path in RECORDED])
-async def test_recorded_history_replays_without_nondeterminism(history: Path) -> None:
+async def test_recorded_history_replays_without_nondeterminism(history: Path, as_a_reset_run: bool) -> None:
+    """And as the history a reset copies into its new run, whose run ID is not the first one's: nothing the workflow
+    decides may depend on which run it is, or a reset run fails on the decisions its copied history holds."""
     replayer = Replayer(
         workflows=[MigrationWorkflowV1, MigrationWorkflow, MigrationUndoWorkflow],
         data_converter=data_converter(),
     )
-    recorded = WorkflowHistory.from_json(f"migration/{history.stem}", history.read_text())  # noqa: ASYNC240
+    events = json.loads(history.read_text())  # noqa: ASYNC240
+    if as_a_reset_run:
+        started = events["events"][0]["workflowExecutionStartedEventAttributes"]
+        started["originalExecutionRunId"] = str(uuid.uuid4())
+    recorded = WorkflowHistory.from_json(f"migration/{history.stem}", json.dumps(events))
 
     result = await replayer.replay_workflow(recorded, raise_on_replay_failure=True)
 
