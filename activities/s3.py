@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +45,8 @@ from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, BucketMissing, InvalidSpec
 from ferry.api.migration import EncryptionType, ServerSideEncryption, SnapshotSpec
 from ferry.api.saga import MigrationRef, snapshot_key, stream_prefix
+
+log = logging.getLogger("ferry.s3")
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -254,6 +257,42 @@ def abort_incomplete_uploads(s3: S3Client, bucket: str, key: str, *, under: bool
     return aborted
 
 
+UNVERSIONED = frozenset({"NotImplemented", "MethodNotAllowed", "AccessDenied", "NoSuchBucket"})
+"""Answers to ListObjectVersions that leave nothing more to delete: a store without versions, or a listing this
+credential may not make (then a versioned bucket keeps the older versions; the warning says so)."""
+
+
+def delete_every_version(s3: S3Client, bucket: str, key: str) -> int:
+    """Deletes the object at `key` and, in a bucket with versioning, every version of it and every delete marker:
+    a plain delete there only hides the object under a marker, and the database's rows stay in the bucket. Returns
+    how many versions and markers it deleted besides. Only versions of exactly `key` are touched, whatever the store
+    lists. Idempotent."""
+    s3.delete_object(Bucket=bucket, Key=key)
+    deleted = 0
+    try:
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key):
+            for found in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                if found.get("Key") != key or not found.get("VersionId") or found["VersionId"] == "null":
+                    continue
+                try:
+                    s3.delete_object(Bucket=bucket, Key=key, VersionId=found["VersionId"])
+                except ClientError as error:
+                    if not is_missing(error):
+                        raise
+                deleted += 1
+    except ClientError as error:
+        if error_code(error) not in UNVERSIONED:
+            raise
+        if error_code(error) == "AccessDenied":
+            log.warning(
+                "s3://%s/%s is deleted, but its older versions, if the bucket keeps versions, are not: the "
+                "credentials may not list them (s3:ListBucketVersions). Delete them by hand.",
+                bucket,
+                key,
+            )
+    return deleted
+
+
 def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = False) -> int:
     """Aborts the unfinished uploads of the parallel streams of the snapshot at `key` and, unless `keep_objects`,
     deletes their objects (see ferry.api.saga.stream_key); returns how many of both. Idempotent."""
@@ -265,7 +304,7 @@ def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = 
         for found in listing.get("Contents", []):
             if not str(found["Key"]).startswith(prefix):
                 continue  # a store that ignored the prefix: another snapshot's object, or anyone's
-            s3.delete_object(Bucket=bucket, Key=found["Key"])
+            delete_every_version(s3, bucket, str(found["Key"]))
             removed += 1
     return removed
 

@@ -77,7 +77,9 @@ class SnapshotStoreActivities:
                 if keep_object:
                     activity.logger.info("keeping %s after the rollback (retention afterRollback: Keep)", location)
                     return False
-                s3.delete_object(Bucket=bucket, Key=key)
+                versions = snapshot_store.delete_every_version(s3, bucket, key)
+                if versions:
+                    activity.logger.info("deleted %d older versions and delete markers of %s", versions, location)
             except ClientError as error:
                 if snapshot_store.error_code(error) != "NoSuchBucket":
                     raise

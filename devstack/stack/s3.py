@@ -47,13 +47,22 @@ class S3Server:
         return access, secret
 
     def start(self) -> ManagedProcess:
-        data = self.folder / "data"
+        data, versions = self.folder / "data", self.folder / "versions"
         data.mkdir(parents=True, exist_ok=True)
+        versions.mkdir(parents=True, exist_ok=True)
         access, secret = self.credentials
         env = go_environment(dict(os.environ, ROOT_ACCESS_KEY=access, ROOT_SECRET_KEY=secret))
+        # --versioning-dir lets a bucket keep versions once asked to (PutBucketVersioning), as on AWS; none does by
+        # default, so every other bucket behaves as before.
         self.process = ManagedProcess(
             name="s3",
-            argv=[str(self.binaries.versitygw), f"--port={LOOPBACK}:{self.ports.port('s3')}", "posix", str(data)],
+            argv=[
+                str(self.binaries.versitygw),
+                f"--port={LOOPBACK}:{self.ports.port('s3')}",
+                "posix",
+                f"--versioning-dir={versions}",
+                str(data),
+            ],
             env=env,
             log_path=self.logs / "s3.log",
         )

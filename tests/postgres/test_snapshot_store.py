@@ -106,3 +106,28 @@ def test_the_undo_and_the_retention_cleanup_refuse_an_object_that_is_not_this_mi
             activity_env.run(activity, argument)
 
     assert sorted(_keys(stack, snapshot_spec.bucket)) == sorted([artifact.key, victim]), "nothing was deleted"
+
+
+def test_deleting_the_snapshot_in_a_bucket_that_keeps_versions_leaves_no_version_of_it(
+    activity_env: ActivityEnvironment,
+    snapshots: SnapshotStoreActivities,
+    stack: StackInfo,
+    ref: MigrationRef,
+    snapshot_spec: SnapshotSpec,
+) -> None:
+    """A plain delete in a versioned bucket only hides the object under a delete marker: the database's rows would
+    stay in the bucket, one copy per attempt that wrote it, after retention said Delete."""
+    s3 = stack.s3_client()
+    s3.put_bucket_versioning(Bucket=snapshot_spec.bucket, VersioningConfiguration={"Status": "Enabled"})
+    key = snapshot_key(ref, snapshot_spec)
+    for attempt in (b"the first attempt's dump", b"the second attempt's dump"):
+        s3.put_object(Bucket=snapshot_spec.bucket, Key=key, Body=attempt)
+    s3.put_object(Bucket=snapshot_spec.bucket, Key=f"{key}.other", Body=b"not this snapshot")
+    artifact = SnapshotResult(bucket=snapshot_spec.bucket, key=key, sha256="0" * 64, size_bytes=25)
+
+    activity_env.run(snapshots.delete_snapshot, DeleteSnapshotInput(ref=ref, snapshot=snapshot_spec, artifact=artifact))
+
+    listed = s3.list_object_versions(Bucket=snapshot_spec.bucket)
+    left = [(item["Key"], "version") for item in listed.get("Versions", [])]
+    left += [(item["Key"], "delete marker") for item in listed.get("DeleteMarkers", [])]
+    assert left == [(f"{key}.other", "version")]

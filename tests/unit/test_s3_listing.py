@@ -47,6 +47,9 @@ def test_removing_a_snapshots_streams_deletes_no_object_a_careless_listing_adds(
     listed = [{"Key": key, "Size": 1} for key in [*OTHERS, mine]]
     store.add_response("list_objects_v2", {"Contents": listed, "KeyCount": 3}, {"Bucket": "b", "Prefix": ANY})
     store.add_response("delete_object", {}, {"Bucket": "b", "Key": mine})
+    versions = [{"Key": key, "VersionId": f"v-{n}"} for n, key in enumerate([*OTHERS, mine])]
+    store.add_response("list_object_versions", {"Versions": versions}, {"Bucket": "b", "Prefix": mine})
+    store.add_response("delete_object", {}, {"Bucket": "b", "Key": mine, "VersionId": "v-2"})
 
     with store:
         removed = snapshot_store.remove_streams(client, "b", KEY)
