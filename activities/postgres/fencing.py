@@ -23,6 +23,7 @@ What the mark holds, and why each part:
   catches DDL. A rewrite by VACUUM FULL or CLUSTER changes the relfilenode as TRUNCATE
   does and cannot be told from it: the check then fails, on the safe side.
 - sequences: a fingerprint of every sequence's last value; nextval and setval count
+  (and, in `sequences_next`, of the value one set to start again hands out next)
   no rows.
 
 Why the counters are exact enough. Since PostgreSQL 15 statistics live in shared
@@ -124,11 +125,13 @@ def read(conn: Connection) -> FenceMark:
     assert row is not None
     writes, database_reset, server_reset = row
     storage = conn.execute(STORAGE).fetchall()
+    standing = schema.sequence_values(conn)
     return FenceMark(
         writes=int(writes),
         stats_reset=f"database {database_reset or 'never'}, server {server_reset or 'never'}",
         catalog=_digest({"storage": storage, "schema": schema.describe(conn)}),
-        sequences=_digest(schema.sequence_values(conn)),
+        sequences=_digest(schema.as_last_values(standing)),
+        sequences_next=_digest(standing),
     )
 
 
@@ -150,7 +153,10 @@ def changes(mark: FenceMark, present: FenceMark, since: str = "the freeze") -> l
         )
     if present.catalog != mark.catalog:
         found.append("tables or the schema changed (TRUNCATE, DDL, or a rewrite such as VACUUM FULL or CLUSTER)")
-    if mark.sequences is not None and present.sequences != mark.sequences:
+    moved = mark.sequences is not None and present.sequences != mark.sequences
+    if mark.sequences_next is not None and present.sequences_next is not None:
+        moved = moved or present.sequences_next != mark.sequences_next
+    if moved:
         found.append("sequences moved (nextval or setval)")
     return found
 

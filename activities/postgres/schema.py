@@ -277,8 +277,8 @@ def sequence_values(conn: Connection) -> dict[str, str]:
 
     pg_sequence_last_value says nothing of a sequence whose is_called is false, so those are read from the sequence
     itself: otherwise a sequence set to start again past the rows' keys on one side and not on the other would read
-    the same, and the target would hand out keys the source had used. Sequences in the usual states read as they
-    always did, so a fence mark taken by an older worker still compares."""
+    the same, and the target would hand out keys the source had used. The fences keep a fingerprint of these and
+    one of `as_last_values`, which marks taken by older workers hold."""
     found: dict[str, str] = {}
     unread: list[tuple[str, str, str, int]] = []
     for namespace, name, value, start in conn.execute(SEQUENCE_VALUES).fetchall():
@@ -302,6 +302,13 @@ def sequence_values(conn: Connection) -> dict[str, str]:
             else:
                 found[key] = "not used yet" if int(last_value) == start else f"next value {last_value}"
     return found
+
+
+def as_last_values(values: dict[str, str]) -> dict[str, str]:
+    """`sequence_values` as pg_sequence_last_value alone reads them, as fence marks held them before they read a
+    sequence set to start again (`next value N`: `not used yet`); kept in FenceMark.sequences so that a mark taken by
+    an older worker still compares."""
+    return {name: "not used yet" if value.startswith("next value ") else value for name, value in values.items()}
 
 
 def differences(source: dict[str, str], target: dict[str, str]) -> list[str]:

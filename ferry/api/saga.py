@@ -359,6 +359,12 @@ class FenceMark(ApiModel):
     sequences: str | None = Field(
         default=None, description="Fingerprint of every sequence's last value (None: not recorded, not compared)."
     )
+    sequences_next: str | None = Field(
+        default=None,
+        description="Fingerprint of where every sequence stands, the value a sequence that handed out none since it "
+        "was set (setval(..., false), ALTER SEQUENCE RESTART) hands out next included, which `sequences` reads as "
+        "unused (None: taken by an older worker, not compared).",
+    )
 
 
 class FreezeResult(ApiModel):

@@ -17,6 +17,7 @@ import uuid
 import psycopg
 import pytest
 
+from activities.postgres import fencing, schema
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import WritesAfterFreeze
@@ -195,6 +196,28 @@ def test_a_sequence_set_to_hand_out_another_value_next_is_caught_though_it_hands
 
     with pytest.raises(WritesAfterFreeze, match="sequences moved"):
         steps.check_frozen(frozen.fence)
+
+
+def test_a_mark_an_older_worker_took_still_compares_with_a_sequence_set_to_start_again(
+    steps: Steps, source: Databases
+) -> None:
+    """A worker upgraded mid-run: its mark holds the fingerprint of last values alone (no `sequences_next`), in which
+    a sequence set with setval(..., false), as pg_restore leaves one, reads as unused. Read the same way, nothing
+    moved."""
+    with connect(source.source) as superuser:
+        superuser.execute("create sequence audit.spare_seq; select setval('audit.spare_seq', 5000, false)")
+    frozen = steps.freeze()
+    assert frozen.fence is not None
+    with connect(source.source) as conn:  # as an older worker read them: pg_sequence_last_value alone
+        rows = conn.execute(schema.SEQUENCE_VALUES).fetchall()
+    last_values = {f"value of sequence {ns}.{name}": "not used yet" if value is None else str(value)
+                   for ns, name, value, _ in rows}  # fmt: skip
+    taken_by_an_older_worker = frozen.fence.model_copy(
+        update={"sequences": fencing._digest(last_values), "sequences_next": None}
+    )
+
+    steps.check_frozen(taken_by_an_older_worker)
+    steps.check_frozen(frozen.fence)
 
 
 def test_statistics_reset_after_the_freeze_fails_the_check_since_nothing_can_be_vouched_for(
