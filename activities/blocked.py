@@ -20,15 +20,22 @@ SHOWN = 3
 
 
 def refused_creates(events: Iterable[Any], since: datetime) -> list[str]:
-    """The messages of the StatefulSet controller's `FailedCreate` Events last seen at or after `since` (a create of a
-    Pod or a claim the API server refused), newest first, each once."""
+    """The messages of the StatefulSet controller's `FailedCreate` Events (a create of a Pod or a claim the API server
+    refused) last seen at or after `since` and after its last create that went through (`SuccessfulCreate`), newest
+    first, each once: a refusal that passed (a quota freed, a webhook that timed out once) is not one any more."""
     found: list[tuple[datetime, str]] = []
+    went_through: datetime | None = None
     for event in events:
         seen = _last_seen(event)
-        if event.reason == "FailedCreate" and seen is not None and seen >= since and event.message:
+        if seen is None:
+            continue
+        if event.reason == "SuccessfulCreate":
+            went_through = max(seen, went_through) if went_through else seen
+        elif event.reason == "FailedCreate" and seen >= since and event.message:
             found.append((seen, " ".join(event.message.split())))
     found.sort(key=lambda item: item[0], reverse=True)
-    return list(dict.fromkeys(message for _, message in found))[:SHOWN]
+    still = [message for seen, message in found if went_through is None or seen > went_through]
+    return list(dict.fromkeys(still))[:SHOWN]
 
 
 def waiting_on(pods: Iterable[Any]) -> list[str]:

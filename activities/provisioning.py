@@ -121,7 +121,8 @@ class Provisioning(ClusterApi):
             if progress.done or waited < LOOK_WHY_AFTER:
                 return progress
             refused, waiting = self._why_not_ready(stateful_set)
-            if refused and waited >= REFUSAL_GRACE:
+            missing = ((stateful_set.status and stateful_set.status.replicas) or 0) < progress.counts["desired"]
+            if refused and missing and waited >= REFUSAL_GRACE:
                 raise TargetRefused(
                     f"the cluster refuses what StatefulSet {ref.namespace}/{target} needs: {'; '.join(refused)}. Fix "
                     "the cause (a ResourceQuota, a LimitRange, Pod Security admission or a webhook of the namespace), "

@@ -31,10 +31,22 @@ def test_the_creates_refused_since_the_target_was_made_are_named_newest_first_ea
         _event(quota, at=MADE + timedelta(seconds=10)),
         _event(quota, at=MADE + timedelta(seconds=40)),
         _event("create Claim data-orders-db-18-0 failed", at=MADE + timedelta(seconds=50), new_style=True),
-        _event("Pod orders-db-18-0 created", at=MADE + timedelta(seconds=60), reason="SuccessfulCreate"),
+        _event("Pod orders-db-18-0 created", at=MADE + timedelta(seconds=1), reason="SuccessfulCreate"),
     ]
 
     assert refused_creates(events, MADE) == ["create Claim data-orders-db-18-0 failed", quota]
+
+
+def test_a_refusal_the_controller_got_past_is_not_one_any_more() -> None:
+    """A webhook that timed out once, a quota freed by a Pod that was terminating: the create went through after."""
+    events = [
+        _event("create Pod orders-db-18-0 failed: webhook timed out", at=MADE + timedelta(seconds=5)),
+        _event("create Pod orders-db-18-0 succeeded", at=MADE + timedelta(seconds=9), reason="SuccessfulCreate"),
+    ]
+
+    assert refused_creates(events, MADE) == []
+    later = _event("create Pod orders-db-18-1 failed: exceeded quota", at=MADE + timedelta(seconds=20))
+    assert refused_creates([*events, later], MADE) == ["create Pod orders-db-18-1 failed: exceeded quota"]
 
 
 def test_pods_say_what_they_wait_for_a_node_or_a_container_that_does_not_start() -> None:
