@@ -63,6 +63,7 @@ from ferry.api.errors import (
     BadCredentials,
     DatabaseUnreachable,
     TargetNotVerified,
+    TlsMismatch,
     VerificationMismatch,
     WritesAfterFreeze,
     WritesOnTarget,
@@ -412,15 +413,17 @@ class PostgresActivities:
         A target that lost its volume and came back empty (a claim deleted with its Pod, say) is another server, which
         its first session finds (DatabaseReplaced), or an emptied database without the mark (TargetNotVerified): the
         source stays up, and the run does not say Succeeded over a copy that is gone. Read only: the target serves
-        the clients, so none of its sessions is ended. A target that does not answer now (restarting) passes, with a
-        warning, as the source's scale-down changes nothing on it."""
+        the clients, so none of its sessions is ended. A target that does not answer now (restarting), or refuses the
+        Secret's credentials or TLS (its owners rotated them during the soak), passes, with a warning, as the source's
+        scale-down changes nothing on it: the clients are on the target already, and failing here would roll the
+        traffic back over a target that may hold their writes."""
         target = self._database(ref, driver.target_secret, "spec.driver.targetSecret")
         try:
             with self._connect(target, default_transaction_read_only="on") as conn:
                 mark = unwritten.read_mark(conn)
-        except (DatabaseUnreachable, psycopg.OperationalError) as error:
+        except (DatabaseUnreachable, BadCredentials, TlsMismatch, psycopg.OperationalError) as error:
             activity.logger.warning(
-                "could not reach %s to see verify's mark before the scale-down (%s): going on", target.describe(), error
+                "could not look at %s for verify's mark before the scale-down (%s): going on", target.describe(), error
             )
             return
         if mark is None or mark.migration != owner(ref):

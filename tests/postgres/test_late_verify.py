@@ -351,6 +351,13 @@ def test_the_check_before_scale_down_old_keeps_the_source_when_the_target_lost_w
     )  # fmt: skip
     silent = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET}))
     silent.check_frozen(frozen.fence, before="scale-down-old")
+    create_secret(
+        kube_api, namespace, "rotated-target",
+        {"host": target.host, "port": str(target.port), "username": target.user, "password": "rotated since",
+         "database": target.database},
+    )  # fmt: skip
+    rotated = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": "rotated-target"}))
+    rotated.check_frozen(frozen.fence, before="scale-down-old")  # the clients are on it: not a reason to roll back
 
     with connect(target) as conn:  # what an emptied database looks like: no mark
         conn.execute(sql.SQL("alter database {} reset ferry.verified_mark").format(sql.Identifier(target.database)))
