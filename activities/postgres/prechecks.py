@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
+from psycopg import sql
 
 from activities import s3 as snapshot_store
 from activities.postgres import (
@@ -355,6 +356,7 @@ def _source(
         _primary(conn, db, problems)
         _prepared(conn, db, online, problems)
         _subscriptions(conn, db, problems)
+        _extension_tables(conn, db, online, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
             given = ", ".join(f"{grant.grantee} (granted by {grant.grantor})" for grant in stuck)
@@ -436,6 +438,60 @@ def _primary(conn: Connection, db: DatabaseConnection, problems: Problems) -> No
             "and the checks of the frozen source must reach the primary, where the writes are made and counted. "
             "Point the Secret at the primary (the failover manager's Service for it, or the primary's Pod)."
         )
+
+
+EXTENSION_TABLES = """
+select e.extname, n.nspname, c.relname, u.condition is not null, coalesce(u.condition, '')
+from pg_depend d
+join pg_extension e on d.refclassid = 'pg_extension'::regclass and d.refobjid = e.oid
+join pg_class c on d.classid = 'pg_class'::regclass and d.objid = c.oid
+join pg_namespace n on n.oid = c.relnamespace
+left join lateral (
+    select coalesce(x.condition, '') as condition
+    from unnest(e.extconfig, e.extcondition) as x(relation, condition) where x.relation = c.oid
+) u on true
+where d.deptype = 'e' and c.relkind in ('r', 'p')
+order by 1, 2, 3
+"""
+"""Tables that belong to an extension: (extension, schema, table, whether it is one of the extension's configuration
+tables, the condition of the rows of its own that pg_dump copies, e.g. `WHERE srid > 998999`)."""
+
+
+def _extension_tables(conn: Connection, db: DatabaseConnection, online: bool, problems: Problems) -> None:
+    """Refuses a source whose extensions' tables hold rows that nothing would copy: pg_dump dumps no table of an
+    extension but the rows of its configuration tables that their condition selects, CREATE EXTENSION on the target
+    makes the tables again empty (or with the extension's own rows), and verify compares what is user data only. A
+    table added to an extension by hand (ALTER EXTENSION ... ADD TABLE), or by the extension at run time (older pgmq
+    adds each queue's table), would reach the target empty, the Migration saying Succeeded. In mode Online the
+    configuration tables' rows are not replicated either."""
+    for extension, namespace, name, configuration, condition in conn.execute(EXTENSION_TABLES).fetchall():
+        table = f"{namespace}.{name}"
+        if configuration and not online:
+            continue  # pg_dump copies the rows of its own
+        where = sql.SQL(condition) if configuration else sql.SQL("")
+        query = sql.SQL("select exists (select from {} {})").format(sql.Identifier(namespace, name), where)
+        try:
+            with conn.transaction():
+                row = conn.execute(query).fetchone()
+            holds = row is None or bool(row[0])
+        except psycopg.errors.InsufficientPrivilege:
+            holds = True  # cannot tell: as if it held rows
+        if not holds:
+            continue
+        if configuration:
+            problems.append(
+                f"{table} on {db.describe()}, a configuration table of extension {extension}, holds rows of its own, "
+                "and mode Online replicates no table of an extension: rows written there after replicate copies the "
+                "schema would be lost. Migrate it in mode Snapshot (pg_dump copies those rows)."
+            )
+        else:
+            problems.append(
+                f"{table} on {db.describe()} belongs to extension {extension} and holds rows (or ferry may not read "
+                "it), but no table of an extension is copied (pg_dump leaves them to CREATE EXTENSION, which makes "
+                f"them again without those rows) or compared by verify. Detach it (ALTER EXTENSION {extension} DROP "
+                f"TABLE {table}: it stays, and is then copied and compared like any table), or empty it if the "
+                "extension fills it again."
+            )
 
 
 def _subscriptions(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:

@@ -126,18 +126,34 @@ HEARTBEAT_TIMEOUT_SECONDS = 30
 lost). The worker's heartbeat and poll intervals are at most half of it (activities/settings.py)."""
 
 
-class ControlRequest(ApiModel):
-    """Payload of every signal: who asked, and why. All fields are optional."""
+def _cut(limit: int) -> AfterValidator:
+    """Keeps at most `limit` characters, marking a cut with an ellipsis: never refuses the request."""
+    return AfterValidator(lambda text: text if len(text) <= limit else text[: limit - 1] + "…")
 
-    by: str = Field(default="", description="Who asked, e.g. a user name; shown in status and events.")
-    reason: str = Field(default="", description="Why, in a few words.")
+
+CONTROL_BY_LIMIT = 256
+CONTROL_REASON_LIMIT = 1024
+CONTROL_ID_LIMIT = 256
+
+
+class ControlRequest(ApiModel):
+    """Payload of every signal: who asked, and why. All fields are optional.
+
+    Texts are cut to a few hundred characters: a control sent by hand (`temporal workflow update`, tctl) carrying a
+    megabyte in `by` went into every later status write, which the API server then refused for good, and into every
+    mirror in the run's history, which Temporal ends at its size limit. The watcher's own limits are narrower."""
+
+    by: Annotated[str, _cut(CONTROL_BY_LIMIT)] = Field(
+        default="", description="Who asked, e.g. a user name; shown in status and events."
+    )
+    reason: Annotated[str, _cut(CONTROL_REASON_LIMIT)] = Field(default="", description="Why, in a few words.")
     generation: Generation | None = Field(
         default=None,
         description="The Migration generation that carried the request (the watcher's); at most 2^53 - 1. A signal "
         "carrying a larger one, or a negative one, is dropped: the saga keeps the largest it saw as "
         "status.observedGeneration, which the watcher compares with the Migration's to see spec.paused change.",
     )
-    request_id: str = Field(
+    request_id: Annotated[str, _cut(CONTROL_ID_LIMIT)] = Field(
         default="",
         description="Identifies one request: a signal sent twice with the same non-empty id is acted on once.",
     )

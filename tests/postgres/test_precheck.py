@@ -731,3 +731,23 @@ def test_precheck_warns_that_a_target_of_several_replicas_gets_the_data_in_one_o
     [warning] = [w for w in warnings if w.startswith("spec.target.replicas is 3")]
     assert f"Secret {namespace}/{TARGET_SECRET}" in warning
     assert not [w for w in steps.precheck().warnings if w.startswith("spec.target.replicas")]
+
+
+def test_precheck_refuses_a_table_of_an_extension_that_holds_rows_nothing_would_copy(
+    steps: Steps, databases: Databases
+) -> None:
+    """pg_dump leaves an extension's tables to CREATE EXTENSION, which makes them again without the rows, and verify
+    compares user tables only: a table added to an extension (by hand, or by the extension at run time, as older pgmq
+    does with each queue) would reach the target empty, the Migration saying Succeeded."""
+    with connect(databases.source) as conn:
+        conn.execute(
+            "create extension if not exists hstore; create table public.jobs (id int primary key); "
+            "insert into public.jobs select generate_series(1, 100); alter extension hstore add table public.jobs"
+        )
+
+    [problem] = [problem for problem in _problems(steps) if "public.jobs" in problem]
+    assert "belongs to extension hstore and holds rows" in problem
+    assert "ALTER EXTENSION hstore DROP TABLE public.jobs" in problem
+    with connect(databases.source) as conn:
+        conn.execute("truncate public.jobs")
+    steps.precheck()  # empty: nothing to lose
