@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.api.saga import ControlRequest, Signal
+from ferry.api.saga import CONTROL_BY_LIMIT, CONTROL_ID_LIMIT, CONTROL_REASON_LIMIT, ControlRequest, Signal
 from workflows.controls import Controls, Stage
 
 ALICE = ControlRequest(by="alice", reason="looks good")
@@ -79,3 +79,15 @@ def test_a_request_is_acted_on_once(request_id: str) -> None:
     assert controls.is_repeat(request)
     assert not controls.is_repeat(ControlRequest(by="alice"))
     assert not controls.is_repeat(ControlRequest(by="alice"))
+
+
+def test_a_control_sent_by_hand_with_huge_texts_is_cut_not_refused() -> None:
+    """`temporal workflow update --input '{"by": "<a megabyte>"}'`: `by` goes into the status and every later status
+    write, which the API server would refuse for good, and into every mirror in the run's history."""
+    request = ControlRequest.model_validate({"by": "x" * 1_000_000, "reason": "y" * 5_000, "requestId": "z" * 300})
+
+    assert (len(request.by), len(request.reason), len(request.request_id)) == (
+        CONTROL_BY_LIMIT, CONTROL_REASON_LIMIT, CONTROL_ID_LIMIT,
+    )  # fmt: skip
+    assert request.by.endswith("x…")
+    assert ControlRequest(by="alice", reason="wrong target").by == "alice"
