@@ -21,21 +21,31 @@ SHOWN = 3
 
 def refused_creates(events: Iterable[Any], since: datetime) -> list[str]:
     """The messages of the StatefulSet controller's `FailedCreate` Events (a create of a Pod or a claim the API server
-    refused) last seen at or after `since` and after its last create that went through (`SuccessfulCreate`), newest
-    first, each once: a refusal that passed (a quota freed, a webhook that timed out once) is not one any more."""
-    found: list[tuple[datetime, str]] = []
-    went_through: datetime | None = None
+    refused) last seen at or after `since`, newest first, each once, but for those of an object the controller has
+    created since (its `SuccessfulCreate` for the same Pod or claim, as late or later): a refusal that passed (a quota
+    freed, a webhook that timed out once) is not one any more. The controller creates a Pod's claims first, so a
+    claim made in the same second as its Pod was refused says nothing of the Pod."""
+    refused: list[tuple[datetime, str, str]] = []
+    created: dict[str, datetime] = {}
     for event in events:
         seen = _last_seen(event)
-        if seen is None:
+        if seen is None or not event.message:
             continue
+        message = " ".join(event.message.split())
         if event.reason == "SuccessfulCreate":
-            went_through = max(seen, went_through) if went_through else seen
-        elif event.reason == "FailedCreate" and seen >= since and event.message:
-            found.append((seen, " ".join(event.message.split())))
-    found.sort(key=lambda item: item[0], reverse=True)
-    still = [message for seen, message in found if went_through is None or seen > went_through]
+            what = _created_object(message)
+            created[what] = max(seen, created.get(what, seen))
+        elif event.reason == "FailedCreate" and seen >= since:
+            refused.append((seen, _created_object(message), message))
+    refused.sort(key=lambda item: item[0], reverse=True)
+    still = [message for seen, what, message in refused if what not in created or created[what] < seen]
     return list(dict.fromkeys(still))[:SHOWN]
+
+
+def _created_object(message: str) -> str:
+    """What a create Event of the StatefulSet controller is about: `create Pod orders-db-18-0` or `create Claim
+    data-orders-db-18-0`, from its message's first three words."""
+    return " ".join(message.split()[:3])
 
 
 def waiting_on(pods: Iterable[Any]) -> list[str]:

@@ -38,15 +38,24 @@ def test_the_creates_refused_since_the_target_was_made_are_named_newest_first_ea
 
 
 def test_a_refusal_the_controller_got_past_is_not_one_any_more() -> None:
-    """A webhook that timed out once, a quota freed by a Pod that was terminating: the create went through after."""
+    """A webhook that timed out once, a quota freed by a Pod that was terminating: the create went through after.
+    A claim created in the same second as its Pod was refused says nothing of the Pod."""
+    pod = "create Pod orders-db-18-0 in StatefulSet orders-db-18"
     events = [
-        _event("create Pod orders-db-18-0 failed: webhook timed out", at=MADE + timedelta(seconds=5)),
-        _event("create Pod orders-db-18-0 succeeded", at=MADE + timedelta(seconds=9), reason="SuccessfulCreate"),
+        _event(f"{pod} failed error: webhook timed out", at=MADE + timedelta(seconds=5)),
+        _event(f"{pod} successful", at=MADE + timedelta(seconds=9), reason="SuccessfulCreate"),
     ]
 
     assert refused_creates(events, MADE) == []
-    later = _event("create Pod orders-db-18-1 failed: exceeded quota", at=MADE + timedelta(seconds=20))
-    assert refused_creates([*events, later], MADE) == ["create Pod orders-db-18-1 failed: exceeded quota"]
+    later = [
+        _event("create Claim data-orders-db-18-1 Pod orders-db-18-1 in StatefulSet orders-db-18 success",
+               at=MADE + timedelta(seconds=20), reason="SuccessfulCreate"),
+        _event("create Pod orders-db-18-1 in StatefulSet orders-db-18 failed error: exceeded quota",
+               at=MADE + timedelta(seconds=20)),
+    ]  # fmt: skip
+    assert refused_creates([*events, *later], MADE) == [
+        "create Pod orders-db-18-1 in StatefulSet orders-db-18 failed error: exceeded quota"
+    ]
 
 
 def test_pods_say_what_they_wait_for_a_node_or_a_container_that_does_not_start() -> None:
