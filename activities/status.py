@@ -102,7 +102,7 @@ class StatusActivities:
         self._remove_leftover_progress(ref)
         for event in [*input.earlier_events, *([input.event] if input.event is not None else [])]:
             self._record_event(ref, event)
-        return MirrorStatusResult(found=True, conflicts=conflicts)
+        return MirrorStatusResult(found=True, conflicts=conflicts, run_id=activity.info().workflow_run_id)
 
     def _read(self, ref: MigrationRef) -> dict[str, Any] | None:
         """One read of the Migration, None when it is gone. Kept apart so tests can add a write after it."""

@@ -1193,7 +1193,12 @@ class Saga:
                 await workflow.sleep(wait)  # the run's last word: nothing writes the status after it
                 wait = min(wait * 2, FINAL_STATUS_RETRY[1])
         if mirrored.found:
-            self.backed_by_migration = True
+            # A reset run replays its earlier run's writes: they found the Migration for that run, not for this one,
+            # whose own first write must find it (a closed run reset after its Migration was deleted finds none, and
+            # its undos stay refused by the gate). Only the gate reads this, in the activities' headers: no command
+            # depends on it, so a reset run replays its copied history the same.
+            if mirrored.run_id is None or mirrored.run_id == workflow.info().run_id:
+                self.backed_by_migration = True
         else:
             self._orphaned()
 

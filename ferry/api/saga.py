@@ -203,6 +203,11 @@ class MirrorStatusInput(ApiModel):
 class MirrorStatusResult(ApiModel):
     found: bool = Field(description="False when the Migration no longer exists; nothing was written.")
     conflicts: int = Field(default=0, description="Unused since status is applied server-side; kept for old histories.")
+    run_id: str | None = Field(
+        default=None,
+        description="The run whose write this was (None from older workers): a run made by a reset replays its earlier "
+        "run's results, which vouch for that run, not for it.",
+    )
 
 
 class ProvisionInput(ApiModel):

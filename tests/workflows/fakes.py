@@ -301,7 +301,8 @@ class FakeSaga:
             if request.event is not None:
                 self.events.append(request.event)
             mirrors = len(self.statuses)
-            return MirrorStatusResult(found=self.gone_after is None or mirrors <= self.gone_after)
+            found = self.gone_after is None or mirrors <= self.gone_after
+            return MirrorStatusResult(found=found, run_id=activity.info().workflow_run_id if found else None)
 
         return mirror_status
 

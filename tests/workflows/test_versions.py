@@ -8,15 +8,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import (
+    Interceptor,
+    Replayer,
+    StartActivityInput,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 from ferry.api.migration import Phase
 from ferry.api.saga import WORKFLOW_NAME, WORKFLOW_NAME_V1, ControlRequest, Signal
 from ferry.clients import data_converter
 from tests.workflows.conftest import HISTORIES, migration_input
 from tests.workflows.fakes import FREEZE, PROVISION, FakeSaga
+from worker.gate import VOUCHED_ATTRIBUTE
 from workflows.legacy import MigrationWorkflowV1
 from workflows.migration import MigrationWorkflow
 from workflows.undo import MigrationUndoWorkflow
@@ -52,6 +63,58 @@ async def test_recorded_history_replays_without_nondeterminism(history: Path, as
     result = await replayer.replay_workflow(recorded, raise_on_replay_failure=True)
 
     assert result.replay_failure is None
+
+
+VOUCHED: list[bool] = []
+"""What the worker's gate would be told of each activity a replayed run starts: whether the run passed it once."""
+
+
+class _Vouching(Interceptor):
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _VouchingWorkflow
+
+
+class _VouchingWorkflow(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_VouchingOutbound(outbound))
+
+
+class _VouchingOutbound(WorkflowOutboundInterceptor):
+    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        VOUCHED.append(bool(getattr(workflow.instance(), VOUCHED_ATTRIBUTE, False)))
+        return self.next.start_activity(input)
+
+
+async def test_a_reset_run_is_not_vouched_for_by_the_status_writes_of_the_run_it_was_made_from(
+    run_saga: Run,
+) -> None:
+    """The worker's gate lets the undos of a run that once found its Migration through even when it is gone. A run
+    made by a reset replays its earlier run's status writes, which found the Migration for that run: a closed run
+    reset after its Migration was deleted must not be let through by them."""
+    saga = await run_saga(FakeSaga())
+    await saga.handle.result()
+    history = await saga.handle.fetch_history()
+    replayer = Replayer(
+        workflows=[MigrationWorkflowV1, MigrationWorkflow, MigrationUndoWorkflow],
+        data_converter=data_converter(),
+        interceptors=[_Vouching()],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+    events = json.loads(history.to_json())
+    as_recorded: list[bool] = []
+    for reset in (False, True):
+        if reset:
+            events["events"][0]["workflowExecutionStartedEventAttributes"]["originalExecutionRunId"] = str(uuid.uuid4())
+        VOUCHED.clear()
+        replayed = WorkflowHistory.from_json(history.workflow_id, json.dumps(events))
+        result = await replayer.replay_workflow(replayed, raise_on_replay_failure=True)
+        assert result.replay_failure is None
+        if not reset:
+            as_recorded = list(VOUCHED)
+
+    assert any(as_recorded), "the run itself was vouched for once its first status write found the Migration"
+    assert len(VOUCHED) == len(as_recorded)
+    assert not any(VOUCHED), "a reset run is vouched for by none of the writes it replays"
 
 
 async def test_a_run_of_the_previous_version_finishes_on_a_worker_of_this_one(run_saga: Run) -> None:
