@@ -30,6 +30,7 @@ from activities.postgres import (
     locales,
     replication_checks,
     restoring,
+    schema,
     slot_wal,
     throughput,
     tls,
@@ -357,6 +358,7 @@ def _source(
         _prepared(conn, db, online, problems)
         _subscriptions(conn, db, problems)
         _extension_tables(conn, db, online, problems)
+        _invalid_indexes(conn, db, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
             given = ", ".join(f"{grant.grantee} (granted by {grant.grantor})" for grant in stuck)
@@ -492,6 +494,28 @@ def _extension_tables(conn: Connection, db: DatabaseConnection, online: bool, pr
                 f"TABLE {table}: it stays, and is then copied and compared like any table), or empty it if the "
                 "extension fills it again."
             )
+
+
+INVALID_INDEXES = f"""
+select n.nspname || '.' || c.relname
+from pg_index i join pg_class c on c.oid = i.indexrelid join pg_namespace n on n.oid = c.relnamespace
+where not i.indisvalid and {schema.USER}
+order by 1
+"""
+
+
+def _invalid_indexes(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:
+    """Refuses a source with invalid indexes (a CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY that failed):
+    pg_dump leaves them out, so verify would find them missing on the target, after the write downtime, every
+    time."""
+    invalid = [name for (name,) in conn.execute(INVALID_INDEXES).fetchall()]
+    if invalid:
+        problems.append(
+            f"the indexes {listed(invalid)} on {db.describe()} are invalid (a CREATE INDEX CONCURRENTLY or REINDEX "
+            "CONCURRENTLY that failed): pg_dump leaves them out, so verify would find them missing on the target, "
+            "after the write downtime. DROP INDEX CONCURRENTLY them, or REINDEX INDEX CONCURRENTLY them once what "
+            "failed them (duplicate keys, say) is fixed."
+        )
 
 
 def _subscriptions(conn: Connection, db: DatabaseConnection, problems: Problems) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from kubernetes import client as k8s
 from psycopg import sql
@@ -751,3 +752,19 @@ def test_precheck_refuses_a_table_of_an_extension_that_holds_rows_nothing_would_
     with connect(databases.source) as conn:
         conn.execute("truncate public.jobs")
     steps.precheck()  # empty: nothing to lose
+
+
+def test_precheck_refuses_a_source_with_an_invalid_index_which_verify_would_find_missing_after_the_freeze(
+    steps: Steps, databases: Databases
+) -> None:
+    """A CREATE INDEX CONCURRENTLY that failed leaves its index invalid; pg_dump leaves it out."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.accounts (email text); insert into public.accounts values ('a'), ('a')")
+    with connect(databases.source) as conn, contextlib.suppress(psycopg.errors.UniqueViolation):
+        conn.execute("create unique index concurrently accounts_email on public.accounts (email)")
+
+    [problem] = [problem for problem in _problems(steps) if "public.accounts_email" in problem]
+    assert "are invalid (a CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY that failed)" in problem
+    with connect(databases.source) as conn:
+        conn.execute("drop index concurrently public.accounts_email")
+    steps.precheck()
