@@ -16,7 +16,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 from botocore.exceptions import BotoCoreError, ClientError
@@ -54,6 +55,9 @@ from ferry.api.errors import DatabaseUnreachable, PermanentError, PrecheckFailed
 from ferry.api.migration import CheckedDatabases, DatabaseIdentity, DriverMode, DriverSpec, Throughput
 from ferry.api.saga import PrecheckInput, PrecheckResult
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 log = logging.getLogger("ferry.activities.precheck")
 PROBE = b"ferry precheck: written and deleted at once\n"
@@ -652,7 +656,10 @@ def _bucket(
             started = time.monotonic()
             s3.put_object(Bucket=spec.bucket, Key=key, Body=body)
             elapsed = time.monotonic() - started
-            s3.delete_object(Bucket=spec.bucket, Key=key)
+            try:
+                _may_use(s3, spec.bucket, key, credentials, problems)
+            finally:
+                snapshot_store.delete_every_version(s3, spec.bucket, key)
             return throughput.rate(len(body), elapsed)
     except PermanentError as error:
         problems.append(str(error))
@@ -663,6 +670,37 @@ def _bucket(
             "(endpoint, region, bucket) and that the worker reaches the endpoint."
         )
     return 0.0
+
+
+S3_USES = (
+    ("s3:GetObject", "migrate and verify read the snapshot back"),
+    ("s3:ListBucket", "the undo and the retention cleanup find the snapshot's streams"),
+    ("s3:ListBucketMultipartUploads", "each attempt of the snapshot first aborts the uploads an earlier one left"),
+)
+"""What ferry does in the bucket besides writing and deleting, each with the permission it needs and why."""
+
+
+def _may_use(s3: S3Client, bucket: str, key: str, credentials: S3Credentials, problems: Problems) -> None:
+    """Refuses credentials that may write the object at `key` but not do the rest of what the steps do with it: that
+    would fail after the freeze, and a rollback could not delete what the snapshot left."""
+    calls: dict[str, Callable[[], object]] = {
+        "s3:GetObject": lambda: s3.get_object(Bucket=bucket, Key=key)["Body"].read(),
+        "s3:ListBucket": lambda: s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1),
+        "s3:ListBucketMultipartUploads": lambda: s3.list_multipart_uploads(Bucket=bucket, Prefix=key, MaxUploads=1),
+    }
+    refused = []
+    for permission, why in S3_USES:
+        try:
+            calls[permission]()
+        except ClientError as error:
+            if snapshot_store.error_code(error) not in ("AccessDenied", "Forbidden", "403"):
+                raise
+            refused.append(f"{permission} ({why})")
+    if refused:
+        problems.append(
+            f"the credentials in Secret {credentials.secret} may write to bucket {bucket!r} but were refused "
+            f"{', '.join(refused)}. Allow them in the bucket's or the user's policy, under spec.snapshot.prefix."
+        )
 
 
 def _insecure(endpoint: str | None) -> str:

@@ -109,6 +109,19 @@ def test_precheck_of_a_sound_migration_reports_versions_and_size_and_changes_not
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the probe object is gone"
 
 
+def test_precheck_leaves_no_version_of_its_probe_in_a_bucket_that_keeps_versions(
+    steps: Steps, stack: StackInfo, bucket: str
+) -> None:
+    s3 = stack.s3_client()
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    steps.precheck()
+
+    listed = s3.list_object_versions(Bucket=bucket)
+    assert listed.get("Versions", []) == []
+    assert listed.get("DeleteMarkers", []) == []
+
+
 def test_precheck_warns_of_the_other_databases_of_the_sources_server_that_scale_down_old_stops_too(
     steps: Steps, databases: Databases, stack: StackInfo, kube_api: k8s.ApiClient, namespace: str
 ) -> None:

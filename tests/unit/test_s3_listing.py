@@ -1,4 +1,5 @@
-"""Cleaning up a snapshot's uploads and streams acts only on its own keys, whatever the store lists.
+"""Cleaning up a snapshot's uploads and streams acts only on its own keys, whatever the store lists; the precheck
+tries what the steps will do in the bucket.
 
 A fake stands in for the store here, to inject what the real one does not do on demand: a
 store (or a proxy in front of it) that ignores the listing's prefix and returns every key of
@@ -14,6 +15,9 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from activities import s3 as snapshot_store
+from activities.postgres import prechecks
+from activities.postgres.prechecks import Problems
+from activities.secrets import S3Credentials
 
 pytestmark = pytest.mark.unit
 
@@ -56,3 +60,25 @@ def test_removing_a_snapshots_streams_deletes_no_object_a_careless_listing_adds(
 
     assert removed == 1
     store.assert_no_pending_responses()
+
+
+def test_the_precheck_refuses_credentials_that_may_write_the_bucket_but_not_read_or_list_it() -> None:
+    """A policy that allows s3:PutObject and s3:DeleteObject only (the precheck's probe used to try no more): the
+    snapshot would be written, then migrate could not read it back, after the freeze. The real store here cannot be
+    made to refuse one operation to one user, so a stub answers as such a policy does."""
+    client, store = _store()
+    store.add_client_error("get_object", service_error_code="AccessDenied", http_status_code=403)
+    store.add_response("list_objects_v2", {"KeyCount": 1}, {"Bucket": "b", "Prefix": KEY, "MaxKeys": 1})
+    store.add_client_error("list_multipart_uploads", service_error_code="AccessDenied", http_status_code=403)
+    problems = Problems()
+
+    with store:
+        prechecks._may_use(client, "b", KEY, S3Credentials("ak", "sk", "ns/s3-credentials"), problems)
+
+    store.assert_no_pending_responses()
+    [problem] = problems
+    assert (
+        "may write to bucket 'b' but were refused s3:GetObject (migrate and verify read the snapshot back), " in problem
+    )
+    assert "s3:ListBucketMultipartUploads" in problem
+    assert "s3:ListBucket (" not in problem
