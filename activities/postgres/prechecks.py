@@ -153,6 +153,24 @@ class Server:
     sessions: int = 1 << 31
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
+    extension_tables: tuple[ExtensionTable, ...] = ()
+    """The source's tables of extensions, not configuration tables, that hold rows: copied only if the target's CREATE
+    EXTENSION makes them as full (`_extension_tables_on_target`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtensionTable:
+    extension: str
+    schema: str
+    """The extension's schema, where pg_dump's CREATE EXTENSION puts it on the target."""
+    namespace: str
+    name: str
+    rows: int
+    """How many rows it holds on the source; -1 when ferry may not read it."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.namespace}.{self.name}"
 
 
 def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckInput, owner: str) -> PrecheckResult:
@@ -189,6 +207,8 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
             "is neither a superuser nor has BYPASSRLS, so verify could not read every row of them, after the freeze. "
             f"As a superuser, ALTER ROLE {target_db.username} BYPASSRLS, or use a superuser."
         )
+    if source and target_db and target:
+        _extension_tables_on_target(target_db, settings, source.extension_tables, problems)
     if source and target:
         missing = sorted(source.extensions - target.extensions)
         if missing:
@@ -361,7 +381,7 @@ def _source(
         _primary(conn, db, problems)
         _prepared(conn, db, online, problems)
         _subscriptions(conn, db, problems)
-        _extension_tables(conn, db, online, problems)
+        extension_tables = _extension_tables(conn, db, online, problems)
         _invalid_indexes(conn, db, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
@@ -390,6 +410,7 @@ def _source(
             server,
             forced_rls=tuple(name for name, forced, _ in tables if forced),
             other_databases=tuple(name for (name,) in conn.execute(OTHER_DATABASES)),
+            extension_tables=extension_tables,
         )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
@@ -447,57 +468,107 @@ def _primary(conn: Connection, db: DatabaseConnection, problems: Problems) -> No
 
 
 EXTENSION_TABLES = """
-select e.extname, n.nspname, c.relname, u.condition is not null, coalesce(u.condition, '')
+select e.extname, x.nspname, n.nspname, c.relname, u.condition is not null, coalesce(u.condition, '')
 from pg_depend d
 join pg_extension e on d.refclassid = 'pg_extension'::regclass and d.refobjid = e.oid
+join pg_namespace x on x.oid = e.extnamespace
 join pg_class c on d.classid = 'pg_class'::regclass and d.objid = c.oid
 join pg_namespace n on n.oid = c.relnamespace
 left join lateral (
-    select coalesce(x.condition, '') as condition
-    from unnest(e.extconfig, e.extcondition) as x(relation, condition) where x.relation = c.oid
+    select coalesce(y.condition, '') as condition
+    from unnest(e.extconfig, e.extcondition) as y(relation, condition) where y.relation = c.oid
 ) u on true
 where d.deptype = 'e' and c.relkind in ('r', 'p')
-order by 1, 2, 3
+order by 1, 3, 4
 """
-"""Tables that belong to an extension: (extension, schema, table, whether it is one of the extension's configuration
-tables, the condition of the rows of its own that pg_dump copies, e.g. `WHERE srid > 998999`)."""
+"""Tables that belong to an extension: (extension, its schema, the table's schema and name, whether it is one of the
+extension's configuration tables, the condition of the rows of its own that pg_dump copies, e.g. `WHERE srid >
+998999`)."""
 
 
-def _extension_tables(conn: Connection, db: DatabaseConnection, online: bool, problems: Problems) -> None:
-    """Refuses a source whose extensions' tables hold rows that nothing would copy: pg_dump dumps no table of an
-    extension but the rows of its configuration tables that their condition selects, CREATE EXTENSION on the target
-    makes the tables again empty (or with the extension's own rows), and verify compares what is user data only. A
-    table added to an extension by hand (ALTER EXTENSION ... ADD TABLE), or by the extension at run time (older pgmq
-    adds each queue's table), would reach the target empty, the Migration saying Succeeded. In mode Online the
-    configuration tables' rows are not replicated either."""
-    for extension, namespace, name, configuration, condition in conn.execute(EXTENSION_TABLES).fetchall():
-        table = f"{namespace}.{name}"
+def _extension_tables(
+    conn: Connection, db: DatabaseConnection, online: bool, problems: Problems
+) -> tuple[ExtensionTable, ...]:
+    """The tables of the source's extensions whose rows nothing but the target's CREATE EXTENSION would give the
+    target: pg_dump dumps no table of an extension but the rows of its configuration tables that their condition
+    selects, and verify compares user tables only. A table added to an extension by hand (ALTER EXTENSION ... ADD
+    TABLE), or by the extension at run time (older pgmq adds each queue's table), would reach the target empty, the
+    Migration saying Succeeded; one the extension fills itself (a data extension's tables) comes full. Which is
+    which, the target says (`_extension_tables_on_target`). In mode Online, a configuration table's rows of its own
+    are not replicated either: refused here."""
+    found: list[ExtensionTable] = []
+    for extension, schema_of, namespace, name, configuration, condition in conn.execute(EXTENSION_TABLES).fetchall():
         if configuration and not online:
             continue  # pg_dump copies the rows of its own
         where = sql.SQL(condition) if configuration else sql.SQL("")
-        query = sql.SQL("select exists (select from {} {})").format(sql.Identifier(namespace, name), where)
+        query = sql.SQL("select count(*) from (select from {} {}) as rows").format(
+            sql.Identifier(namespace, name), where
+        )
         try:
             with conn.transaction():
                 row = conn.execute(query).fetchone()
-            holds = row is None or bool(row[0])
+            rows = int(row[0]) if row is not None else -1
         except psycopg.errors.InsufficientPrivilege:
-            holds = True  # cannot tell: as if it held rows
-        if not holds:
+            rows = -1  # cannot tell: as if it held rows nothing else gives the target
+        if rows == 0:
             continue
         if configuration:
             problems.append(
-                f"{table} on {db.describe()}, a configuration table of extension {extension}, holds rows of its own, "
-                "and mode Online replicates no table of an extension: rows written there after replicate copies the "
-                "schema would be lost. Migrate it in mode Snapshot (pg_dump copies those rows)."
+                f"{namespace}.{name} on {db.describe()}, a configuration table of extension {extension}, holds rows "
+                "of its own, and mode Online replicates no table of an extension: rows written there after replicate "
+                "copies the schema would be lost. Migrate it in mode Snapshot (pg_dump copies those rows)."
             )
         else:
-            problems.append(
-                f"{table} on {db.describe()} belongs to extension {extension} and holds rows (or ferry may not read "
-                "it), but no table of an extension is copied (pg_dump leaves them to CREATE EXTENSION, which makes "
-                f"them again without those rows) or compared by verify. Detach it (ALTER EXTENSION {extension} DROP "
-                f"TABLE {table}: it stays, and is then copied and compared like any table), or empty it if the "
-                "extension fills it again."
-            )
+            found.append(ExtensionTable(extension, schema_of, namespace, name, rows))
+    return tuple(found)
+
+
+def _extension_tables_on_target(
+    db: DatabaseConnection, settings: DataActivitySettings, tables: tuple[ExtensionTable, ...], problems: Problems
+) -> None:
+    """Refuses the source's tables of extensions (`_extension_tables`) that the target's CREATE EXTENSION, as the
+    restore runs it, would not make as full: tried in a transaction on the target, rolled back."""
+    if not tables:
+        return
+    made: dict[str, int] = {}
+    try:
+        # Its one session that may write, in a transaction always rolled back: the target is left as it was.
+        with connect(db, settings, default_transaction_read_only="off") as conn, conn.transaction(force_rollback=True):
+            for extension, schema_of in dict.fromkeys((t.extension, t.schema) for t in tables):
+                conn.execute(sql.SQL("create schema if not exists {}").format(sql.Identifier(schema_of)))
+                conn.execute(
+                    sql.SQL("create extension if not exists {} with schema {} cascade").format(
+                        sql.Identifier(extension), sql.Identifier(schema_of)
+                    )
+                )
+            for table in tables:
+                exists = conn.execute("select to_regclass(%s) is not null", (sql.Identifier(table.namespace,
+                    table.name).as_string(conn),)).fetchone()  # fmt: skip
+                if exists is None or not exists[0]:
+                    made[table.qualified] = 0
+                    continue
+                row = conn.execute(
+                    sql.SQL("select count(*) from {}").format(sql.Identifier(table.namespace, table.name))
+                ).fetchone()
+                made[table.qualified] = int(row[0]) if row is not None else 0
+    except psycopg.Error as error:
+        log.info("could not try the source's extensions on %s: %s", db.describe(), error)
+    for table in tables:
+        if table.rows >= 0 and made.get(table.qualified, -1) >= table.rows:
+            continue  # the extension makes it as full on the target
+        held = f"holds {table.rows} rows" if table.rows >= 0 else "may hold rows (ferry may not read it)"
+        makes = (
+            f"the target's CREATE EXTENSION makes it with {made[table.qualified]}"
+            if table.qualified in made
+            else "ferry could not try the target's CREATE EXTENSION"
+        )
+        problems.append(
+            f"{table.qualified} on the source belongs to extension {table.extension} and {held}, but {makes}: no "
+            "table of an extension is copied (pg_dump leaves them to CREATE EXTENSION) or compared by verify, so "
+            f"the target would lack those rows. Detach it on the source (ALTER EXTENSION {table.extension} DROP "
+            f"TABLE {table.qualified}: it stays, and is then copied and compared like any table), or empty it if "
+            "the extension fills it again."
+        )
 
 
 INVALID_INDEXES = f"""
