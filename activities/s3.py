@@ -266,17 +266,20 @@ def delete_every_version(s3: S3Client, bucket: str, key: str) -> int:
     """Deletes the object at `key` and, in a bucket with versioning, every version of it and every delete marker:
     a plain delete there only hides the object under a marker, and the database's rows stay in the bucket. Returns
     how many versions and markers it deleted besides. Only versions of exactly `key` are touched, whatever the store
-    lists. Idempotent."""
+    lists (the version written before versioning was turned on, "null", too). Idempotent."""
     s3.delete_object(Bucket=bucket, Key=key)
-    deleted = 0
+    deleted, kept = 0, 0
     try:
         for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key):
             for found in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
-                if found.get("Key") != key or not found.get("VersionId") or found["VersionId"] == "null":
+                if found.get("Key") != key or not found.get("VersionId"):
                     continue
                 try:
                     s3.delete_object(Bucket=bucket, Key=key, VersionId=found["VersionId"])
                 except ClientError as error:
+                    if error_code(error) in ("AccessDenied", "Forbidden"):
+                        kept += 1
+                        continue
                     if not is_missing(error):
                         raise
                 deleted += 1
@@ -285,11 +288,19 @@ def delete_every_version(s3: S3Client, bucket: str, key: str) -> int:
             raise
         if error_code(error) == "AccessDenied":
             log.warning(
-                "s3://%s/%s is deleted, but its older versions, if the bucket keeps versions, are not: the "
+                "s3://%s/%s is deleted, but its older versions, if the bucket keeps versions, may not be: the "
                 "credentials may not list them (s3:ListBucketVersions). Delete them by hand.",
                 bucket,
                 key,
             )
+    if kept:
+        log.warning(
+            "s3://%s/%s is deleted, but %d older versions of it are left: the credentials may not delete versions "
+            "(s3:DeleteObjectVersion). Delete them by hand.",
+            bucket,
+            key,
+            kept,
+        )
     return deleted
 
 

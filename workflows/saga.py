@@ -1197,7 +1197,9 @@ class Saga:
             # whose own first write must find it (a closed run reset after its Migration was deleted finds none, and
             # its undos stay refused by the gate). Only the gate reads this, in the activities' headers: no command
             # depends on it, so a reset run replays its copied history the same.
-            if mirrored.run_id is None or mirrored.run_id == workflow.info().run_id:
+            info = workflow.info()
+            written_for = mirrored.run_id or info.first_execution_run_id  # an older worker's: the run it began as
+            if written_for == info.run_id:
                 self.backed_by_migration = True
         else:
             self._orphaned()

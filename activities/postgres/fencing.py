@@ -153,9 +153,10 @@ def changes(mark: FenceMark, present: FenceMark, since: str = "the freeze") -> l
         )
     if present.catalog != mark.catalog:
         found.append("tables or the schema changed (TRUNCATE, DDL, or a rewrite such as VACUUM FULL or CLUSTER)")
-    moved = mark.sequences is not None and present.sequences != mark.sequences
     if mark.sequences_next is not None and present.sequences_next is not None:
-        moved = moved or present.sequences_next != mark.sequences_next
+        moved = present.sequences != mark.sequences or present.sequences_next != mark.sequences_next
+    else:  # a mark without sequences_next: its `sequences` read sequences one way or the other, as its worker did
+        moved = mark.sequences is not None and mark.sequences not in (present.sequences, present.sequences_next)
     if moved:
         found.append("sequences moved (nextval or setval)")
     return found

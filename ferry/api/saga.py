@@ -8,6 +8,7 @@ registers implementations under the same names, and tests register fakes under t
 from __future__ import annotations
 
 import enum
+import hashlib
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -131,9 +132,22 @@ def _cut(limit: int) -> AfterValidator:
     return AfterValidator(lambda text: text if len(text) <= limit else text[: limit - 1] + "…")
 
 
+def _cut_id(limit: int) -> AfterValidator:
+    """Keeps at most `limit` characters, the last ones a digest of the whole, so that two long IDs stay two."""
+
+    def cut(text: str) -> str:
+        if len(text) <= limit:
+            return text
+        digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return f"{text[: limit - len(digest) - 1]}…{digest}"
+
+    return AfterValidator(cut)
+
+
 CONTROL_BY_LIMIT = 256
 CONTROL_REASON_LIMIT = 1024
-CONTROL_ID_LIMIT = 256
+CONTROL_ID_LIMIT = 1024
+"""Longer than any ID the watcher makes (the control's annotation, `=`, and its value of at most about 340)."""
 
 
 class ControlRequest(ApiModel):
@@ -153,7 +167,7 @@ class ControlRequest(ApiModel):
         "carrying a larger one, or a negative one, is dropped: the saga keeps the largest it saw as "
         "status.observedGeneration, which the watcher compares with the Migration's to see spec.paused change.",
     )
-    request_id: Annotated[str, _cut(CONTROL_ID_LIMIT)] = Field(
+    request_id: Annotated[str, _cut_id(CONTROL_ID_LIMIT)] = Field(
         default="",
         description="Identifies one request: a signal sent twice with the same non-empty id is acted on once.",
     )

@@ -215,9 +215,19 @@ def test_a_mark_an_older_worker_took_still_compares_with_a_sequence_set_to_start
     taken_by_an_older_worker = frozen.fence.model_copy(
         update={"sequences": fencing._digest(last_values), "sequences_next": None}
     )
+    # Workers of a few commits read such a sequence as it stands (`next value 5000`) and kept no sequences_next.
+    taken_by_a_newer_one = frozen.fence.model_copy(
+        update={"sequences": frozen.fence.sequences_next, "sequences_next": None}
+    )
 
     steps.check_frozen(taken_by_an_older_worker)
+    steps.check_frozen(taken_by_a_newer_one)
     steps.check_frozen(frozen.fence)
+    with connect(source.source) as superuser:
+        superuser.execute("begin read write; select setval('audit.spare_seq', 6000, false); commit")
+    for mark in (taken_by_a_newer_one, frozen.fence):  # an older worker's mark cannot tell: it never could
+        with pytest.raises(WritesAfterFreeze, match="sequences moved"):
+            steps.check_frozen(mark)
 
 
 def test_statistics_reset_after_the_freeze_fails_the_check_since_nothing_can_be_vouched_for(

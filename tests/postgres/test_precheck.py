@@ -811,4 +811,10 @@ def test_precheck_refuses_a_source_with_an_invalid_index_which_verify_would_find
     assert "are invalid (a CREATE INDEX CONCURRENTLY or REINDEX CONCURRENTLY that failed)" in problem
     with connect(databases.source) as conn:
         conn.execute("drop index concurrently public.accounts_email")
+        # An index of a partitioned table made ON ONLY it stays invalid until its partitions' are attached: pg_dump
+        # copies it as it is.
+        conn.execute(
+            "create table public.events (at date) partition by range (at); "
+            "create index events_at on only public.events (at)"
+        )
     steps.precheck()

@@ -118,8 +118,9 @@ def test_deleting_the_snapshot_in_a_bucket_that_keeps_versions_leaves_no_version
     """A plain delete in a versioned bucket only hides the object under a delete marker: the database's rows would
     stay in the bucket, one copy per attempt that wrote it, after retention said Delete."""
     s3 = stack.s3_client()
-    s3.put_bucket_versioning(Bucket=snapshot_spec.bucket, VersioningConfiguration={"Status": "Enabled"})
     key = snapshot_key(ref, snapshot_spec)
+    s3.put_object(Bucket=snapshot_spec.bucket, Key=key, Body=b"written before the bucket kept versions")  # "null"
+    s3.put_bucket_versioning(Bucket=snapshot_spec.bucket, VersioningConfiguration={"Status": "Enabled"})
     for attempt in (b"the first attempt's dump", b"the second attempt's dump"):
         s3.put_object(Bucket=snapshot_spec.bucket, Key=key, Body=attempt)
     s3.put_object(Bucket=snapshot_spec.bucket, Key=f"{key}.other", Body=b"not this snapshot")

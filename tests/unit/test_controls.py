@@ -84,10 +84,14 @@ def test_a_request_is_acted_on_once(request_id: str) -> None:
 def test_a_control_sent_by_hand_with_huge_texts_is_cut_not_refused() -> None:
     """`temporal workflow update --input '{"by": "<a megabyte>"}'`: `by` goes into the status and every later status
     write, which the API server would refuse for good, and into every mirror in the run's history."""
-    request = ControlRequest.model_validate({"by": "x" * 1_000_000, "reason": "y" * 5_000, "requestId": "z" * 300})
+    request = ControlRequest.model_validate({"by": "x" * 1_000_000, "reason": "y" * 5_000, "requestId": "z" * 5_000})
 
     assert (len(request.by), len(request.reason), len(request.request_id)) == (
         CONTROL_BY_LIMIT, CONTROL_REASON_LIMIT, CONTROL_ID_LIMIT,
     )  # fmt: skip
     assert request.by.endswith("x…")
     assert ControlRequest(by="alice", reason="wrong target").by == "alice"
+    one, other = ("z" * 5_000 + "1", "z" * 5_000 + "2")
+    assert ControlRequest(request_id=one).request_id != ControlRequest(request_id=other).request_id, "still two"
+    longest = "ferry.dev/rollback=" + "a" * 63 + ": " + "r" * 256  # the longest the watcher makes
+    assert ControlRequest(request_id=longest).request_id == longest

@@ -188,6 +188,8 @@ class FakeSaga:
     mirrors_failing_from: tuple[int, int] = (0, 0)
     """(n, count): from the n-th status write on (counting from 1), this many fail for good."""
     _mirror_calls: int = 0
+    mirrors_name_their_run: bool = True
+    """Status writes answer with the run they wrote for, as workers do since they did (False: as older ones)."""
     mirrors_held: bool = False
     """Status writes wait until `release_mirrors()`: the workflow task that started one stays open meanwhile (a local
     activity's), so what reaches the run in that time comes to it in one later activation, as under load."""
@@ -302,7 +304,8 @@ class FakeSaga:
                 self.events.append(request.event)
             mirrors = len(self.statuses)
             found = self.gone_after is None or mirrors <= self.gone_after
-            return MirrorStatusResult(found=found, run_id=activity.info().workflow_run_id if found else None)
+            named = found and self.mirrors_name_their_run
+            return MirrorStatusResult(found=found, run_id=activity.info().workflow_run_id if named else None)
 
         return mirror_status
 

@@ -837,7 +837,7 @@ async def test_a_rollback_after_switch_traffic_checks_the_target_against_verifys
     assert result.phase is Phase.ROLLED_BACK
     assert fakes.step_calls == [*FORWARD, *way_back(STEP_ACTIVITIES)]
     assert fakes.step_calls.index(CHECK_UNWRITTEN) == fakes.step_calls.index(UNDO[SWITCH_TRAFFIC]) - 1
-    fence = {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq"}
+    fence = {"writes": 3, "statsReset": None, "catalog": "7a2c3e", "sequences": "5eq", "sequencesNext": None}
     # Before traffic goes back; then, of the source only, before each undo that empties the target.
     checks = [(checked["fence"], checked["sourceOnly"]) for checked in fakes.inputs[CHECK_UNWRITTEN]]
     assert checks == [(fence, False), (None, True), (None, True)]

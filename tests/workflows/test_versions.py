@@ -85,13 +85,15 @@ class _VouchingOutbound(WorkflowOutboundInterceptor):
         return self.next.start_activity(input)
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["writes-name-their-run", "writes-of-an-older-worker"])
 async def test_a_reset_run_is_not_vouched_for_by_the_status_writes_of_the_run_it_was_made_from(
-    run_saga: Run,
+    run_saga: Run, named: bool
 ) -> None:
     """The worker's gate lets the undos of a run that once found its Migration through even when it is gone. A run
     made by a reset replays its earlier run's status writes, which found the Migration for that run: a closed run
-    reset after its Migration was deleted must not be let through by them."""
-    saga = await run_saga(FakeSaga())
+    reset after its Migration was deleted must not be let through by them (nor by an older worker's writes, which
+    do not say their run: they were the first run's)."""
+    saga = await run_saga(FakeSaga(mirrors_name_their_run=named))
     await saga.handle.result()
     history = await saga.handle.fetch_history()
     replayer = Replayer(
