@@ -37,7 +37,7 @@ from activities.postgres import (
     tls,
     tools,
 )
-from activities.postgres.connection import Connection, connect, identity_of, in_recovery
+from activities.postgres.connection import Connection, connect, identity_of, in_recovery, said
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
     FROZEN_BY,
@@ -165,12 +165,31 @@ class ExtensionTable:
     """The extension's schema, where pg_dump's CREATE EXTENSION puts it on the target."""
     namespace: str
     name: str
+    condition: str
+    """Of a configuration table: the condition of the rows of its own (mode Online); empty for the others."""
     rows: int
-    """How many rows it holds on the source; -1 when ferry may not read it."""
+    """How many rows (under `condition`) it holds on the source; -1 when ferry may not read it."""
+    digest: str
+    """A digest of those rows, in any order (ROWS_DIGEST); empty when ferry may not read it."""
 
     @property
     def qualified(self) -> str:
         return f"{self.namespace}.{self.name}"
+
+    def qualified_identifier(self, conn: Connection) -> str:
+        return sql.Identifier(self.namespace, self.name).as_string(conn)
+
+    def rows_query(self) -> sql.Composed:
+        return sql.SQL(ROWS_DIGEST).format(
+            table=sql.Identifier(self.namespace, self.name), where=sql.SQL(self.condition)
+        )
+
+
+ROWS_DIGEST = (
+    "select count(*), coalesce(md5(string_agg(r.row, '' order by r.row)), '') "
+    "from (select md5(t::text) as row from {table} as t {where}) as r"
+)
+"""How many rows a table holds, and a digest of them in any order: the same rows read the same on 15 and 18."""
 
 
 def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckInput, owner: str) -> PrecheckResult:
@@ -489,37 +508,27 @@ extension's configuration tables, the condition of the rows of its own that pg_d
 def _extension_tables(
     conn: Connection, db: DatabaseConnection, online: bool, problems: Problems
 ) -> tuple[ExtensionTable, ...]:
-    """The tables of the source's extensions whose rows nothing but the target's CREATE EXTENSION would give the
-    target: pg_dump dumps no table of an extension but the rows of its configuration tables that their condition
-    selects, and verify compares user tables only. A table added to an extension by hand (ALTER EXTENSION ... ADD
-    TABLE), or by the extension at run time (older pgmq adds each queue's table), would reach the target empty, the
-    Migration saying Succeeded; one the extension fills itself (a data extension's tables) comes full. Which is
-    which, the target says (`_extension_tables_on_target`). In mode Online, a configuration table's rows of its own
-    are not replicated either: refused here."""
+    """The tables of the source's extensions whose rows only the target's CREATE EXTENSION would give the target:
+    pg_dump dumps no table of an extension but the rows of its configuration tables that their condition selects,
+    mode Online replicates none, and verify compares user tables only. A table added to an extension by hand (ALTER
+    EXTENSION ... ADD TABLE), or by the extension at run time (older pgmq adds each queue's table), would reach the
+    target empty, the Migration saying Succeeded; one the extension fills itself (a data extension's tables) comes
+    as full. Which is which, the target says (`_extension_tables_on_target`)."""
     found: list[ExtensionTable] = []
     for extension, schema_of, namespace, name, configuration, condition in conn.execute(EXTENSION_TABLES).fetchall():
         if configuration and not online:
             continue  # pg_dump copies the rows of its own
-        where = sql.SQL(condition) if configuration else sql.SQL("")
-        query = sql.SQL("select count(*) from (select from {} {}) as rows").format(
-            sql.Identifier(namespace, name), where
-        )
+        table = ExtensionTable(extension, schema_of, namespace, name, condition if configuration else "", -1, "")
         try:
             with conn.transaction():
-                row = conn.execute(query).fetchone()
-            rows = int(row[0]) if row is not None else -1
+                row = conn.execute(table.rows_query()).fetchone()
         except psycopg.errors.InsufficientPrivilege:
-            rows = -1  # cannot tell: as if it held rows nothing else gives the target
-        if rows == 0:
+            row = None  # cannot tell: as if it held rows nothing else gives the target
+        if row is not None and int(row[0]) == 0:
             continue
-        if configuration:
-            problems.append(
-                f"{namespace}.{name} on {db.describe()}, a configuration table of extension {extension}, holds rows "
-                "of its own, and mode Online replicates no table of an extension: rows written there after replicate "
-                "copies the schema would be lost. Migrate it in mode Snapshot (pg_dump copies those rows)."
-            )
-        else:
-            found.append(ExtensionTable(extension, schema_of, namespace, name, rows))
+        if row is not None:
+            table = dataclasses.replace(table, rows=int(row[0]), digest=str(row[1]))
+        found.append(table)
     return tuple(found)
 
 
@@ -527,48 +536,73 @@ def _extension_tables_on_target(
     db: DatabaseConnection, settings: DataActivitySettings, tables: tuple[ExtensionTable, ...], problems: Problems
 ) -> None:
     """Refuses the source's tables of extensions (`_extension_tables`) that the target's CREATE EXTENSION, as the
-    restore runs it, would not make as full: tried in a transaction on the target, rolled back."""
+    restore runs it, would not make with the same rows: tried on the target, each extension in a savepoint, all in a
+    transaction rolled back."""
     if not tables:
         return
-    made: dict[str, int] = {}
+    made: dict[str, tuple[int, str] | None] = {}
+    """Per table: what the target's extension makes (rows, digest); None when it makes no such table."""
+    failed: dict[str, str] = {}
+    """Per extension: why the target could not make it."""
     try:
         # Its one session that may write, in a transaction always rolled back: the target is left as it was.
         with connect(db, settings, default_transaction_read_only="off") as conn, conn.transaction(force_rollback=True):
             for extension, schema_of in dict.fromkeys((t.extension, t.schema) for t in tables):
-                conn.execute(sql.SQL("create schema if not exists {}").format(sql.Identifier(schema_of)))
-                conn.execute(
-                    sql.SQL("create extension if not exists {} with schema {} cascade").format(
-                        sql.Identifier(extension), sql.Identifier(schema_of)
-                    )
-                )
+                try:
+                    with conn.transaction():
+                        conn.execute(sql.SQL("create schema if not exists {}").format(sql.Identifier(schema_of)))
+                        conn.execute(
+                            sql.SQL("create extension if not exists {} with schema {} cascade").format(
+                                sql.Identifier(extension), sql.Identifier(schema_of)
+                            )
+                        )
+                except psycopg.Error as error:
+                    failed[extension] = said(db, error)
             for table in tables:
-                exists = conn.execute("select to_regclass(%s) is not null", (sql.Identifier(table.namespace,
-                    table.name).as_string(conn),)).fetchone()  # fmt: skip
-                if exists is None or not exists[0]:
-                    made[table.qualified] = 0
+                if table.extension in failed:
                     continue
-                row = conn.execute(
-                    sql.SQL("select count(*) from {}").format(sql.Identifier(table.namespace, table.name))
-                ).fetchone()
-                made[table.qualified] = int(row[0]) if row is not None else 0
+                exists = conn.execute("select to_regclass(%s)", (table.qualified_identifier(conn),)).fetchone()
+                if exists is None or exists[0] is None:
+                    made[table.qualified] = None
+                    continue
+                row = conn.execute(table.rows_query()).fetchone()
+                made[table.qualified] = (int(row[0]), str(row[1])) if row is not None else None
     except psycopg.Error as error:
         log.info("could not try the source's extensions on %s: %s", db.describe(), error)
     for table in tables:
-        if table.rows >= 0 and made.get(table.qualified, -1) >= table.rows:
-            continue  # the extension makes it as full on the target
-        held = f"holds {table.rows} rows" if table.rows >= 0 else "may hold rows (ferry may not read it)"
-        makes = (
-            f"the target's CREATE EXTENSION makes it with {made[table.qualified]}"
-            if table.qualified in made
-            else "ferry could not try the target's CREATE EXTENSION"
+        got = made.get(table.qualified, False)
+        if table.digest and isinstance(got, tuple) and got[1] == table.digest:
+            continue  # the extension makes it with the same rows on the target
+        problems.append(_lacking(table, got, failed.get(table.extension)))
+
+
+def _lacking(table: ExtensionTable, made: tuple[int, str] | bool | None, failure: str | None) -> str:
+    """Why the target would lack rows of `table`, a table of an extension, and what to do."""
+    held = f"holds {table.rows} rows" if table.rows >= 0 else "may hold rows (ferry may not read it)"
+    which = (
+        "a configuration table's rows of its own (mode Online replicates no table of an extension)"
+        if (table.condition)
+        else "no table of an extension is copied (pg_dump leaves them to CREATE EXTENSION) or compared by verify"
+    )
+    start = f"{table.qualified} on the source belongs to extension {table.extension} and {held}, but"
+    if made is None:
+        return (
+            f"{start} the target's CREATE EXTENSION does not make it, and {which}, so the target would lack it. "
+            f"Detach it on the source (ALTER EXTENSION {table.extension} DROP TABLE {table.qualified}: it stays, "
+            "and is then copied and compared like any table), or empty it."
         )
-        problems.append(
-            f"{table.qualified} on the source belongs to extension {table.extension} and {held}, but {makes}: no "
-            "table of an extension is copied (pg_dump leaves them to CREATE EXTENSION) or compared by verify, so "
-            f"the target would lack those rows. Detach it on the source (ALTER EXTENSION {table.extension} DROP "
-            f"TABLE {table.qualified}: it stays, and is then copied and compared like any table), or empty it if "
-            "the extension fills it again."
-        )
+    if isinstance(made, tuple):
+        return (
+            f"{start} the target's CREATE EXTENSION makes it with other rows ({made[0]}), and {which}, so the "
+            "source's would be lost." + (" Migrate in mode Snapshot, which copies them." if table.condition else
+            " Make its rows what the extension makes (keep a copy of yours to put back after the migration).")
+        )  # fmt: skip
+    why = f": {failure}" if failure else ""
+    return (
+        f"{start} ferry could not try the target's CREATE EXTENSION of {table.extension}{why}; {which}, so the "
+        "target could lack those rows. Give the Secret's user on the target what the restore needs to create the "
+        "extension (the restore runs the same CREATE EXTENSION)."
+    )
 
 
 INVALID_INDEXES = f"""
