@@ -68,7 +68,7 @@ from ferry.api.errors import (
     WritesAfterFreeze,
     WritesOnTarget,
 )
-from ferry.api.migration import DriverSpec, DriverType, EventType, StepName, named_secrets
+from ferry.api.migration import MIGRATION_UID_LABEL, DriverSpec, DriverType, EventType, StepName, named_secrets
 from ferry.api.saga import (
     AheadComparison,
     CheckFrozenInput,
@@ -991,10 +991,14 @@ class PostgresActivities:
             activity.logger.info("could not read Service %s/%s (%s)", ref.namespace, input.service, error)
             return False
         record = records.selector_record(service.metadata.annotations or {})
+        if record is not None and not record.is_of_another(ref):
+            return False
         selector = (service.spec.selector if service.spec else None) or {}
-        target_labels = kube_objects.target_pod_labels(ref, input.target_stateful_set)
-        on_target = bool(selector) and all(target_labels.get(key) == value for key, value in selector.items())
-        if (record is not None and not record.is_of_another(ref)) or on_target:
+        try:
+            if self._serves_the_target(ref, input.service, selector, input.target_stateful_set):
+                return False
+        except ApiException as error:
+            activity.logger.info("could not list the target's Pods or the Service's endpoints (%s)", error)
             return False
         activity.logger.info(
             "Service %s/%s carries no record of a switch by Migration %s and does not select the target's Pods: no "
@@ -1004,6 +1008,28 @@ class PostgresActivities:
             ref,
         )
         return True
+
+    def _serves_the_target(self, ref: MigrationRef, service: str, selector: dict[str, str], target: str) -> bool:
+        """Whether the Service `service`, of selector `selector`, sends traffic to the target's Pods now: its selector
+        matches the labels one of them carries, or one of its EndpointSlices lists one."""
+        assert self._api is not None
+        core, discovery = k8s.CoreV1Api(self._api), k8s.DiscoveryV1Api(self._api)
+        own = kube_objects.label_selector({MIGRATION_UID_LABEL: ref.uid})
+        pods = core.list_namespaced_pod(ref.namespace, label_selector=own).items
+        labels = [pod.metadata.labels or {} for pod in pods if kube_objects.is_pod_of(target, pod.metadata.name)]
+        labels.append(kube_objects.target_pod_labels(ref, target))  # as provision labels them, Pods or none
+        if selector and any(all(found.get(key) == value for key, value in selector.items()) for found in labels):
+            return True
+        slices = discovery.list_namespaced_endpoint_slice(
+            ref.namespace, label_selector=f"kubernetes.io/service-name={service}"
+        ).items
+        listed = {
+            endpoint.target_ref.name
+            for found in slices
+            for endpoint in found.endpoints or []
+            if endpoint.target_ref is not None and endpoint.target_ref.kind == "Pod"
+        }
+        return any(kube_objects.is_pod_of(target, name) for name in listed)
 
     def _reprint_views(
         self, target: DatabaseConnection, source_side: verifying.Side, target_side: verifying.Side

@@ -239,3 +239,17 @@ def test_the_check_before_the_undo_of_a_switch_this_run_never_ran_asks_the_servi
         core.replace_namespaced_service("orders-db", namespace, changed)
         with pytest.raises(DatabaseUnreachable):
             steps.env.run(steps.postgres.check_unwritten, check)
+    changed = core.read_namespaced_service("orders-db", namespace)
+    changed.spec.selector, changed.metadata.annotations = {"app": "orders-db"}, {}
+    core.replace_namespaced_service("orders-db", namespace, changed)
+    steps.env.run(steps.postgres.check_unwritten, check)  # as at first
+    listed = k8s.V1EndpointSlice(  # a target Pod among its endpoints, however it got there
+        metadata=k8s.V1ObjectMeta(name="orders-db-by-hand", labels={"kubernetes.io/service-name": "orders-db"}),
+        address_type="IPv4",
+        endpoints=[
+            k8s.V1Endpoint(addresses=["10.0.0.9"], target_ref=k8s.V1ObjectReference(kind="Pod", name="orders-db-16-0"))
+        ],
+    )
+    k8s.DiscoveryV1Api(kube_api).create_namespaced_endpoint_slice(namespace, listed)
+    with pytest.raises(DatabaseUnreachable):
+        steps.env.run(steps.postgres.check_unwritten, check)
