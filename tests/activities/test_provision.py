@@ -214,7 +214,6 @@ def test_provision_stops_waiting_when_the_activity_is_cancelled(
 def test_provision_whose_pods_the_namespace_refuses_fails_saying_why_instead_of_waiting_out_its_timeout(
     kube_api: k8s.ApiClient,
     activity_env: ActivityEnvironment,
-    heartbeats: list[tuple[Any, ...]],
     cluster: ClusterActivities,
     ref: MigrationRef,
     spec: MigrationSpec,
@@ -242,7 +241,6 @@ def test_provision_whose_pods_the_namespace_refuses_fails_saying_why_instead_of_
     assert f"the cluster refuses what StatefulSet {ref.namespace}/{TARGET} needs: create Pod {TARGET}-0" in message
     assert "no-more-pods" in message, "the quota is named"
     assert "ResourceQuota" in message
-    assert any("no-more-pods" in str(details) for details in heartbeats), "the heartbeats said it while it waited"
 
 
 @pytest.mark.parametrize(
