@@ -41,6 +41,8 @@ from worker.settings import WorkerSettings
 
 STARTED = datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
 ACKNOWLEDGED = {"acknowledged": {"ferry.dev/approve": "approved-by-alice"}}
+TEST_RUN = "test-run"
+"""The run ID the ActivityEnvironment gives every activity it runs: a status write answers with the run it wrote for."""
 
 
 def _apply(kubectl: Kubectl, namespace: str) -> None:
@@ -119,7 +121,7 @@ def test_mirror_status_writes_what_kubectl_shows_and_keeps_the_watchers_controls
         status_activities.mirror_status, MirrorStatusInput(ref=migration, status=_running(migration))
     )
 
-    assert result == MirrorStatusResult(found=True, conflicts=0)
+    assert result == MirrorStatusResult(found=True, conflicts=0, run_id=TEST_RUN)
     status = _status(kubectl, migration)
     assert status["phase"] == "Running"
     assert status["currentStep"] == "provision"
@@ -270,7 +272,7 @@ def mirrored_once(activity_env: ActivityEnvironment, counting: CountingReads, mi
     (so that progress shows the saga's attempt, not a default). That first write reads the Migration once."""
     running = _running(migration, StepName.SNAPSHOT, attempts=2)
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=running))
-    assert result == MirrorStatusResult(found=True, conflicts=0)
+    assert result == MirrorStatusResult(found=True, conflicts=0, run_id=TEST_RUN)
     assert counting.reads == 1, "the first write of the Migration reads it"
 
 
@@ -307,7 +309,7 @@ def test_a_transition_after_the_workers_own_write_costs_one_request_not_a_read_a
 ) -> None:
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
-    assert result == MirrorStatusResult(found=True, conflicts=0)
+    assert result == MirrorStatusResult(found=True, conflicts=0, run_id=TEST_RUN)
     assert counting.reads == 1, "the second write carries the version the first one produced"
     assert _status(kubectl, migration)["phase"] == "Succeeded"
 
@@ -322,7 +324,9 @@ def test_a_write_by_the_watcher_between_two_transitions_is_kept_and_the_second_t
     _acknowledge_a_control(kubectl, migration)
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
-    assert result == MirrorStatusResult(found=True, conflicts=1), "the version it knew was stale: a 409, then a read"
+    assert result == MirrorStatusResult(found=True, conflicts=1, run_id=TEST_RUN), (
+        "the version it knew was stale: a 409, then a read"
+    )
     assert counting.reads == 2
     status = _status(kubectl, migration)
     assert (status["phase"], status["controls"]) == ("Succeeded", ACKNOWLEDGED)
@@ -340,7 +344,9 @@ def test_a_transition_after_the_workers_progress_write_costs_one_request_not_a_c
     activity_env.run(lambda: _show_progress(kubectl, kube_api, migration, versions))
     result = activity_env.run(counting.mirror_status, MirrorStatusInput(ref=migration, status=_succeeded(migration)))
 
-    assert result == MirrorStatusResult(found=True, conflicts=0), "it writes on the version the progress left"
+    assert result == MirrorStatusResult(found=True, conflicts=0, run_id=TEST_RUN), (
+        "it writes on the version the progress left"
+    )
     assert counting.reads == 1
     status = _status(kubectl, migration)
     assert status["phase"] == "Succeeded"
