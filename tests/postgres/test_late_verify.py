@@ -344,19 +344,9 @@ def test_the_check_before_scale_down_old_keeps_the_source_when_the_target_lost_w
     steps.check_frozen(frozen.fence, before="scale-down-old")  # as verify left it
 
     target = databases.target
-    create_secret(
-        kube_api, namespace, UNREACHABLE_TARGET,
-        {"host": LOOPBACK, "port": str(_closed_port()), "username": target.user, "password": target.password,
-         "database": target.database},
-    )  # fmt: skip
-    silent = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET}))
+    silent = _with_target(steps, kube_api, namespace, target, UNREACHABLE_TARGET, host=LOOPBACK, port=_closed_port())
     silent.check_frozen(frozen.fence, before="scale-down-old")
-    create_secret(
-        kube_api, namespace, "rotated-target",
-        {"host": target.host, "port": str(target.port), "username": target.user, "password": "rotated since",
-         "database": target.database},
-    )  # fmt: skip
-    rotated = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": "rotated-target"}))
+    rotated = _with_target(steps, kube_api, namespace, target, "rotated-target", password="rotated since")
     rotated.check_frozen(frozen.fence, before="scale-down-old")  # the clients are on it: not a reason to roll back
 
     with connect(target) as conn:  # what an emptied database looks like: no mark
@@ -405,14 +395,8 @@ def test_the_check_before_switch_traffic_fails_retryably_when_the_target_cannot_
     frozen = steps.freeze()
     steps.migrate(steps.snapshot())
     scheduled_as(steps, 20).verify()
-    target = databases.target
-    create_secret(
-        kube_api, namespace, UNREACHABLE_TARGET,
-        {"host": LOOPBACK, "port": str(_closed_port()), "username": target.user, "password": target.password,
-         "database": target.database},
-    )  # fmt: skip
-    unreachable = dataclasses.replace(
-        steps, driver=steps.driver.model_copy(update={"target_secret": UNREACHABLE_TARGET})
+    unreachable = _with_target(
+        steps, kube_api, namespace, databases.target, UNREACHABLE_TARGET, host=LOOPBACK, port=_closed_port()
     )
 
     with pytest.raises(unwritten.TargetUnsealed, match="did not answer to have verify's mark sealed") as raised:
@@ -427,6 +411,16 @@ def test_the_check_before_switch_traffic_fails_retryably_when_the_target_cannot_
 
 
 UNREACHABLE_TARGET = "unreachable-target-db"
+
+
+def _with_target(
+    steps: Steps, kube_api: k8s.ApiClient, namespace: str, target: PostgresEndpoint, name: str, **changed: str | int
+) -> Steps:
+    """`steps` with the target Secret `name`: the target's connection with `changed` (host, port, password)."""
+    connection = {"host": target.host, "port": target.port, "username": target.user, "password": target.password,
+                  "database": target.database, **changed}  # fmt: skip
+    create_secret(kube_api, namespace, name, {key: str(value) for key, value in connection.items()})
+    return dataclasses.replace(steps, driver=steps.driver.model_copy(update={"target_secret": name}))
 
 
 def _closed_port() -> int:
