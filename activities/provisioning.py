@@ -60,6 +60,7 @@ SERVICE_SELECTS_OTHER_PODS = "ServiceSelectsOtherPods"
 """Reason of the precheck's Warning Event naming the Pods the stable Service selects beside the source's."""
 OTHER_PODS_SHOWN = 5
 MIGRATIONS_PAGE = 500
+"""Migrations per page when a source's Migrations are listed without the API server's selection."""
 LOOK_WHY_AFTER = 5.0
 """Seconds provision waits for the target to be Ready before it also looks why not (Events, Pods), at every poll."""
 REFUSAL_GRACE = 30.0
@@ -72,9 +73,6 @@ class TargetRefused(Exception):
     """The API server refuses the target StatefulSet's controller what it needs (a Pod, a claim): a ResourceQuota, a
     LimitRange, Pod Security admission, a webhook. Not a PermanentError: the next attempt waits again, so a cause
     fixed meanwhile lets provision finish; the failure policy decides after the last one."""
-
-
-"""Migrations per page when a source's Migrations are listed without the API server's selection."""
 
 
 class Provisioning(ClusterApi):

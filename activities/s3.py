@@ -63,6 +63,8 @@ BAD_CREDENTIALS = frozenset(
     }
 )
 NOT_ACCESSIBLE = frozenset({"AccessDenied", "AllAccessDisabled"})
+REFUSED = frozenset({"AccessDenied", "Forbidden", "403"})
+"""Answers to one request these credentials may not make (the bucket's or the user's policy)."""
 WRITES = ("PutObject", "CreateMultipartUpload")
 """The requests that create an object: they carry the encryption; an uploaded part inherits its upload's."""
 
@@ -277,7 +279,7 @@ def delete_every_version(s3: S3Client, bucket: str, key: str) -> int:
                 try:
                     s3.delete_object(Bucket=bucket, Key=key, VersionId=found["VersionId"])
                 except ClientError as error:
-                    if error_code(error) in ("AccessDenied", "Forbidden"):
+                    if error_code(error) in REFUSED:
                         kept += 1
                         continue
                     if not is_missing(error):

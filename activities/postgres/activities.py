@@ -1018,7 +1018,7 @@ class PostgresActivities:
         pods = core.list_namespaced_pod(ref.namespace, label_selector=own).items
         labels = [pod.metadata.labels or {} for pod in pods if kube_objects.is_pod_of(target, pod.metadata.name)]
         labels.append(kube_objects.target_pod_labels(ref, target))  # as provision labels them, Pods or none
-        if selector and any(all(found.get(key) == value for key, value in selector.items()) for found in labels):
+        if any(kube_objects.services_selecting(found, {service: selector}) for found in labels):
             return True
         slices = discovery.list_namespaced_endpoint_slice(
             ref.namespace, label_selector=f"kubernetes.io/service-name={service}"

@@ -154,8 +154,8 @@ class Server:
     """The most sessions the Secret's user may have in the database at once (max_connections, less those reserved
     for superusers, and the role's and the database's connection limits)."""
     extension_tables: tuple[ExtensionTable, ...] = ()
-    """The source's tables of extensions, not configuration tables, that hold rows: copied only if the target's CREATE
-    EXTENSION makes them as full (`_extension_tables_on_target`)."""
+    """The source's tables of extensions that hold rows nothing copies (configuration tables' rows of their own only in
+    mode Online): the target must make them with the same rows (`_extension_tables_on_target`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,7 +401,7 @@ def _source(
         _primary(conn, db, problems)
         _prepared(conn, db, online, problems)
         _subscriptions(conn, db, problems)
-        extension_tables = _extension_tables(conn, db, online, problems)
+        extension_tables = _extension_tables(conn, online)
         _invalid_indexes(conn, db, problems)
         stuck = grants.unrestorable(conn)
         if stuck:
@@ -506,9 +506,7 @@ extension's configuration tables, the condition of the rows of its own that pg_d
 998999`)."""
 
 
-def _extension_tables(
-    conn: Connection, db: DatabaseConnection, online: bool, problems: Problems
-) -> tuple[ExtensionTable, ...]:
+def _extension_tables(conn: Connection, online: bool) -> tuple[ExtensionTable, ...]:
     """The tables of the source's extensions whose rows only the target's CREATE EXTENSION would give the target:
     pg_dump dumps no table of an extension but the rows of its configuration tables that their condition selects,
     mode Online replicates none, and verify compares user tables only. A table added to an extension by hand (ALTER
@@ -582,7 +580,7 @@ def _lacking(table: ExtensionTable, made: tuple[int, str] | bool | None, failure
     held = f"holds {table.rows} rows" if table.rows >= 0 else "may hold rows (ferry may not read it)"
     which = (
         "a configuration table's rows of its own (mode Online replicates no table of an extension)"
-        if (table.condition)
+        if table.condition
         else "no table of an extension is copied (pg_dump leaves them to CREATE EXTENSION) or compared by verify"
     )
     start = f"{table.qualified} on the source belongs to extension {table.extension} and {held}, but"
@@ -781,28 +779,24 @@ def _bucket(
     return 0.0
 
 
-S3_USES = (
-    ("s3:GetObject", "migrate and verify read the snapshot back"),
-    ("s3:ListBucket", "the undo and the retention cleanup find the snapshot's streams"),
-    ("s3:ListBucketMultipartUploads", "each attempt of the snapshot first aborts the uploads an earlier one left"),
-)
-"""What ferry does in the bucket besides writing and deleting, each with the permission it needs and why."""
-
-
 def _may_use(s3: S3Client, bucket: str, key: str, credentials: S3Credentials, problems: Problems) -> None:
     """Refuses credentials that may write the object at `key` but not do the rest of what the steps do with it: that
-    would fail after the freeze, and a rollback could not delete what the snapshot left."""
-    calls: dict[str, Callable[[], object]] = {
-        "s3:GetObject": lambda: s3.get_object(Bucket=bucket, Key=key)["Body"].read(),
-        "s3:ListBucket": lambda: s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1),
-        "s3:ListBucketMultipartUploads": lambda: s3.list_multipart_uploads(Bucket=bucket, Prefix=key, MaxUploads=1),
-    }
+    would fail after the freeze, and a rollback could not delete what the snapshot left. Each use: the permission it
+    needs, why, and the request that tries it."""
+    uses: tuple[tuple[str, str, Callable[[], object]], ...] = (
+        ("s3:GetObject", "migrate and verify read the snapshot back",
+         lambda: s3.get_object(Bucket=bucket, Key=key)["Body"].read()),
+        ("s3:ListBucket", "the undo and the retention cleanup find the snapshot's streams",
+         lambda: s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)),
+        ("s3:ListBucketMultipartUploads", "each attempt of the snapshot first aborts the uploads an earlier one left",
+         lambda: s3.list_multipart_uploads(Bucket=bucket, Prefix=key, MaxUploads=1)),
+    )  # fmt: skip
     refused = []
-    for permission, why in S3_USES:
+    for permission, why, request in uses:
         try:
-            calls[permission]()
+            request()
         except ClientError as error:
-            if snapshot_store.error_code(error) not in ("AccessDenied", "Forbidden", "403"):
+            if snapshot_store.error_code(error) not in snapshot_store.REFUSED:
                 raise
             refused.append(f"{permission} ({why})")
     if refused:
