@@ -153,12 +153,7 @@ class DeletionHandler:
         if await self._cleaned_up(migration, deadline):
             return
         if described.status not in _ENDED_WELL and migration.status.phase not in _ALL_UNDONE:
-            message = (
-                f"its workflow {handle.id} ended {_state(described)}, so what it did may not all be undone: "
-                f"{migration.status.message or 'its status says no more'}. Check the source, the target and the "
-                "Service by hand"
-            )
-            await self._writer.event(ref, EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
+            await self._undo_incomplete(migration, f"its workflow {handle.id} ended {_state(described)}")
         await self._release(migration, f"its workflow has finished ({_state(described)})")
 
     async def cancel_unheld(self, migration: Migration) -> None:
@@ -216,13 +211,9 @@ class DeletionHandler:
         if phase is not None and phase.finished and not undoing:
             # Failed (a rollback that stopped, or left something) or Abandoned (terminated): as with its history there.
             # What it left may be what a later Migration now builds on (its target another's source).
-            message = (
-                f"its workflow {saga} is gone from Temporal, and its status says {phase}, so what it did may not all "
-                f"be undone: {migration.status.message or 'its status says no more'}. Check the source, the target "
-                "and the Service by hand"
-            )
-            await self._writer.event(ref_of(migration), EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
-            await self._release(migration, f"its workflow {saga} is gone from Temporal, and its status says {phase}")
+            gone = f"its workflow {saga} is gone from Temporal, and its status says {phase}"
+            await self._undo_incomplete(migration, gone)
+            await self._release(migration, gone)
             return
         why = (
             f"Temporal has no record of its workflow {saga} (its history was deleted or expired), and its status does "
@@ -301,6 +292,14 @@ class DeletionHandler:
         except Exception as error:  # noqa: BLE001 - a failed or cancelled run has finished too
             log.info("Migration %s: %s ended: %s", ref, handle.id, error)
         self._resubmit(ref)
+
+    async def _undo_incomplete(self, migration: Migration, ended: str) -> None:
+        """The Warning Event of a Migration that goes with its run ended otherwise than with everything undone."""
+        message = (
+            f"{ended}, so what it did may not all be undone: {migration.status.message or 'its status says no more'}. "
+            "Check the source, the target and the Service by hand"
+        )
+        await self._writer.event(ref_of(migration), EventType.WARNING, "UndoIncomplete", message, "UndoIncomplete")
 
     async def _namespace_going(self, migration: Migration, cleanup: DeleteSnapshotInput) -> bool:
         """Whether the retention cleanup, not started yet, is to be left out because the Migration's namespace is
