@@ -84,7 +84,7 @@ def patcher(kubectl: Kubectl, namespace: str) -> str:
 def test_the_stacks_policies_are_deploys_and_type_check_against_the_migration_schema(
     kubectl: Kubectl, migration_crd: str
 ) -> None:
-    for name in ("ferry-controls", "ferry-plan", "ferry-secrets"):
+    for name in ("ferry-controls", "ferry-plan", "ferry-secrets", "ferry-named-objects"):
         policy = json.loads(kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout)
         binding = json.loads(kubectl("get", "validatingadmissionpolicybinding", name, "-o", "json").stdout)
 

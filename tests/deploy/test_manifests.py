@@ -82,6 +82,8 @@ def test_deploy_applies_to_the_api_server_with_every_object(
         ("ValidatingAdmissionPolicyBinding", "ferry-plan"),
         ("ValidatingAdmissionPolicy", "ferry-secrets"),
         ("ValidatingAdmissionPolicyBinding", "ferry-secrets"),
+        ("ValidatingAdmissionPolicy", "ferry-named-objects"),
+        ("ValidatingAdmissionPolicyBinding", "ferry-named-objects"),
         ("ConfigMap", "ferry-allowlists"),
     } <= kinds
 
@@ -125,9 +127,13 @@ def test_the_admission_policies_apply_with_their_bindings_and_allowlists(
     assert sorted(applied) == [
         "configmap/ferry-allowlists serverside-applied (server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-controls serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-named-objects serverside-applied "
+        "(server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/ferry-secrets serverside-applied (server dry run)",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-controls serverside-applied "
+        "(server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-named-objects serverside-applied "
         "(server dry run)",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-plan serverside-applied (server dry run)",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/ferry-secrets serverside-applied "
