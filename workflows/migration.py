@@ -41,6 +41,17 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import Step
 
 
+CANCEL_IGNORED = (
+    "cancel ignored: every step was done and the migration had finished, so nothing was undone; the run completes "
+    "Succeeded. Deleting the Migration does not undo a finished migration (only the snapshot's retention cleanup "
+    "runs), unless the deletion was asked for before the migration finished: the watcher then undoes it before the "
+    "Migration goes (Event UndoingBeforeDeletion). To go back by hand, see the README's Recovery section, "
+    '"Going back after a migration succeeded"'
+)
+"""The Event of a cancel that came once every step was done (FINISHED_IGNORES_CANCEL). Only an activity's input
+carries it, which replay does not compare: its words may change."""
+
+
 # A decoding error of the input fails the run at once (instead of every workflow task, forever):
 # the watcher validates specs before starting, so only a run started by hand gets here.
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[ValidationError])
@@ -240,10 +251,7 @@ class MigrationWorkflow:
             work = self._succeed()
         result, cancelled = await saga.shielded(work, "end of a finished run")
         if cancelled:
-            message = (
-                "cancel ignored: every step was done and the migration had finished; delete the Migration to undo it"
-            )
-            await self._saga.shielded(self._recorded(message), "end of a finished run")
+            await self._saga.shielded(self._recorded(CANCEL_IGNORED), "end of a finished run")
         return result
 
     async def _succeed(self) -> MigrationResult:

@@ -27,6 +27,7 @@ between attempts, so the status shows every attempt, the last error while it wai
 and an Event per failed attempt. Status is mirrored into the Migration at every
 transition, one mirror at a time, always the newest status; transitions made while a
 mirror is under way go into the next one together, each with its Event (see `record`).
+A write that failed for good is tried again, with its Events, until one lands.
 """
 
 from __future__ import annotations
@@ -106,6 +107,18 @@ intervals until it lands: once the run closes nothing writes the status again, a
 for good, every `kubectl wait` hanging."""
 FINAL_STATUS_RETRY = (timedelta(seconds=30), timedelta(minutes=5))
 """The first wait between tries of the final status write, and the longest (it doubles)."""
+STATUS_WRITTEN_AGAIN = "failed-status-writes-written-again"
+"""Patch: a status write that failed for good and is not the run's last is no longer dropped. Its Events go back in
+front of those not yet written, so the next write records them (they are keyed: recording one twice records it once),
+and when no newer write is queued the newest status is tried again, STATUS_RETRY apart, until a write lands. It was
+dropped with its Events, and when the saga then waited for a person (AwaitingApproval, Paused) nothing wrote the
+status until that person acted: the Migration said Running, `kubectl wait --for=condition=AwaitingApproval` hung, and
+nobody learnt that an approval was wanted."""
+STATUS_RETRY = (timedelta(seconds=30), timedelta(minutes=10))
+"""The first wait before a failed status write (not the final one) is tried again, and the longest (it doubles). Each
+try is one attempt, so it costs the history a timer, a workflow task and a marker, about six events: a run waiting
+while the API server refuses its writes for a week adds about 6,000 (Temporal ends a run at 51,200), and once the API
+server answers again its status is written within ten minutes."""
 MIRROR_TIMEOUT = timedelta(seconds=30)
 RETENTION_TIMEOUT = timedelta(minutes=5)
 COALESCED_MIRRORS = "coalesced-status-mirrors"
@@ -304,6 +317,8 @@ class Saga:
         write per transition)."""
         self._unmirrored: list[EventRecord] = []
         self._mirror_task: asyncio.Task[None] | None = None
+        self._writing_again: asyncio.Task[None] | None = None
+        """Tries again, from time to time, what failed writes left unwritten (STATUS_WRITTEN_AGAIN)."""
         self._indexed: tuple[str, str] | None = None
         meter = workflow.metric_meter()
         self._step_duration = meter.create_histogram_float(
@@ -1118,7 +1133,9 @@ class Saga:
         into the next one (the newest status, and each of their Events, oldest first). A
         step's end and the next step's start are one write, which the saga waits for before
         that step's activity runs (`_shown_starting`); a final phase's write is waited for,
-        so a run ends with its status mirrored.
+        so a run ends with its status mirrored. A write that failed for good is written again
+        (STATUS_WRITTEN_AGAIN): with the next transition's, or after a while if none comes, as
+        while the saga waits for a person.
         """
         if not self._coalesces():
             async with self._mirroring:
@@ -1151,18 +1168,50 @@ class Saga:
         self._raise_if_rollback_requested()
 
     async def mirrored(self) -> None:
-        """Returns once every transition so far is mirrored (at once for runs that mirror as they go)."""
+        """Returns once every transition so far is mirrored (at once for runs that mirror as they go), or its write
+        failed for good: then what it carried is written later (`_write_again`), unless the run is finishing, whose
+        last write is tried until it lands (`_mirror`)."""
         while self._mirror_task is not None and not self._mirror_task.done():
             await asyncio.shield(self._mirror_task)
 
-    async def _mirror_unmirrored(self) -> None:
-        """Writes the newest status with every Event not yet recorded, until none is left."""
+    async def _mirror_unmirrored(self, retry: RetryPolicy = MIRROR_RETRY) -> None:
+        """Writes the newest status with every Event not yet recorded, until none is left.
+
+        A write that failed for good (STATUS_WRITTEN_AGAIN) puts its Events back in front: a transition made while it
+        was under way is written at once with them; otherwise they wait for `_write_again`. `retry` is the first
+        write's (a try of `_write_again` is one attempt: the loop that started it spaces its tries)."""
         while self._unmirrored:
             *earlier, newest = self._unmirrored
             self._unmirrored = []
-            await self._mirror(newest, earlier)
+            failed = await self._mirror(newest, earlier, retry)
+            retry = MIRROR_RETRY
+            if not failed or not workflow.patched(STATUS_WRITTEN_AGAIN):
+                continue
+            newer = bool(self._unmirrored)
+            self._unmirrored = [*earlier, newest, *self._unmirrored]
+            if not newer:
+                if self._writing_again is None or self._writing_again.done():
+                    self._writing_again = asyncio.create_task(self._write_again())
+                return
 
-    async def _mirror(self, event: EventRecord, earlier: list[EventRecord]) -> None:
+    async def _write_again(self) -> None:
+        """Tries the newest status again, with what failed writes left, after STATUS_RETRY's waits (doubling to its
+        cap), until a write lands, its own or a newer transition's. A durable timer between tries, never a poll:
+        while the saga waits for a person, this is what makes the Migration say so."""
+        wait = STATUS_RETRY[0]
+        while self._unmirrored:
+            await workflow.sleep(wait)
+            await self.mirrored()  # a newer transition's write, which carries them too
+            if not self._unmirrored:
+                return
+            self._mirror_task = asyncio.create_task(self._mirror_unmirrored(ONE_ATTEMPT))
+            await self.mirrored()
+            wait = min(wait * 2, STATUS_RETRY[1])
+
+    async def _mirror(self, event: EventRecord, earlier: list[EventRecord], retry: RetryPolicy = MIRROR_RETRY) -> bool:
+        """Writes the newest status with `earlier` and `event`; True when the write failed for good and trying it again
+        may help (not the run's last write, which is tried here until it lands; nor a write the worker's gate
+        refused, as it refuses every write of this run alike)."""
         # Coalescing runs write as a local activity: run by the worker that runs this workflow task, with slots of
         # its own, so a status write never queues behind snapshots and restores for an activity slot, and costs the
         # history one marker instead of an activity's three events and a workflow task's three.
@@ -1175,7 +1224,7 @@ class Saga:
                     MirrorStatusInput(ref=self.ref, status=self.status.to_model(), event=event, earlier_events=earlier),
                     result_type=MirrorStatusResult,
                     start_to_close_timeout=MIRROR_TIMEOUT,
-                    retry_policy=MIRROR_RETRY,
+                    retry_policy=retry,
                     summary=f"{self.ref}: status {self.status.phase}, {event.reason}",
                 )
                 break
@@ -1188,8 +1237,11 @@ class Saga:
                     raise
                 workflow.logger.warning("could not mirror the status of %s: %s", self.ref, error_text(error))
                 final = self.status.phase is not None and self.status.phase.finished
-                if not final or _refused_by_the_gate(error) or not workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN):
-                    return  # the worker's gate refuses every write of this run alike: trying again changes nothing
+                refused = _refused_by_the_gate(error)  # every write of this run alike: trying again changes nothing
+                if not final:
+                    return not refused
+                if refused or not workflow.patched(STATUS_WRITES_NEVER_END_THE_RUN):
+                    return False
                 await workflow.sleep(wait)  # the run's last word: nothing writes the status after it
                 wait = min(wait * 2, FINAL_STATUS_RETRY[1])
         if mirrored.found:
@@ -1203,6 +1255,7 @@ class Saga:
                 self.backed_by_migration = True
         else:
             self._orphaned()
+        return False
 
     def _orphaned(self) -> None:
         """The Migration this run works for is gone, or is another object now: nobody asked for this run any more.

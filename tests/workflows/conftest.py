@@ -98,6 +98,21 @@ class Saga:
 
         await self._poll(f"{what} in the history", matches)
 
+    async def settled_length(self, pending: int = 0) -> int:
+        """The history's length once the workflow has nothing under way but `pending` activities (a watch), and the
+        same length over three looks."""
+        deadline = time.monotonic() + 20
+        lengths: list[int] = []
+        while time.monotonic() < deadline:
+            described = await self.handle.describe()
+            lengths.append(len((await self.handle.fetch_history()).events))
+            if len(described.raw_description.pending_activities) != pending or len(set(lengths[-3:])) > 1:
+                lengths = lengths[-1:]
+            elif len(lengths) >= 3:
+                return lengths[-1]
+            await asyncio.sleep(0.3)
+        raise AssertionError("the workflow did not settle")
+
     async def _poll(self, what: str, matches: Callable[[], Awaitable[bool]]) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -165,7 +165,9 @@ class FakeSaga:
     """...from this call on, counting from 1 (default: the first): the precheck passes, its check after provision
     (the same activity) fails."""
     fail_when: dict[str, Callable[[Any], bool]] = dataclasses.field(default_factory=dict)
-    """...and only for the inputs (the JSON received) this says yes to (default: every input)."""
+    """...and only for the inputs (the JSON received) this says yes to (default: every input). Status writes (MIRROR)
+    fail this way too, each at once as a write whose attempts ran out looks to the run; their input is the
+    MirrorStatusInput."""
     hold: set[str] = dataclasses.field(default_factory=set)
     """These activities wait, heartbeating, until `release()` or cancellation."""
     finish_when_cancelled: set[str] = dataclasses.field(default_factory=set)
@@ -194,6 +196,8 @@ class FakeSaga:
     """Status writes wait until `release_mirrors()`: the workflow task that started one stays open meanwhile (a local
     activity's), so what reaches the run in that time comes to it in one later activation, as under load."""
     mirrors_waiting: int = 0
+    failed_mirrors: list[MirrorStatusInput] = dataclasses.field(default_factory=list)
+    """The status writes that `fail` made fail, as asked."""
     _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     _mirrors_released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -293,6 +297,11 @@ class FakeSaga:
             if request.status.phase is not None and request.status.phase.finished and self.final_mirrors_failing > 0:
                 self.final_mirrors_failing -= 1
                 raise _failed_for_good("the API server answered 429 Too Many Requests", self.mirror_failure)
+            failing = MIRROR in self.fail and self.fail_when.get(MIRROR, lambda _: True)(request)
+            if failing and self.fail_times.get(MIRROR, 1_000_000) > 0:
+                self.fail_times[MIRROR] = self.fail_times.get(MIRROR, 1_000_000) - 1
+                self.failed_mirrors.append(request)
+                raise self.fail[MIRROR]
             self._mirror_calls += 1
             first, count = self.mirrors_failing_from
             if first and first <= self._mirror_calls < first + count:

@@ -11,7 +11,6 @@ scripts/bench_fleet.py --histories measures real runs' histories.
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -20,28 +19,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from ferry.api.migration import Phase
 from ferry.api.saga import ControlRequest, Signal
-from tests.workflows.conftest import Saga, migration_input, record_history
+from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import MIRROR, WATCH_REPLICATION, FakeSaga
 from workflows import plan
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
-
-
-async def _settled_length(saga: Saga, pending: int = 0) -> int:
-    """The history's length once the workflow has nothing under way but `pending` activities (a watch), and the same
-    length over three looks."""
-    deadline = time.monotonic() + 20
-    lengths: list[int] = []
-    while time.monotonic() < deadline:
-        described = await saga.handle.describe()
-        lengths.append(len((await saga.handle.fetch_history()).events))
-        if len(described.raw_description.pending_activities) != pending or len(set(lengths[-3:])) > 1:
-            lengths = lengths[-1:]
-        elif len(lengths) >= 3:
-            return lengths[-1]
-        await asyncio.sleep(0.3)
-    raise AssertionError("the workflow did not settle")
 
 
 async def test_a_migration_paused_for_a_week_adds_nothing_to_its_history(
@@ -51,11 +34,11 @@ async def test_a_migration_paused_for_a_week_adds_nothing_to_its_history(
     await saga.wait_for(
         "the pause in the status", lambda: bool(saga.fakes.statuses) and saga.fakes.statuses[-1].phase is Phase.PAUSED
     )
-    before = await _settled_length(saga)
+    before = await saga.settled_length()
 
     await time_skipping.sleep(timedelta(days=7))
 
-    assert await _settled_length(saga) == before
+    assert await saga.settled_length() == before
     await saga.handle.signal(Signal.RESUME.value, ControlRequest(by="carol"))
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
     await record_history(saga, "coalesced-paused-a-week")
@@ -70,11 +53,11 @@ async def test_an_online_migration_awaiting_approval_adds_nothing_to_its_history
     driver = {"type": "postgresql", "sourceSecret": "s", "targetSecret": "t", "mode": "Online"}
     saga = await run_saga(FakeSaga(steps=plan.ONLINE_PLAN), migration_input(driver=driver, approval={"required": True}))
     await saga.wait_for("the watch beside the approval", lambda: saga.fakes.started(WATCH_REPLICATION))
-    before = await _settled_length(saga, pending=1)
+    before = await saga.settled_length(pending=1)
 
     await asyncio.sleep(3)
 
-    assert await _settled_length(saga, pending=1) == before
+    assert await saga.settled_length(pending=1) == before
     await saga.handle.signal(Signal.APPROVE.value, ControlRequest(by="carol"))
     assert (await saga.handle.result()).phase is Phase.SUCCEEDED
 

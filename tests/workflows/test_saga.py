@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +52,7 @@ from workflows.steps import PERSISTING_ATTEMPTS, UNDO_RETRY
 
 Run = Any
 pytestmark = pytest.mark.timeout(90)
+README = Path(__file__).parents[2] / "README.md"
 
 
 def calls_until(step: str) -> list[str]:
@@ -283,6 +285,11 @@ async def test_a_cancel_that_comes_once_every_step_is_done_is_ignored_and_the_ru
     assert Phase.ROLLING_BACK not in {status.phase for status in fakes.statuses}
     assert fakes.statuses[-1].phase is Phase.SUCCEEDED
     assert [e.reason for e in fakes.events if e.reason in ("CancelIgnored", "RollingBack")] == ["CancelIgnored"]
+    ignored = next(e.message for e in fakes.events if e.reason == "CancelIgnored")
+    assert "nothing was undone" in ignored
+    assert "Deleting the Migration does not undo a finished migration" in ignored, "only the retention cleanup runs"
+    section = ignored.rsplit('"', 2)[-2]
+    assert f"\n### {section}\n" in README.read_text(), "the README section it points at, to go back"
     if held == "the snapshot's deletion":
         await record_history(saga, "cancel-ignored-after-success")
 
@@ -1251,7 +1258,8 @@ async def test_the_status_that_says_the_run_finished_is_written_however_long_the
 
 async def test_a_status_write_refused_for_good_mid_run_does_not_end_the_run(run_saga: Run) -> None:
     """A status write that used up its attempts reached the run as a local activity's failure, which escaped the
-    handler: the run closed Failed wherever it stood (here at its sixth write, steps under way), nothing undone."""
+    handler: the run closed Failed wherever it stood (here at its sixth write, steps under way), nothing undone. And
+    the Events it carried are recorded by a later write, not lost."""
     fakes = FakeSaga(mirrors_failing_from=(6, 1))  # one write, the source frozen
     saga = await run_saga(fakes)
 
@@ -1259,6 +1267,9 @@ async def test_a_status_write_refused_for_good_mid_run_does_not_end_the_run(run_
 
     assert result.phase is Phase.SUCCEEDED
     assert fakes.step_calls == FORWARD
+    reasons = [event.reason for event in fakes.events]
+    assert reasons.count("StepStarted") == reasons.count("StepSucceeded") == len(STEP_ORDER)
+    assert len({event.key for event in fakes.events}) == len(reasons)
 
 
 async def test_a_final_status_write_the_workers_gate_refuses_is_not_tried_again(run_saga: Run) -> None:
