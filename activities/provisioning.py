@@ -711,6 +711,11 @@ class Provisioning(ClusterApi):
 def _why_it_may_still_undo(migration: Migration) -> str:
     """Why a Migration another one depends on may still undo what it did (`Migration.may_still_undo`), for refusals."""
     phase = migration.status.phase.value if migration.status.phase else "not set yet"
+    if migration.status.history_gone:
+        return (
+            "which Temporal lost before it finished (phase Abandoned, reason HistoryGone): deleting it undoes what its "
+            "steps recorded"
+        )
     if migration.finished:
         return (
             f"which is being deleted (phase {phase}): a deletion asked for before it finished rolls it back, even "

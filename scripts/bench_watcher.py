@@ -218,13 +218,15 @@ class Cluster:
         obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, manifest)
         return MigrationRef(namespace=self.namespace, name=name, uid=obj["metadata"]["uid"])
 
-    def create_settled(self, name: str, phase: str) -> None:
-        """A Migration whose workflow the status names (as the saga's mirror leaves it): Succeeded, or Paused."""
+    def create_settled(self, name: str, phase: str) -> MigrationRef:
+        """A Migration whose workflow the status names (as the saga's mirror leaves it): Succeeded, or Paused (whose
+        run `populate` starts: the watcher marks Abandoned an unfinished Migration whose run Temporal does not have)."""
         ref = self.create(name, paused=phase == "Paused")
         status = {"phase": phase, "observedGeneration": 1, "workflow": {"namespace": "default", "id": workflow_id(ref)}}
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, self.namespace, PLURAL, name, {"status": status}, _content_type=MERGE
         )
+        return ref
 
     def recorded(self, refs: dict[str, MigrationRef]) -> bool:
         """Whether the watcher's annotation names the workflow of every one of `refs`."""
@@ -352,15 +354,25 @@ def kinds(index: int) -> tuple[str, str]:
     return (f"done-{index:05d}", "Succeeded") if index % 2 == 0 else (f"paused-{index:05d}", "Paused")
 
 
-def populate(cluster: Cluster, count: int, threads: int, figures: Figures) -> None:
+async def populate(
+    cluster: Cluster, client: Client, args: argparse.Namespace, task_queue: str, figures: Figures
+) -> None:
+    """--scale Migrations, half Succeeded, half Paused; each Paused one with its run, Running on the watcher's task
+    queue (no worker polls it), as a paused saga is."""
     began = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        for job in concurrent.futures.as_completed(
-            [pool.submit(cluster.create_settled, *kinds(i)) for i in range(count)]
-        ):
-            job.result()
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        made = list(pool.map(lambda index: (kinds(index)[1], cluster.create_settled(*kinds(index))), range(args.scale)))
+    spec = MigrationSpec.model_validate(samples.migration()["spec"])
+    limit = asyncio.Semaphore(args.concurrency)
+
+    async def run_of(ref: MigrationRef) -> None:
+        async with limit:
+            await ensure_started(client, ref, 1, spec.model_copy(update={"paused": True}), task_queue)
+
+    await asyncio.gather(*(run_of(ref) for phase, ref in made if phase == "Paused"))
     figures.add(
-        "Migrations present (half Succeeded, half Paused)", f"{count}, made in {time.monotonic() - began:.0f} s"
+        "Migrations present (half Succeeded, half Paused with their runs)",
+        f"{args.scale}, made in {time.monotonic() - began:.0f} s",
     )
 
 
@@ -553,7 +565,7 @@ async def scale_mode(info: StackInfo, args: argparse.Namespace, logs: Path) -> F
     process = watcher_process(info, namespace, task_queue, logs, *extra)
     load = os.getloadavg()[0]
     try:
-        populate(cluster, args.scale, args.threads, figures)
+        await populate(cluster, client, args, task_queue, figures)
         process.start()
         wait_until("the first list", lambda: bool(process.listings()), 120)
         figures.add("start → listed all (first start)", f"{process.listings()[0][1] - process.started_at:.1f} s")

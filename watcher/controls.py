@@ -55,18 +55,36 @@ def pending(migration: Migration) -> list[Control | Rejection]:
             continue
         found.append(_parse(key, value, generation))
     paused = migration.spec is not None and migration.spec.paused
-    value = f"{str(paused).lower()}@{generation}"
+    of_spec = spec_generation(migration)
+    value = f"{str(paused).lower()}@{of_spec}"
     observed = status.observed_generation
     # spec.paused is a control only when it changed after the workflow last saw the spec:
     # the workflow reads it from its input at start, and reports what it saw as
     # status.observedGeneration.
-    if observed is not None and generation > observed and acknowledged.get(SPEC_PAUSED) != value:
+    if observed is not None and of_spec > observed and acknowledged.get(SPEC_PAUSED) != value:
         request = ControlRequest(
-            by="spec.paused", reason=f"spec.paused set to {str(paused).lower()}", generation=generation,
+            by="spec.paused", reason=f"spec.paused set to {str(paused).lower()}", generation=of_spec,
             request_id=f"{SPEC_PAUSED}={value}", of_spec=True,
         )  # fmt: skip
         found.append(Control(SPEC_PAUSED, value, Signal.PAUSE if paused else Signal.RESUME, request))
     return _unseen_until_sent(_pause_over_resume(found))
+
+
+def spec_generation(migration: Migration) -> int:
+    """The generation of the Migration's spec: metadata.generation, less the one the deletion added, if any.
+
+    The API server adds one to the generation of an object held by finalizers when it marks it as being deleted
+    (once: a second delete finds deletionTimestamp set and adds nothing), though the spec stays as it was. Taken as
+    a change of spec, that step would make a deletion answer a spec.paused nobody touched (`InvalidControl`,
+    "spec.paused refused: the Migration is being deleted"). A spec.paused changed just before the deletion, and not
+    yet sent, still counts: its generation is above the one the saga observed, and the deletion refuses it, saying
+    so. Only spec.paused may change in a spec (the CRD refuses a change of the rest), so every generation above the
+    saga's observedGeneration but the deletion's is a change of it, or an edit that put it back as it was.
+    """
+    generation = migration.metadata.generation
+    if migration.metadata.deletion_timestamp is not None and generation > 1:
+        return generation - 1
+    return generation
 
 
 def _unseen_until_sent(found: list[Control | Rejection]) -> list[Control | Rejection]:

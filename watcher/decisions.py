@@ -5,13 +5,15 @@ finalizers, its spec, its status (phase, status.workflow, acknowledged controls)
 watcher's annotation naming the workflow it started. Nothing is remembered between
 passes, so a restarted or another watcher decides the same. The one outside fact is a
 hint from the resync's single visibility query: "this Migration's run closed
-Terminated or TimedOut" (see watcher/abandoned.py).
+Terminated or TimedOut, or is not Running and may be gone from Temporal" (see
+watcher/abandoned.py).
 
 A finished Migration that is not being deleted and has no new control decides
 `nothing`: it costs neither a Temporal call nor an API write, and a list keeps no more
 of it than a summary (watcher/inventory.py). The one exception is a finished Migration
-whose deletion still has work (a snapshot kept until then) and which lost ferry's
-finalizer (`kubectl replace` of a manifest without it): one write puts it back.
+whose deletion still has work (a snapshot kept until then, or the undo of an Abandoned
+one whose run Temporal lost: HISTORY_GONE) and which lost ferry's finalizer (`kubectl
+replace` of a manifest without it): one write puts it back.
 
 A new Migration's workflow starts before ferry's finalizer is added (with the
 annotation, in one write), so a deleted Migration without the finalizer may have a run
@@ -35,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, AfterSuccess, Migration, Phase
+from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, AfterSuccess, Migration, Phase, StepState
 from ferry.api.saga import MigrationRef, workflow_id
 from watcher.controls import Control, Rejection, pending
 
@@ -58,7 +60,8 @@ class Action:
     """Added after the start, in one write with the annotation that records it (see watcher/handling.py)."""
     controls: tuple[Control | Rejection, ...] = ()
     check_run: bool = False
-    """The resync's query saw the run closed Terminated or TimedOut while the status is not finished."""
+    """The resync's query saw the run closed Terminated or TimedOut, or not Running (and a describe found it gone or
+    ended so), while the status is not finished: the handler looks (watcher/abandoned.py)."""
     release_secrets: bool = False
     """The watch said DELETED: take the Migration's finalizer off the Secrets its spec names (idempotent), however it
     went. Its last state says which: the names never change (spec.driver and spec.snapshot are immutable)."""
@@ -109,12 +112,19 @@ def started(migration: Migration) -> bool:
     )
 
 
+def every_step_succeeded(migration: Migration) -> bool:
+    """Whether the status shows every step of the run Succeeded: the migration was done, whatever its phase says (the
+    saga ignores a cancel from then on; its retention cleanup and the write saying Succeeded come after)."""
+    steps = migration.status.steps
+    return bool(steps) and all(step.state is StepState.SUCCEEDED for step in steps)
+
+
 def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False) -> Action:
     """What to do with this state of a Migration.
 
     `gone`: the watch said DELETED (the object no longer exists): only its Secrets are left to let go, if its spec
     parses (one that does not never ran, so never marked them).
-    `run_closed`: the resync's query named its run among those terminated or timed out.
+    `run_closed`: the resync named its run among those terminated or timed out, or gone from Temporal.
     """
     if gone:
         return Action(release_secrets=migration.spec is not None)
@@ -125,8 +135,10 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
     given = tuple(pending(migration))
     if migration.finished:
         # Held only where its deletion still has work: `kubectl replace` of a manifest without finalizers drops
-        # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it.
-        held = FINALIZER in migration.metadata.finalizers or not deleting_it_has_work(migration)
+        # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it, or (its run
+        # gone from Temporal before it finished) what its steps did, which its deletion undoes.
+        has_work = deleting_it_has_work(migration) or migration.status.history_gone
+        held = FINALIZER in migration.metadata.finalizers or not has_work
         return Action(controls=given, add_finalizer=not held)
     if migration.spec is None:
         return Action(invalid_spec=migration.spec_problem or "the spec does not validate")

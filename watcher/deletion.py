@@ -4,13 +4,15 @@ Every decision comes from durable facts — the Migration's deletionTimestamp, a
 state and close time of its run in Temporal — so whichever watcher leads, before or
 after a crash, decides the same:
 - Run still going: cancel it (which rolls back), and release the finalizer when the
-  rollback has finished. Unless its status already says Succeeded: the saga has done
-  and shown every step, and only its last workflow task is left (seconds, longer if its
-  worker died then); a cancel would roll back what a person saw done. It is left to
-  close, and counts as finished when it said so (below).
+  rollback has finished. Unless its status already says Succeeded, or shows every step
+  Succeeded: the saga has done every step, ignores a cancel from then on and undoes
+  nothing, and only its retention cleanup (afterSuccess: Delete), the write saying
+  Succeeded and its last workflow task are left (seconds, longer if its worker died
+  then). It is left to close, and counts as finished when its last step did (below).
 - Run finished *after* the deletion was asked for, and Succeeded (the watcher that
-  should have cancelled it died first). Its success is dated by the Succeeded status it
-  wrote (the saga's clock when it decided), else by the run's close time. The person
+  should have cancelled it died first). Its success is dated by when its last step
+  finished (status.steps, the saga's clock when it decided that nothing would be undone),
+  else by the Succeeded status's time, else by the run's close time. The person
   asked for a rollback, so the
   Migration is undone by the undo workflow (traffic back, source scaled up and
   unfrozen, target removed), and only then released, with the reason in status and an
@@ -21,11 +23,13 @@ after a crash, decides the same:
   workflow of its own), then release.
 - No run ever started (the object names none): release at once.
 - A run the object names, of which Temporal has no record (its history was deleted or
-  expired): the status says what is left. RolledBack or Planned: release; Succeeded: the
-  retention cleanup, then release; Failed or Abandoned: a Warning, then release, as with
-  the history there; otherwise the undo workflow takes back what the records say was
-  done, then release. Releasing at once, as for no run, left a source
-  frozen and the clients on the target with nothing said.
+  expired): the status says what is left. RolledBack or Planned: release; Succeeded (or
+  every step Succeeded): the retention cleanup, then release; Failed or Abandoned: a
+  Warning, then release, as with the history there; otherwise the undo workflow takes back
+  what the records say was done, then release. Releasing at once, as for no run, left a
+  source frozen and the clients on the target with nothing said. A Migration the resync
+  marked Abandoned because its unfinished run went from Temporal (conditions' reason
+  HistoryGone, watcher/abandoned.py) is undone so too, as its message says.
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
 the finalizer is released anyway, with a Warning Event saying what may be left.
@@ -57,9 +61,7 @@ from ferry.api.migration import (
     DeletionStatus,
     EventType,
     Migration,
-    MigrationStatus,
     Phase,
-    StepState,
     secret_finalizer,
 )
 from ferry.api.saga import (
@@ -75,7 +77,8 @@ from ferry.api.saga import (
     undo_workflow_id,
     workflow_id,
 )
-from watcher.decisions import deleting_it_has_work, ref_of, started
+from watcher.abandoned import no_such_run
+from watcher.decisions import deleting_it_has_work, every_step_succeeded, ref_of, started
 from watcher.patching import MigrationWriter
 from watcher.settings import WatcherSettings
 
@@ -131,7 +134,7 @@ class DeletionHandler:
         if described is None:
             await self._history_gone(migration, handle.id, deadline)
             return
-        if described.status is WorkflowExecutionStatus.RUNNING and migration.status.phase is Phase.SUCCEEDED:
+        if described.status is WorkflowExecutionStatus.RUNNING and closing_after_success(migration):
             await self._wait_for(migration, handle, deadline, "its run has succeeded and is closing")
             return
         if described.status is WorkflowExecutionStatus.RUNNING:
@@ -140,8 +143,8 @@ class DeletionHandler:
                 await handle.cancel()
             await self._wait_for(migration, handle, deadline, why)
             return
-        if await _succeeded_after(handle, described, requested, migration.status):
-            closed = described.close_time
+        if await _succeeded_after(handle, described, requested, migration):
+            closed = succeeded_at(migration) or described.close_time
             assert closed is not None
             why = (
                 f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
@@ -192,9 +195,13 @@ class DeletionHandler:
         a Warning that what it did may not all be undone, as when its history is there (nothing is undone: a later
         Migration may build on what it left); otherwise (the run went while it ran) the undo workflow takes back what
         the records say it did, as for a run that succeeded after its deletion was asked for: each undo finds its
-        step's work where the step recorded it."""
+        step's work where the step recorded it. Abandoned because of just that (HISTORY_GONE: the watcher's resync
+        noticed the run gone before the deletion, watcher/abandoned.py) counts as the run going while it ran, as its
+        message says: the mark changes nothing of what deleting it does."""
         phase = migration.status.phase
-        if phase is not Phase.SUCCEEDED and _every_step_succeeded(migration):
+        if migration.status.history_gone:
+            phase = None  # unfinished when its run went; precheck's refusals count it as such too (may_still_undo)
+        if phase is not Phase.SUCCEEDED and every_step_succeeded(migration):
             phase = Phase.SUCCEEDED  # its last status write, the one that says so, did not land
         undoing = await _describe(self._client.get_workflow_handle(undo_workflow_id(ref_of(migration)))) is not None
         if migration.spec is not None and migration.spec.dry_run and not undoing:
@@ -410,10 +417,11 @@ def _recorded(migration: Migration, why: str) -> bool:
 
 
 async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:
+    """The run under this workflow ID; None when Temporal has none (an unknown namespace raises: it is no answer)."""
     try:
         return await handle.describe()
     except RPCError as error:
-        if error.status != RPCStatusCode.NOT_FOUND:
+        if not no_such_run(error):
             raise
         return None
 
@@ -426,24 +434,43 @@ async def _succeeded_after(
     handle: WorkflowHandle[Any, MigrationResult],
     run: WorkflowExecutionDescription,
     requested: datetime,
-    status: MigrationStatus,
+    migration: Migration,
 ) -> bool:
-    """Whether the run succeeded at least a whole second after the deletion was asked for: by the time of the
-    Succeeded status it wrote, else (no such status) by its close time."""
+    """Whether the run succeeded at least a whole second after the deletion was asked for: by when its last step
+    finished (`succeeded_at`), else (no status says) by its close time."""
     if run.status is not WorkflowExecutionStatus.COMPLETED or run.close_time is None:
         return False
     if run.close_time < requested + timedelta(seconds=1):
         return False
-    if status.succeeded_before(requested):
+    succeeded = succeeded_at(migration)
+    if succeeded is not None and succeeded < requested + timedelta(seconds=1):
         return False
     result = await handle.result()
     return result.phase is Phase.SUCCEEDED
 
 
-def _every_step_succeeded(migration: Migration) -> bool:
-    """Whether the status shows every step of the run Succeeded: the run had succeeded, whatever its phase says."""
-    steps = migration.status.steps
-    return bool(steps) and all(step.state is StepState.SUCCEEDED for step in steps)
+def succeeded_at(migration: Migration) -> datetime | None:
+    """When the Migration's run succeeded, by the saga's clock: when its last step finished, as status.steps shows
+    every step Succeeded. From then on the saga ignores a cancel and undoes nothing (Stage.FINISHED in
+    workflows/controls.py); its retention cleanup (afterSuccess: Delete) and the write saying Succeeded
+    (status.transitionedAt) come after, seconds later or more. Without the steps' times, the Succeeded transition's;
+    None when the status shows no success."""
+    finished = [step.finished_at for step in migration.status.steps]
+    if every_step_succeeded(migration) and all(moment is not None for moment in finished):
+        return max(moment for moment in finished if moment is not None)
+    if migration.status.phase is Phase.SUCCEEDED:
+        return migration.status.transitioned_at
+    return None
+
+
+def closing_after_success(migration: Migration) -> bool:
+    """Whether the run of a Migration being deleted, still running, is only finishing a success: its status says
+    Succeeded (the run's last workflow task is left), or shows every step Succeeded (its retention cleanup and the
+    write saying Succeeded are left). The saga undoes nothing from then on, and ignores a cancel: the deletion waits
+    for it to close, and then goes as after a success (`succeeded_at` says whether that was before the deletion)."""
+    return migration.status.phase is Phase.SUCCEEDED or (
+        every_step_succeeded(migration) and migration.status.phase is not Phase.ROLLING_BACK
+    )
 
 
 def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:

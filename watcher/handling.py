@@ -5,8 +5,8 @@ it: the deletion handler for a deleted Migration (or, when it lacks ferry's fina
 the cancel of its run); for a live one, the Failed status of an invalid spec, the
 workflow's start and then, in one write, the finalizer and the annotation that records
 the start, kubectl controls as updates, and the Abandoned phase of a run ended from
-outside. Nothing is remembered between passes: everything needed is in the object, its
-status, and Temporal.
+outside or gone from Temporal (watcher/abandoned.py). Nothing is remembered between
+passes: everything needed is in the object, its status, and Temporal.
 
 A Migration that holds ferry's finalizer from its creation (deploy/admission/finalizer has
 the API server set it) costs no write at all when its workflow starts: the saga's first
@@ -40,7 +40,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import EventType, Migration, Phase
+from ferry.api.migration import EventType, Migration
 from ferry.api.saga import ControlOutcome, MigrationRef, workflow_id
 from ferry.observability.logs import migration_context
 from watcher import controls
@@ -173,7 +173,7 @@ class MigrationHandler:
         message = f"ferry cannot run this Migration: {problems}. Fix the spec (or re-create the Migration)."
         key = f"invalid-spec.{migration.metadata.generation}"
         await self._writer.event(ref, EventType.WARNING, "InvalidSpec", message, key=key)
-        await self._writer.patch_status(ref, {"phase": Phase.FAILED.value, "message": message})
+        await self._writer.mark_failed(migration, message)
 
     async def _apply_control(self, ref: MigrationRef, item: controls.Control | controls.Rejection) -> None:
         key = f"{item.key}={item.value}"
@@ -217,13 +217,17 @@ class MigrationHandler:
         return True, f"sent {item.signal.value}{by} to the saga"
 
     async def _notice_abandoned(self, migration: Migration, ref: MigrationRef) -> None:
-        """A workflow terminated from outside cannot mirror that; the watcher records it as Abandoned."""
-        message = await why_abandoned(self._client.get_workflow_handle(workflow_id(ref)))
-        if message is None:
+        """A workflow terminated from outside, or whose history is gone, cannot mirror that; the watcher records it as
+        Abandoned."""
+        verdict = await why_abandoned(
+            self._client.get_workflow_handle(workflow_id(ref)), migration, self._client.namespace
+        )
+        if verdict is None:
             return
-        await self._writer.mark_abandoned(migration, message)
-        await self._writer.event(ref, EventType.WARNING, "Abandoned", message, key="abandoned")
-        log.warning("Migration %s: %s", ref, message)
+        if not await self._writer.mark_abandoned(migration, verdict.message, verdict.reason):
+            return  # gone, or being deleted meanwhile: the deletion handler has it
+        await self._writer.event(ref, EventType.WARNING, "Abandoned", verdict.message, key="abandoned")
+        log.warning("Migration %s: %s", ref, verdict.message)
 
 
 def _no_such_update(failed: WorkflowUpdateFailedError) -> bool:

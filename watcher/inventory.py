@@ -3,10 +3,11 @@
 A pass handles the latest state of a Migration, then the watcher lets it go. What
 outlives the pass is a Summary per Migration, for two uses: the gauges (Migrations by
 phase, when the running step started, since when a deletion waits), and the resync's
-question whether a run Temporal says ended from outside belongs to an unfinished
-Migration. A list keeps the whole object only of the Migrations a pass has work for
-(`keep`, run in the thread that parsed the list), so ten thousand finished Migrations
-cost the watcher a few megabytes, whatever their status holds.
+questions: whether a run Temporal says ended from outside belongs to an unfinished
+Migration, and which unfinished Migrations' runs it does not list as Running. A list
+keeps the whole object only of the Migrations a pass has work for (`keep`, run in the
+thread that parsed the list), so ten thousand finished Migrations cost the watcher a few
+megabytes, whatever their status holds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Summary:
     """When that step started (seconds since the epoch), 0 if unknown."""
     deletion_since: float = 0.0
     """Since when a deleted Migration waits for ferry (status.deletion), 0 when it does not."""
+    deleting: bool = False
+    """Its deletion was asked for (deletionTimestamp): the deletion handler, not the resync, looks at its run."""
 
     @property
     def finished(self) -> bool:
@@ -56,6 +59,7 @@ def summarize(migration: Migration) -> Summary:
         step=step,
         step_started=_timestamp(entry.started_at if entry else None),
         deletion_since=_timestamp(status.deletion.waiting_since if status.deletion else None),
+        deleting=migration.metadata.deletion_timestamp is not None,
     )
 
 
@@ -124,5 +128,18 @@ class Inventory:
                 continue
             ref = MigrationRef(namespace=namespace, name=name, uid=uid)
             if workflow_id(ref) == workflow:
+                found.append(ref)
+        return found
+
+    def unfinished_not_among(self, running: Iterable[str]) -> list[MigrationRef]:
+        """The Migrations whose status names a run (the saga wrote a phase), unfinished and not being deleted, whose
+        workflow has none of these IDs (the runs visibility lists as Running): each may have lost its run."""
+        listed = frozenset(running)
+        found = []
+        for (namespace, name), summary in self._summaries.items():
+            if summary.phase is None or summary.finished or summary.deleting:
+                continue
+            ref = MigrationRef(namespace=namespace, name=name, uid=summary.uid)
+            if workflow_id(ref) not in listed:
                 found.append(ref)
         return found

@@ -7,8 +7,9 @@ together, after the start (a burst of creates waits on the API server's writes);
 when the API server set the finalizer as it created the Migration (watcher/handling.py). The
 watcher's status fields (controls, deletion) are merge-patched alone, which leaves the
 saga's fields as they are, at the resourceVersion of a read that found the Migration's
-uid; only an Abandoned Migration gets its phase from the watcher,
-because then no workflow is left to write it.
+uid; only an Abandoned Migration (and a Failed one whose spec does not validate) gets its
+phase from the watcher, with the conditions the saga would write, because then no
+workflow is left to write it.
 
 The writer remembers, until the pass asks (`take_written`), the resourceVersions its
 writes produced: a state of the Migration that the pass's own later write superseded
@@ -105,9 +106,9 @@ class MigrationWriter:
         await self._kube.remove_secret_finalizer(namespace, name, finalizer)
         log.info("removed finalizer %s from Secret %s/%s (if it was there)", finalizer, namespace, name)
 
-    async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any]) -> None:
+    async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any], *, unless_deleted: bool = False) -> bool:
         """Merge-patches the given status fields (the watcher's own) of this very Migration; a missing one is left
-        alone.
+        alone, and so, with `unless_deleted`, is one whose deletion was asked for meanwhile. Returns whether it wrote.
 
         Each write carries the resourceVersion of a read that found the Migration's uid, so what a pass decided for
         one Migration never lands on another created since under its name (a status saying Abandoned, or a passed
@@ -116,14 +117,14 @@ class MigrationWriter:
         """
         for _ in range(CONFLICT_ATTEMPTS):
             migration = await self._kube.read_migration(ref)
-            if migration is None:
-                return
+            if migration is None or (unless_deleted and migration.metadata.deletion_timestamp is not None):
+                return False
             try:
                 written = await self._kube.patch_status(ref, fields, migration.metadata.resource_version)
             except Conflict:
                 continue
             self._wrote(ref, written)
-            return
+            return written is not None
         raise RuntimeError(f"Migration {ref} kept changing; could not write its status fields {sorted(fields)}")
 
     async def acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
@@ -133,22 +134,41 @@ class MigrationWriter:
     async def waiting_for_deletion(self, ref: MigrationRef, deletion: DeletionStatus) -> None:
         await self.patch_status(ref, {"deletion": deletion.model_dump(mode="json", by_alias=True)})
 
-    async def mark_abandoned(self, migration: Migration, message: str) -> None:
-        """Sets phase Abandoned: the workflow ended without finishing the Migration (it was terminated)."""
+    async def mark_abandoned(self, migration: Migration, message: str, reason: str | None = None) -> bool:
+        """Sets phase Abandoned: the workflow ended without finishing the Migration (terminated, or its history gone).
+
+        `reason`, when given, is the conditions' reason instead of the phase (HISTORY_GONE). Not on a Migration being
+        deleted: the deletion handler decides what happens to it (watcher/deletion.py), from its status as it was.
+        Returns whether it wrote."""
+        return await self._finish(migration, Phase.ABANDONED, message, reason=reason, unless_deleted=True)
+
+    async def mark_failed(self, migration: Migration, message: str) -> None:
+        """Sets phase Failed for a Migration no workflow will run (its spec does not validate), with observedGeneration:
+        the watcher is what observed that spec."""
+        await self._finish(migration, Phase.FAILED, message, observed=True)
+
+    async def _finish(
+        self, migration: Migration, phase: Phase, message: str, *, reason: str | None = None, observed: bool = False,
+        unless_deleted: bool = False,
+    ) -> bool:  # fmt: skip
+        """Writes a final phase, with its message and the conditions the saga would write for it (workflows/status.py),
+        so `kubectl wait --for=condition=Succeeded=false` returns. Each condition names the generation it saw; with
+        `observed`, status.observedGeneration too (else it stays the saga's, which is what spec.paused is compared
+        with)."""
         previous = {condition.type: condition for condition in migration.status.conditions}
         generation = migration.metadata.generation
-        conditions = conditions_for(Phase.ABANDONED, message, generation, previous, datetime.now(UTC))
-        await self.patch_status(
-            ref_of(migration),
-            {
-                "phase": Phase.ABANDONED.value,
-                "currentStep": None,
-                "message": message,
-                "conditions": [
-                    c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions.values()
-                ],
-            },
-        )
+        conditions = conditions_for(phase, message, generation, previous, datetime.now(UTC))
+        if reason is not None:
+            conditions = {kind: c.model_copy(update={"reason": reason}) for kind, c in conditions.items()}
+        fields: dict[str, Any] = {
+            "phase": phase.value,
+            "currentStep": None,
+            "message": message,
+            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions.values()],
+        }
+        if observed:
+            fields["observedGeneration"] = generation
+        return await self.patch_status(ref_of(migration), fields, unless_deleted=unless_deleted)
 
     async def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> Recorded:
         """Records a watcher Event once per key (a relist does not record it again)."""

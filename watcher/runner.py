@@ -4,10 +4,10 @@ A list (at the start, and after 410 Gone) hands over the Migrations no workflow 
 taken yet first, so a restarted watcher acts on a new Migration before it looks at the
 others again; the Migrations a pass has nothing to do for are counted, summarized
 (watcher/inventory.py) and let go. A resync, every interval, relists nothing: it asks
-Temporal its one question (which runs ended from outside), reads the few unfinished
-Migrations the answer names, and refreshes the gauges from the summaries. The health
-probes answer from the start; the watcher is ready once connected to Temporal, which it
-waits for.
+Temporal its one question (which runs are Running, which ended from outside), reads the
+few unfinished Migrations whose run ended so or is gone (watcher/abandoned.py), and
+refreshes the gauges from the summaries. The health probes answer from the start; the
+watcher is ready once connected to Temporal, which it waits for.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from temporalio.common import MetricMeter
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from ferry import startup
-from ferry.api.saga import MigrationRef
+from ferry.api.saga import MigrationRef, workflow_id
 from ferry.observability import health, tracing
-from watcher.abandoned import ClosedRuns
+from watcher.abandoned import RunsQuery, stopped_without_a_word
 from watcher.decisions import handling_order
 from watcher.deletion import DeletionHandler
 from watcher.dispatching import Dispatcher
@@ -52,7 +52,8 @@ class Watcher:
         self._deletion = DeletionHandler(client, writer, settings, self._resubmit)
         self._handler = MigrationHandler(client, writer, settings, self._deletion, metrics, self._record_if_needed)
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
-        self._closed_runs = ClosedRuns(client, settings.task_queue)
+        self._client = client
+        self._runs = RunsQuery(client, settings.task_queue)
         self._inventory = Inventory()
         self._background: set[asyncio.Task[None]] = set()
         self.watches: list[MigrationWatch] = []
@@ -116,28 +117,44 @@ class Watcher:
             await self._deletion.close()
 
     async def _resync(self, stop: asyncio.Event) -> None:
-        """Every interval: one query for runs ended from outside, a read of each unfinished Migration it names,
-        and the gauges."""
+        """Every interval: one query for the runs Running and those ended from outside, a look at each unfinished
+        Migration whose run ended so or is not listed Running (watcher/abandoned.py), and the gauges."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.resync_interval)
             if stop.is_set():
                 return
             try:
-                ended = await self._closed_runs.ended_from_outside()
+                runs = await self._runs.ask()
             except Exception as error:  # noqa: BLE001 - the next resync asks again, from the same time on
-                log.warning("could not ask Temporal for runs ended from outside: %s", error)
-                ended = frozenset()
-            for ref in self._inventory.unfinished_among(ended):
-                try:
-                    migration = await self._kube.read_migration(ref)
-                except Exception as error:  # noqa: BLE001 - the run stays in the next query's window (LOOK_BACK)
-                    log.warning("could not read Migration %s, whose run ended from outside: %s", ref, error)
-                    continue
-                if migration is not None:
-                    self._inventory.update(migration)
-                    self._dispatcher.submit(migration, run_closed=True)
+                log.warning("could not ask Temporal which runs are Running or ended from outside: %s", error)
+            else:
+                for ref in self._inventory.unfinished_among(runs.ended_from_outside):
+                    await self._look_at(ref, "whose run ended from outside")
+                for ref in self._inventory.unfinished_not_among(runs.running | runs.ended_from_outside):
+                    if await self._stopped_without_a_word(ref):
+                        await self._look_at(ref, "whose run is not running")
             self._metrics.observe(self._inventory.items())
+
+    async def _stopped_without_a_word(self, ref: MigrationRef) -> bool:
+        """Whether the run of a Migration visibility does not list Running is gone from Temporal, or ended from
+        outside (a describe: visibility lags behind a run just started, reset or continued as new)."""
+        try:
+            return await stopped_without_a_word(self._client.get_workflow_handle(workflow_id(ref)))
+        except Exception as error:  # noqa: BLE001 - the next resync asks again
+            log.warning("could not describe the run of Migration %s, which is not listed Running: %s", ref, error)
+            return False
+
+    async def _look_at(self, ref: MigrationRef, why: str) -> None:
+        """Reads the Migration and hands it over with the hint that its run stopped without a word."""
+        try:
+            migration = await self._kube.read_migration(ref)
+        except Exception as error:  # noqa: BLE001 - the next resync finds it again
+            log.warning("could not read Migration %s, %s: %s", ref, why, error)
+            return
+        if migration is not None:
+            self._inventory.update(migration)
+            self._dispatcher.submit(migration, run_closed=True)
 
 
 async def run(settings: WatcherSettings, *, stop: asyncio.Event | None = None) -> None:

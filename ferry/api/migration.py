@@ -562,6 +562,14 @@ class Condition(ApiModel):
     last_transition_time: datetime
 
 
+HISTORY_GONE = "HistoryGone"
+"""The reason of the conditions of a Migration the watcher marked Abandoned because Temporal has no record of its run,
+which had not finished (its history deleted, or Temporal rebuilt empty), and whose steps' records say something may be
+left to undo: nothing runs it any more, and its deletion undoes what the steps recorded (watcher/deletion.py), as it
+would have without the mark. A Migration marked Abandoned for another reason (terminated from outside) undoes nothing
+more, not even when deleted."""
+
+
 class WorkflowRef(ApiModel):
     """The Temporal run behind this Migration."""
 
@@ -780,6 +788,14 @@ class MigrationStatus(ApiModel):
             return False
         return self.transitioned_at < requested + timedelta(seconds=1)
 
+    @property
+    def history_gone(self) -> bool:
+        """Whether the watcher marked this Migration Abandoned because Temporal lost its unfinished run (HISTORY_GONE):
+        its deletion still undoes what its steps recorded."""
+        return self.phase is Phase.ABANDONED and any(
+            condition.type == "Succeeded" and condition.reason == HISTORY_GONE for condition in self.conditions
+        )
+
 
 # --- the object ----------------------------------------------------------------------------
 
@@ -843,8 +859,9 @@ class Migration(ApiModel):
     def may_still_undo(self) -> bool:
         """Whether this Migration may yet undo what it did: it has not finished, or it is being deleted and its status
         does not show a success from before the deletion was asked for (a deletion asked for while it ran undoes even
-        a run that succeeded meanwhile: watcher/deletion.py)."""
-        if not self.finished:
+        a run that succeeded meanwhile: watcher/deletion.py). A Migration whose run Temporal lost before it finished
+        (`MigrationStatus.history_gone`) is Abandoned, and yet undone when deleted."""
+        if not self.finished or self.status.history_gone:
             return True
         requested = self.metadata.deletion_timestamp
         return (

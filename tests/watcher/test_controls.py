@@ -11,11 +11,15 @@ from temporalio.client import Client
 
 from devstack.stack.install import Binaries
 from devstack.stack.stack import StackInfo
+from ferry.api.migration import FINALIZER
 from ferry.api.saga import workflow_id
 from tests.conftest import Kubectl
 from tests.end_to_end import apply_migration, eventually, migration_manifest
 from watcher.settings import WatcherSettings
 from worker.settings import WorkerSettings
+
+HOLD = "example.com/hold"
+"""Another controller's finalizer."""
 
 
 async def _get(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
@@ -183,3 +187,40 @@ async def test_setting_spec_paused_to_false_resumes_a_migration_created_paused(
     assert "spec.source.statefulSet: 'orders-db' does not exist" in status["message"]
     assert status["controls"]["acknowledged"]["spec.paused"] == "false@2"
     assert status["observedGeneration"] == 2
+
+
+async def test_deleting_a_migration_answers_no_change_of_spec_paused_that_nobody_made(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The API server adds one to metadata.generation as it marks a Migration held by finalizers as being deleted,
+    spec untouched. The watcher took that for a change of spec.paused, and the deletion refused it: a Warning
+    `InvalidControl` ("spec.paused refused: the Migration is being deleted") and the same in status.controls."""
+    manifest = migration_manifest(stack, "snapshots", paused=True)
+    manifest["metadata"]["finalizers"] = [HOLD]  # keeps the object readable once ferry has let it go
+    ref = apply_migration(kubectl, namespace, manifest)
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+
+    async def held() -> bool:
+        return FINALIZER in (await _get(kubectl, namespace, ref.name))["metadata"].get("finalizers", [])
+
+    await eventually("ferry's finalizer", held)
+    before = await _get(kubectl, namespace, ref.name)
+    assert before["status"]["observedGeneration"] == before["metadata"]["generation"]
+
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+    async def let_go() -> bool:
+        return not await held()
+
+    await eventually("ferry to roll the run back and let the Migration go", let_go, within=120)
+    after = await _get(kubectl, namespace, ref.name)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1, "the deletion's step"
+    assert after["spec"] == before["spec"]
+    assert after["status"]["phase"] == "RolledBack"
+    answered = after["status"].get("controls") or {}
+    assert "spec.paused" not in answered.get("acknowledged", {}), answered
+    assert "spec.paused" not in (answered.get("message") or ""), answered
+    reasons = [event["reason"] for event in await _events(kubectl, namespace, ref.name)]
+    assert "InvalidControl" not in reasons
+    assert "WaitingBeforeDeletion" in reasons, "the deletion's pass ran"

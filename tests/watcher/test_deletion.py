@@ -96,10 +96,11 @@ async def _results(handle: WorkflowHandle[Any, Any], activity_type: str) -> list
 def _read_only_default(databases: Databases) -> str | None:
     with psycopg.connect(databases.source.dsn) as conn:
         row = conn.execute(
-            "select setconfig from pg_db_role_setting s join pg_database d on d.oid = s.setdatabase "
+            "select (select array_agg(entry) from unnest(setconfig) entry where entry not like 'ferry.unfrozen_by=%') "
+            "from pg_db_role_setting s join pg_database d on d.oid = s.setdatabase "
             "where d.datname = current_database() and s.setrole = 0"
         ).fetchone()
-    return None if row is None else str(row[0])
+    return None if row is None or row[0] is None else str(row[0])
 
 
 @pytest.mark.finalizer_at_create  # held from its creation: the deletion waits for the undo all the same
@@ -803,3 +804,166 @@ async def test_a_running_migration_whose_run_temporal_no_longer_knows_is_not_und
     else:
         assert cleanup is None
         assert await kube.read_migration(ref) is None, "released"
+
+
+async def _forget(client: Client, ref: MigrationRef) -> None:
+    """Deletes the Migration's run from Temporal, as `temporal workflow delete` does, and waits until it is gone."""
+    await client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id(ref))
+        )
+    )
+
+    async def forgotten() -> bool:
+        return await _started(client, workflow_id(ref)) is None
+
+    await eventually("Temporal to forget the run", forgotten, within=60)
+
+
+async def test_a_migration_whose_run_temporal_loses_while_it_waits_shows_abandoned_and_its_deletion_undoes_it(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, orders: None, databases: Databases,
+    kube_api: k8s.ApiClient, temporal_client: Client, running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """The run waits for an approval, the target provisioned, and its history is deleted (`temporal workflow delete`;
+    a Temporal rebuilt empty does the same): the Migration showed AwaitingApproval for ever. The resync finds no
+    Running run for it, a describe confirms that Temporal has none, and the status says what is left and what
+    deleting the Migration does; which is then what it does."""
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
+
+    async def awaiting() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "AwaitingApproval"
+
+    await eventually("the approval gate", awaiting, within=180)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db", "orders-db-16"], "provision ran"
+
+    await _forget(temporal_client, ref)
+
+    async def abandoned() -> bool:
+        return await _phase(kubectl, namespace, ref.name) == "Abandoned"
+
+    await eventually("the Abandoned phase (the resync runs every 2s)", abandoned, within=60)
+    status = ((await _migration(kubectl, namespace, ref.name)) or {})["status"]
+    message = status["message"]
+    assert f"Temporal has no record of workflow {workflow_id(ref)} any more" in message
+    assert "nothing runs this Migration" in message
+    assert "status.steps is what the run last recorded" in message
+    assert "Deleting this Migration undoes, from those records, what the steps did" in message
+    conditions = {condition["type"]: condition for condition in status["conditions"]}
+    assert (conditions["Succeeded"]["status"], conditions["Succeeded"]["reason"]) == ("False", "HistoryGone")
+    assert conditions["Progressing"]["status"] == "False"
+    assert status["workflow"]["id"] == workflow_id(ref), "the run it names stays"
+    assert (await _reasons(kubectl, namespace, ref.name))["Abandoned"] == [message]
+    assert await _started(temporal_client, workflow_id(ref)) is None, "nothing started it again"
+    await asyncio.sleep(4)  # two more resyncs: a finished Migration is not looked at again
+    assert (await _reasons(kubectl, namespace, ref.name))["Abandoned"] == [message]
+
+    await asyncio.to_thread(kubectl, "delete", "migration", ref.name, "-n", namespace, "--wait=false")
+
+    async def gone() -> bool:
+        return await _migration(kubectl, namespace, ref.name) is None
+
+    await eventually("the undo and the Migration to be gone", gone, within=240)
+    assert _stateful_sets(kube_api, namespace) == ["orders-db"], "provision was undone"
+    assert _selector(kube_api, namespace) == {"app": "orders-db"}
+    assert _read_only_default(databases) is None
+    reasons = await _reasons(kubectl, namespace, ref.name)
+    assert "UndoingBeforeDeletion" in reasons
+    [undone] = reasons["UndoneBeforeDeletion"]
+    assert f"Temporal had no record of its workflow {workflow_id(ref)}" in undone
+    assert "UndoIncomplete" not in reasons
+
+
+@workflow.defn(name="FinishesItsRetentionCleanup", sandboxed=False)
+class _FinishesItsRetentionCleanup:
+    """Stands in for a saga run whose every step is done and that deletes its snapshot for retention (afterSuccess:
+    Delete) before it writes Succeeded: it ignores a cancel, as the saga does from then on (Stage.FINISHED), and
+    completes Succeeded once told that the cleanup is done."""
+
+    def __init__(self) -> None:
+        self._cleaned = False
+
+    @workflow.signal
+    def cleaned(self) -> None:
+        self._cleaned = True
+
+    @workflow.run
+    async def run(self) -> dict[str, str]:
+        while True:
+            try:
+                await workflow.wait_condition(lambda: self._cleaned)
+            except asyncio.CancelledError:
+                continue  # "cancel ignored: every step was done"
+            return {"phase": "Succeeded", "message": "migrated orders-db to orders-db-16"}
+
+
+def _every_step_succeeded(by: datetime) -> list[dict[str, Any]]:
+    names = ["precheck", "provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"]
+    at = by.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return [{"name": name, "state": "Succeeded", "startedAt": at, "finishedAt": at} for name in names]
+
+
+async def test_a_migration_deleted_while_its_run_deletes_the_snapshot_for_retention_is_not_undone(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str,
+) -> None:  # fmt: skip
+    """Every step is done, so the saga undoes nothing more and ignores a cancel; its retention cleanup and the write
+    saying Succeeded come after. A deletion in between came after the success: the watcher cancelled the run (phase
+    still Running), dated the success by the Succeeded write, after the deletion, and undid the migration."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["spec"]["snapshot"]["retention"] = {"afterSuccess": "Delete"}
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[_FinishesItsRetentionCleanup],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):  # fmt: skip
+        run = await temporal_client.start_workflow(
+            "FinishesItsRetentionCleanup", id=workflow_id(ref), task_queue=task_queue
+        )
+        last_step = datetime.now(UTC) - timedelta(seconds=2)
+        running = {
+            "phase": "Running",
+            "workflow": {"namespace": temporal_client.namespace, "id": workflow_id(ref)},
+            "steps": _every_step_succeeded(last_step),
+            "transitionedAt": last_step.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": running}, field_manager="ferry-saga"
+        )
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+        deleted = await kube.read_migration(ref)
+        assert deleted is not None
+        assert deleted.metadata.deletion_timestamp is not None
+
+        await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
+
+        asked = [event.event_type async for event in run.fetch_history_events()]
+        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in asked
+        waiting = await kube.read_migration(ref)
+        assert waiting is not None, "held until the run has closed"
+        assert waiting.status.deletion is not None
+        assert waiting.status.deletion.message.startswith("its run has succeeded and is closing")
+
+        async def a_second_later() -> bool:
+            assert deleted.metadata.deletion_timestamp is not None
+            return datetime.now(UTC) >= deleted.metadata.deletion_timestamp + timedelta(seconds=1.5)
+
+        await eventually("the clock to pass the deletion's second", a_second_later)
+        succeeded = {"phase": "Succeeded", "transitionedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": succeeded}, field_manager="ferry-saga"
+        )
+        await run.signal("cleaned")
+        assert (await run.result())["phase"] == "Succeeded"
+        closed = await kube.read_migration(ref)
+        assert closed is not None
+
+        await handler.handle(closed, gone=False, run_closed=False, received=0.0)
+
+    assert await kube.read_migration(ref) is None, "released"
+    assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
+    assert "UndoingBeforeDeletion" not in await _reasons(kubectl, namespace, ref.name)

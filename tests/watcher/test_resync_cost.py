@@ -14,11 +14,13 @@ import gc
 import re
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client
 
 from devstack.stack.readiness import free_port
@@ -250,3 +252,52 @@ async def test_a_start_no_status_names_in_time_is_recorded_once_and_one_the_saga
         assert not await _annotated(custom, namespace, mirrored)
     for ref in (mirrored, unmirrored):
         await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
+
+
+async def _phase(custom: k8s.CustomObjectsApi, ref: MigrationRef) -> str | None:
+    item = (await asyncio.to_thread(_objects, custom, ref.namespace))[ref.name]
+    phase: str | None = (item.get("status") or {}).get("phase")
+    return phase
+
+
+async def test_a_resync_asks_temporal_about_no_unfinished_migration_whose_run_it_lists_running(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    counted_watcher: Watch,
+) -> None:  # fmt: skip
+    """The same one query says which runs are Running: only a Migration whose run it does not list costs a describe
+    (and one more in its pass), here the one whose run was deleted from Temporal, and only until it is marked
+    Abandoned."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    refs = [_create(custom, stack, namespace, f"running-{index:02d}") for index in range(COUNT)]
+    async with counted_watcher():
+        for ref in refs:
+            await eventually(f"the annotation of {ref.name}", lambda ref=ref: _annotated(custom, namespace, ref))
+    for ref in refs:
+        _mirror(custom, ref, "Running")  # the saga's status (no worker runs them here)
+    lost, *kept = refs
+    await temporal_client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=temporal_client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id(lost))
+        )
+    )
+    await eventually("Temporal to forget the run", lambda: _not(has_workflow(temporal_client, lost)))
+
+    async with counted_watcher() as read:
+        await eventually("the lost run's Migration to be Abandoned", lambda: _is(_phase(custom, lost), "Abandoned"))
+        resyncs = (await asyncio.to_thread(read)).calls.get("list_workflows", 0.0)
+        await eventually("two more resyncs", lambda: _resyncs(read, int(resyncs) + 2), seen=lambda: str(read()))
+        counted = await asyncio.to_thread(read)
+        assert counted.calls.get("describe_workflow") == 2, counted.calls  # the resync's, then its pass's
+        assert counted.calls_but("list_workflows") == 2, counted.calls
+        assert counted.passes.get("check-run") == 1, counted.passes
+    for ref in kept:
+        assert await _phase(custom, ref) == "Running"
+        await temporal_client.get_workflow_handle(workflow_id(ref)).terminate("test finished")
+
+
+async def _not(check: Awaitable[bool]) -> bool:
+    return not await check
+
+
+async def _is(value: Awaitable[str | None], wanted: str) -> bool:
+    return await value == wanted
