@@ -309,25 +309,37 @@ def delete_every_version(s3: S3Client, bucket: str, key: str) -> int:
 def remove_streams(s3: S3Client, bucket: str, key: str, *, keep_objects: bool = False) -> int:
     """Aborts the unfinished uploads of the parallel streams of the snapshot at `key` and, unless `keep_objects`,
     deletes their objects (see ferry.api.saga.stream_key); returns how many of both. Idempotent."""
-    prefix = stream_prefix(key)
-    removed = abort_incomplete_uploads(s3, bucket, prefix, under=True)
+    removed = abort_incomplete_uploads(s3, bucket, stream_prefix(key), under=True)
     if keep_objects:
         return removed
-    for listing in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for found in listing.get("Contents", []):
-            if not str(found["Key"]).startswith(prefix):
-                continue  # a store that ignored the prefix: another snapshot's object, or anyone's
-            delete_every_version(s3, bucket, str(found["Key"]))
-            removed += 1
+    for found in stream_objects(s3, bucket, key):
+        delete_every_version(s3, bucket, found)
+        removed += 1
     return removed
 
 
-class MultipartUpload:
-    """One multipart upload fed part by part as its PartPlan says; complete() or abort() ends it."""
+def stream_objects(s3: S3Client, bucket: str, key: str) -> list[str]:
+    """The keys of the objects of the parallel streams of the snapshot at `key` (see ferry.api.saga.stream_key)."""
+    prefix = stream_prefix(key)
+    return [
+        str(found["Key"])
+        for listing in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for found in listing.get("Contents", [])
+        # Not a store that ignored the prefix: another snapshot's object, or anyone's.
+        if str(found["Key"]).startswith(prefix)
+    ]
 
-    def __init__(self, s3: S3Client, bucket: str, key: str, plan: PartPlan) -> None:
+
+class MultipartUpload:
+    """One multipart upload fed part by part as its PartPlan says; complete() or abort() ends it. The object gets
+    `metadata` as its user metadata (x-amz-meta-<name>)."""
+
+    def __init__(
+        self, s3: S3Client, bucket: str, key: str, plan: PartPlan, metadata: dict[str, str] | None = None
+    ) -> None:
         self._s3, self._bucket, self._key, self._plan = s3, bucket, key, plan
-        self._upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        created = s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata or {})
+        self._upload_id = created["UploadId"]
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=plan.concurrency, thread_name_prefix="upload")
         self._in_flight: set[concurrent.futures.Future[dict[str, Any]]] = set()
         self._parts: list[CompletedPartTypeDef] = []
@@ -363,10 +375,14 @@ class MultipartUpload:
         self.largest_part = max(self.largest_part, len(data))
         self._in_flight.add(self._pool.submit(self._upload_part, number, data))
 
-    def complete(self) -> None:
+    def complete(self, check: Callable[[], None] | None = None) -> None:
+        """Waits for the parts in flight, then calls `check` (which may refuse, raising: the caller aborts), then
+        completes the upload: the object appears at the key, replacing what was there."""
         while self._in_flight:
             self._collect(concurrent.futures.ALL_COMPLETED)
         self._pool.shutdown()
+        if check is not None:
+            check()
         parts = sorted(self._parts, key=lambda part: int(part["PartNumber"]))
         self._s3.complete_multipart_upload(
             Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts}

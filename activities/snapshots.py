@@ -1,10 +1,13 @@
 """What happens to a snapshot object after the saga used it: undone with the snapshot step, or deleted by retention.
 
 These do not depend on the data driver: a snapshot is one object in S3 whatever made it, with the objects of its
-parallel streams beside it when it was taken in streams (ferry.api.saga.stream_key), which go with it.
+parallel streams beside it when it was taken in streams (ferry.api.saga.stream_key), which go with it. So does the
+precheck's probe (ferry.api.saga.precheck_key), which a precheck deletes at once but a worker killed in between leaves.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 from kubernetes import client as k8s
@@ -20,8 +23,12 @@ from ferry.api.saga import (
     SnapshotStoreActivity,
     UndoSnapshotInput,
     UndoSnapshotResult,
+    precheck_key,
     snapshot_key,
 )
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 
 class SnapshotStoreActivities:
@@ -57,7 +64,7 @@ class SnapshotStoreActivities:
 
     def _delete(self, ref: MigrationRef, spec: SnapshotSpec, bucket: str, key: str, *, keep_object: bool) -> bool:
         """Aborts the unfinished uploads of s3://bucket/key and of its streams, and deletes those objects unless
-        `keep_object`.
+        `keep_object`; deletes the precheck's probe in any case (nobody's snapshot).
 
         Returns whether nothing is left there.
         """
@@ -68,6 +75,7 @@ class SnapshotStoreActivities:
         s3 = snapshot_store.client(spec, credentials, self._settings)
         with snapshot_store.permanent_failures(s3, bucket, credentials):
             try:
+                _delete_probe(s3, bucket, precheck_key(ref, spec))
                 aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
                 if aborted:
                     activity.logger.info("aborted %d unfinished uploads of %s", aborted, location)
@@ -87,3 +95,17 @@ class SnapshotStoreActivities:
                 return True
         activity.logger.info("deleted %s", location)
         return True
+
+
+def _delete_probe(s3: S3Client, bucket: str, key: str) -> None:
+    """Deletes the precheck's probe at `key` (every version) if a worker killed between its write and its delete
+    left it. Looked for first: in a bucket that keeps versions, deleting a key that is not there adds a delete
+    marker, which credentials that may not delete versions would leave behind."""
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if snapshot_store.is_missing(error):
+            return
+        raise
+    snapshot_store.delete_every_version(s3, bucket, key)
+    activity.logger.info("deleted s3://%s/%s, the precheck's probe a killed worker left", bucket, key)

@@ -46,6 +46,7 @@ from activities.postgres import (
     restore_script,
     restoring,
     schema,
+    snapshot_attempts,
     streams,
     unwritten,
     verifying,
@@ -62,6 +63,7 @@ from activities.status import REPORTING_COMPONENT
 from ferry.api.errors import (
     BadCredentials,
     DatabaseUnreachable,
+    Overtaken,
     TargetNotVerified,
     TlsMismatch,
     VerificationMismatch,
@@ -222,7 +224,7 @@ class PostgresActivities:
             self._connect_primary(db) as conn,  # a standby: ServerInRecovery, retried
         ):
             with privileged(db, "change the database's settings and its CONNECT grants"):
-                frozen = freezing.freeze(conn, db, owner(input.ref))
+                frozen = freezing.freeze(conn, db, owner(input.ref), Attempt.current())
             heartbeats.progress(frozen=True)
             try:
                 fence, ended = self._mark(conn, db, heartbeats, input.ref)
@@ -296,7 +298,7 @@ class PostgresActivities:
         heartbeats: Heartbeats,
     ) -> None:
         with privileged(db, "change the database's settings and its CONNECT grants"):
-            restored = freezing.restore(conn, db, owner(ref), expected)
+            restored = freezing.restore(conn, db, owner(ref), expected, Attempt.current())
         if restored is None:
             activity.logger.info("%s is not frozen by Migration %s: nothing to undo", db.describe(), ref)
             return
@@ -323,9 +325,13 @@ class PostgresActivities:
     def _cleared_on_failure(self, db: DatabaseConnection, ref: MigrationRef) -> Iterator[None]:
         """Empties the target of this Migration's restore, and unmarks it, when the block fails or is cancelled: a
         restore in streams commits piece by piece (see streams), and a target must not keep a partial one. A target
-        marked complete is another attempt's finished restore, and is kept (see restoring.remove)."""
+        marked complete is another attempt's finished restore, and is kept (see restoring.remove). Nor when a later
+        attempt overtook this one (Overtaken, see snapshot_attempts): it has prepared the target since, and what the
+        target holds is its restore, under way or done."""
         try:
             yield
+        except Overtaken:
+            raise
         except BaseException:
             self._clear_quietly(db, ref)
             raise
@@ -497,8 +503,12 @@ class PostgresActivities:
         object; it first aborts the unfinished multipart uploads of that key that a dead
         attempt left behind, and a restoring retry first empties what an earlier attempt
         of this Migration restored. A failed or cancelled attempt aborts its own upload
-        and kills its pg_restore before it commits. While it runs, status.progress shows
-        the bytes dumped (no total: the dump's size is not known beforehand).
+        and kills its pg_restore before it commits. Every object names the attempt that
+        wrote it, and a late attempt (the saga wrote it off and went on) that finds a
+        later attempt's object is refused (Overtaken) before it deletes anything, or
+        before it completes an upload, having aborted its own (see snapshot_attempts).
+        While it runs, status.progress shows the bytes dumped (no total: the dump's size is
+        not known beforehand).
 
         With spec.driver.parallelism (or the worker's --snapshot-streams) above one, a source
         large enough with two tables or more goes in parallel streams, each an object of
@@ -511,6 +521,7 @@ class PostgresActivities:
             target = self._database(input.ref, input.driver.target_secret, "spec.driver.targetSecret")
         spec, bucket, key = input.snapshot, input.snapshot.bucket, input.key
         snapshot_store.require_own_snapshot(input.ref, spec, bucket, key, "write the snapshot to")
+        mine = Attempt.current()
         location = f"s3://{bucket}/{key}"
         credentials = self._secrets.s3_credentials(input.ref.namespace, spec.credentials_secret)
         wanted = self._settings.streams_for(input.driver.parallelism)
@@ -532,22 +543,27 @@ class PostgresActivities:
                     groups = streams.plan(conn, wanted)
             if len(groups) < 2:
                 groups = []  # one table, or one stream: nothing to share
+            s3 = snapshot_store.client(spec, credentials, self._settings)
+            with snapshot_store.permanent_failures(s3, bucket, credentials):
+                # Before anything is deleted, and before the target is touched: objects a later attempt wrote are the
+                # snapshot the saga keeps, and this one is late (see snapshot_attempts).
+                found = [key, *snapshot_store.stream_objects(s3, bucket, key)]
+                snapshot_attempts.refuse_if_overtaken(s3, bucket, found, mine, main=key, done="changed nothing")
+                aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
+                aborted += snapshot_store.remove_streams(s3, bucket, key)
+                if aborted:
+                    activity.logger.info("removed %d unfinished uploads or streams of %s", aborted, location)
             freeze = None
             if target is not None:
                 with self._connect(target) as conn:
                     with privileged(target, "drop and create schemas"):
                         restoring.prepare_target(conn, target, owner(input.ref), complete=not groups)
                     freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
-            s3 = snapshot_store.client(spec, credentials, self._settings)
             with snapshot_store.permanent_failures(s3, bucket, credentials):
-                aborted = snapshot_store.abort_incomplete_uploads(s3, bucket, key)
-                aborted += snapshot_store.remove_streams(s3, bucket, key)
-                if aborted:
-                    activity.logger.info("removed %d unfinished uploads or streams of %s", aborted, location)
                 if groups:
                     with self._cleared_on_failure(target, input.ref) if target else contextlib.nullcontext():
                         result = self._snapshot_in_streams(
-                            input, db, target, s3, heartbeats, progress, estimate, groups, freeze
+                            input, db, target, s3, heartbeats, progress, estimate, groups, freeze, mine
                         )
                 else:
                     with (
@@ -562,7 +578,8 @@ class PostgresActivities:
                         # behind the host's name) can import.
                         sha256, size = dumping.dump_to_s3(
                             db, self._settings, s3, bucket, key, heartbeats, estimate, progress, restore,
-                            options=[f"--snapshot={checked}"],
+                            options=[f"--snapshot={checked}"], metadata=snapshot_attempts.metadata(mine),
+                            check=snapshot_attempts.before_completing(s3, bucket, key, key, mine),
                         )  # fmt: skip
                         _check_stored(s3, bucket, key, size)
                         if restore is not None:
@@ -594,9 +611,11 @@ class PostgresActivities:
         estimate: int,
         groups: list[list[streams.Table]],
         freeze: frozenset[bytes] | None,
+        mine: Attempt,
     ) -> SnapshotResult:
         """The snapshot in parallel streams (see streams), restored into `target` (prepared, marked incomplete) if
-        given, which is marked complete at the end (the caller empties and unmarks it if this fails)."""
+        given, which is marked complete at the end (the caller empties and unmarks it if this fails). Each object
+        names `mine`, this attempt, and none replaces a later attempt's (see snapshot_attempts)."""
         bucket, key = input.snapshot.bucket, input.key
         total = streams.Total(progress)
         shared = streams.stream_settings(self._settings, len(groups))
@@ -612,6 +631,8 @@ class PostgresActivities:
                 max(0, estimate - streamed),
                 total.share(0),
                 options=streams.main_options(name, groups),
+                metadata=snapshot_attempts.metadata(mine),
+                check=snapshot_attempts.before_completing(s3, bucket, key, key, mine),
             )
             _check_stored(s3, bucket, key, size)
             main = SnapshotResult(bucket=bucket, key=key, sha256=sha256, size_bytes=size)
@@ -637,8 +658,10 @@ class PostgresActivities:
                     ):
                         options = streams.stream_options(name, group)
                         sha, bytes_ = dumping.dump_to_s3(
-                            db, shared, s3, bucket, at, beats, part, total.share(index), restore, options
-                        )
+                            db, shared, s3, bucket, at, beats, part, total.share(index), restore, options,
+                            snapshot_attempts.metadata(mine),
+                            snapshot_attempts.before_completing(s3, bucket, key, at, mine),
+                        )  # fmt: skip
                         _check_stored(s3, bucket, at, bytes_)
                         if restore is not None:
                             restore.commit()
@@ -765,7 +788,9 @@ class PostgresActivities:
             try:
                 with privileged(db, "end other sessions, lock tables, drop schemas and change the database's settings"):
                     end_others = lambda c: self._end_sessions(c, db, heartbeats)  # noqa: E731
-                    removed = restoring.remove(conn, db, owner(input.ref), retry=retry, end_sessions=end_others)
+                    removed = restoring.remove(
+                        conn, db, owner(input.ref), retry=retry, end_sessions=end_others, attempt=Attempt.current()
+                    )
             except psycopg.errors.QueryCanceled:
                 heartbeats.raise_if_cancelled(doing)
                 raise
@@ -813,7 +838,11 @@ class PostgresActivities:
                     # emptying or appending to the target between the comparison and the mark.
                     with self._marking(guard, target, input.ref, heartbeats):
                         self._end_sessions(guard, target, heartbeats)
-                        return self._verify(input, source, target, guard, session, estimate, heartbeats, progress)
+                        with privileged(target, "read every sequence"):
+                            before = fencing.read(guard)
+                        return self._verify(
+                            input, source, target, guard, session, estimate, heartbeats, progress, before
+                        )
                 except psycopg.OperationalError:
                     if not guard.broken:
                         raise
@@ -827,9 +856,10 @@ class PostgresActivities:
     def _verify(
         self, input: VerifyInput, source: DatabaseConnection, target: DatabaseConnection, guard: Connection,
         session: Callable[[DatabaseConnection], Connection], estimate: int | None, heartbeats: Heartbeats,
-        progress: ProgressWriter,
+        progress: ProgressWriter, before: FenceMark,
     ) -> VerifyResult:  # fmt: skip
-        """verify's comparison and mark, `guard` holding LOCK on the target in the marking transaction."""
+        """verify's comparison and mark, `guard` holding LOCK on the target in the marking transaction; `before` is
+        where the target's writes stood once its other sessions had ended, before the first read."""
         compared = self._compared_ahead(source, guard, input.ahead)
         if estimate is not None:  # both sides read the rows of every table not compared ahead
             estimate = 2 * max(0, estimate - sum(table.rows for table in compared.values()))
@@ -858,7 +888,7 @@ class PostgresActivities:
                 f"{comparison.difference}. The target does not hold the source's data: roll back, find out why, "
                 "and migrate again."
             )
-        fence = self._mark_target(guard, target, input.ref, heartbeats)
+        fence = self._mark_target(guard, target, input.ref, heartbeats, before)
         activity.logger.info(
             "verified %d tables and %d schema objects: source and target are the same; %d rows written to the target",
             len(comparison.checks),
@@ -893,11 +923,22 @@ class PostgresActivities:
         return vouched
 
     def _mark_target(
-        self, guard: Connection, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats
+        self, guard: Connection, db: DatabaseConnection, ref: MigrationRef, heartbeats: Heartbeats, before: FenceMark
     ) -> FenceMark:
         """The target's mark, once its other sessions are gone, kept in the target for undos without results; in the
-        marking transaction open on `guard`, which was refused to a late attempt (see unwritten.marking)."""
+        marking transaction open on `guard`, which was refused to a late attempt (see unwritten.marking).
+
+        Refused (TargetWrittenDuringVerify, nothing recorded) when the target was written while verify read it,
+        since `before`: a write to a table already read would be in the mark without having been compared, and
+        every later check (the seal, check_unwritten, the undos' vouching) would count it as the source's data."""
         fence, ended = self._mark(guard, db, heartbeats)
+        if written := fencing.changes(before, fence, since="verify began reading it"):
+            raise unwritten.TargetWrittenDuringVerify(
+                f"{db.describe()} was written while verify compared it with the source, by a client other than "
+                f"ferry (a job scheduled on the target, a client sent there early): {'; '.join(written)}. Nothing "
+                "was marked; the next attempt compares again, and fails if the target no longer holds the source's "
+                "data. Find what writes to the target and stop it: until traffic moves, the target is ferry's alone."
+            )
         with privileged(db, "keep ferry's markers"):
             unwritten.record(guard, db, owner(ref), fence, Attempt.current())
         activity.logger.info("marked where %s's writes stand; ended %d sessions first", db.describe(), ended)

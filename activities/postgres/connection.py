@@ -76,6 +76,7 @@ MARKERS = (
     "ferry.restored_by",
     "ferry.verified_mark",
     "ferry.replication_ended",
+    "ferry.unfrozen_by",
 )
 """The database settings where ferry keeps what it must remember (see database_settings)."""
 
@@ -99,6 +100,15 @@ REFUSED_CREDENTIALS = (
     "password is missing",
     "no password supplied",
 )
+
+
+PINNED = {"search_path": "pg_catalog,pg_temp"}
+"""Every session of ferry's resolves names in pg_catalog first and the database's schemas never. ferry's queries
+name catalog operators and functions unqualified (`nspname !~ '^pg_'` compares a name with a literal); with the
+database's own search_path, an operator or function someone created in public with closer argument types (!~ for
+two names, which pg_catalog lacks) would win, and run with the rights of the Secret's user, often a superuser.
+Queries that mean a user's relation name its schema. pg_dump, pg_restore and the restore's psql pin theirs the
+same way."""
 
 
 def parameters(settings: DataActivitySettings) -> dict[str, str]:
@@ -145,7 +155,7 @@ def _connect(
     *,
     primary: bool = False,
 ) -> Connection:
-    options = " ".join(f"-c {name}={value}" for name, value in session.items())
+    options = " ".join(f"-c {name}={value}" for name, value in {**PINNED, **session}.items())
     last_error = ""
     for attempt in range(1, settings.connect_attempts + 1):
         try:

@@ -14,6 +14,9 @@ changes:
   no step results can still tell whether the target took writes since; with the attempt
   of verify that took it, and the seal of the check before switch-traffic, so that a
   late attempt of verify neither ends the target's sessions nor marks it again;
+- `ferry.unfrozen_by` on a source: which activity last undid each Migration's freeze, so
+  that a late attempt of the freeze does not freeze the source again after its undo
+  (see freezing);
 - `ferry.replication_ended` on a source of mode Online: which Migrations' replications
   were ended for good, and by which activity, so that a late attempt of replicate
   creates nothing after the end (see replication_ended).
@@ -32,7 +35,7 @@ from psycopg import sql
 from activities.postgres.connection import MARKERS, Connection
 
 READ_ONLY = "default_transaction_read_only"
-FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK, REPLICATION_ENDED = MARKERS
+FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK, REPLICATION_ENDED, UNFROZEN_BY = MARKERS
 UNSET = "unset"
 """The recorded previous value of a setting the database did not have: undo resets it."""
 

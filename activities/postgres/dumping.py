@@ -14,7 +14,7 @@ half-written parts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from temporalio import activity
@@ -46,12 +46,17 @@ def dump_to_s3(
     progress: Counts | None = None,
     restore: Restore | None = None,
     options: Sequence[str] = (),
+    metadata: dict[str, str] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size.
 
     `progress` is given the bytes dumped so far after each part. `restore` is fed each
     part as it is uploaded; the caller commits it once the object is known complete.
     `options` are pg_dump's besides the format and the compression (see streams).
+    `metadata` is the object's user metadata; `check` runs once every part is stored, just
+    before the upload completes, and may refuse (raise), which aborts the upload (see
+    snapshot_attempts).
     """
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [
@@ -78,7 +83,7 @@ def dump_to_s3(
             sizes.first_part // parts.MIB,
             sizes.in_flight(sizes.first_part),
         )
-        upload = MultipartUpload(s3, bucket, key, sizes)
+        upload = MultipartUpload(s3, bucket, key, sizes, metadata)
         try:
             while part := dump.stdout.read(upload.next_part_size()):
                 digest.update(part)
@@ -105,7 +110,7 @@ def dump_to_s3(
                         "Snapshot with the database owner or a superuser."
                     )
                 raise RuntimeError(f"could not dump {db.describe()}: {failure}")
-            upload.complete()
+            upload.complete(check)
         except BaseException:
             _abort(upload)
             raise

@@ -51,16 +51,32 @@ would not be frozen at all, so the freeze refuses to start while such a role exi
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 
+import psycopg
 from temporalio import activity
 
 from activities.postgres import database_settings, grants
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
-from activities.postgres.database_settings import CONNECT_BEFORE, FROZEN_BY, READ_ONLY, READ_ONLY_BEFORE, UNSET
+from activities.postgres.database_settings import (
+    CONNECT_BEFORE,
+    FROZEN_BY,
+    READ_ONLY,
+    READ_ONLY_BEFORE,
+    UNFROZEN_BY,
+    UNSET,
+)
 from activities.secrets import DatabaseConnection
-from ferry.api.errors import InvalidSpec
+from ferry.api.errors import InvalidSpec, Overtaken
+
+LOCK = 0x6665727279_667A
+"""The advisory lock (transaction-level) under which the freeze and its undo read and write the markers: a late freeze
+either commits before an undo, which then finds it and takes it back, or finds the undo's record and refuses."""
+UNFREEZES_KEPT = 32
+"""How many Migrations' entries ferry.unfrozen_by keeps, the newest: one entry is a hundred-odd bytes."""
 
 END_SESSION_ROUNDS = 20
 """Rounds of ending sessions before the freeze gives up (and Temporal retries it)."""
@@ -193,10 +209,17 @@ def is_on(value: str) -> bool:
     return word in {"on", "1"} or (bool(word) and ("true".startswith(word) or "yes".startswith(word)))
 
 
-def freeze(conn: Connection, db: DatabaseConnection, owner: str) -> Frozen:
-    """Makes new transactions read-only and keeps other roles out; returns what was there before. Safe to run again."""
+def freeze(conn: Connection, db: DatabaseConnection, owner: str, attempt: Attempt | None = None) -> Frozen:
+    """Makes new transactions read-only and keeps other roles out; returns what was there before. Safe to run again.
+
+    `attempt`, the freeze's own: refused (Overtaken, nothing changed) when an undo of `owner`'s freeze scheduled after
+    it has run (see `restore`). Such an attempt is one the saga wrote off (its worker stood still past its heartbeat
+    timeout, then went on): the saga rolled back, and nothing would ever undo the freeze it would make now."""
     with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
         current = database_settings.read(conn)
+        if attempt is not None:
+            _refuse_if_undone_since(current, db, owner, attempt)
         frozen_by = current.get(FROZEN_BY)
         if frozen_by is not None and frozen_by != owner:
             raise InvalidSpec(
@@ -232,14 +255,22 @@ def _refuse_escaping_roles(conn: Connection, db: DatabaseConnection) -> None:
         )
 
 
-def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str | None) -> str | None:
+def restore(
+    conn: Connection, db: DatabaseConnection, owner: str, expected: str | None, attempt: Attempt | None = None
+) -> str | None:
     """Puts back the setting and CONNECT grants `owner`'s freeze recorded; None when no such freeze is there.
 
     Returns the setting restored. The markers stay until `forget`, so that a crash
-    before the read-only sessions ended leaves a retry something to find.
+    before the read-only sessions ended leaves a retry something to find. First, in the
+    same transaction, it records `attempt` (the undo's) in ferry.unfrozen_by, whether or
+    not it finds a freeze: a late attempt of the freeze that has not committed yet then
+    refuses to (see `freeze`).
     """
     with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
         current = database_settings.read(conn)
+        if attempt is not None:
+            _record_undo(conn, db, current, owner, attempt)
         frozen_by = current.get(FROZEN_BY)
         if frozen_by != owner:
             if frozen_by is not None:
@@ -262,6 +293,56 @@ def restore(conn: Connection, db: DatabaseConnection, owner: str, expected: str 
             if lost:
                 activity.logger.warning("%s: could not restore CONNECT for %s", db.describe(), ", ".join(lost))
     return previous
+
+
+def _undos(current: dict[str, str]) -> dict[str, dict[str, object]]:
+    """ferry.unfrozen_by's entries by Migration; an unreadable value reads as none (it refuses nothing)."""
+    try:
+        entries = json.loads(current.get(UNFROZEN_BY) or "{}")
+    except ValueError:
+        entries = None
+    if not isinstance(entries, dict):
+        activity.logger.warning("the setting %s is not ferry's: %r", UNFROZEN_BY, current.get(UNFROZEN_BY))
+        return {}
+    return {owner: entry for owner, entry in entries.items() if isinstance(entry, dict)}
+
+
+def _refuse_if_undone_since(current: dict[str, str], db: DatabaseConnection, owner: str, attempt: Attempt) -> None:
+    entry = _undos(current).get(owner)
+    if entry is None:
+        return
+    try:
+        undone = Attempt.from_json(entry.get("attempt"))
+    except (KeyError, TypeError, ValueError):
+        return
+    if attempt.before(undone):
+        raise Overtaken(
+            f"refused to freeze {db.describe()}: the freeze of Migration {owner} was undone ({undone.describe()}) "
+            f"after this attempt ({attempt.describe()}) was scheduled. It is a late attempt the saga has moved past "
+            "(its worker stood still past its heartbeat timeout, then went on), and nothing would undo a freeze it "
+            "made now. It changed nothing. Nothing to do."
+        )
+
+
+def _record_undo(
+    conn: Connection, db: DatabaseConnection, current: dict[str, str], owner: str, attempt: Attempt
+) -> None:
+    """Records in ferry.unfrozen_by that `attempt` undoes `owner`'s freeze, keeping the newest entries; in the caller's
+    transaction, holding LOCK. A user who may not set it (granted SET on the other markers only) is warned about:
+    the undo goes on, and a late freeze would not be refused."""
+    entries = _undos(current)
+    now = conn.execute("select now()::text").fetchone()
+    entries[owner] = {"attempt": attempt.as_json(), "at": str(now[0]) if now else ""}
+    kept = dict(sorted(entries.items(), key=lambda item: str(item[1].get("at", "")))[-UNFREEZES_KEPT:])
+    try:
+        with conn.transaction():
+            database_settings.change(conn, UNFROZEN_BY, json.dumps(kept, sort_keys=True))
+    except psycopg.errors.InsufficientPrivilege as error:
+        activity.logger.warning(
+            "could not record on %s that the freeze of Migration %s is undone (%s): a late attempt of its freeze "
+            "would not be refused. As a superuser, GRANT SET ON PARAMETER %s TO %s.",
+            db.describe(), owner, str(error).strip(), UNFROZEN_BY, db.username,
+        )  # fmt: skip
 
 
 def forget(conn: Connection, owner: str) -> None:

@@ -15,9 +15,24 @@ application's ORDER BY, its comparisons, upper() and lower(), and the indexes bu
 them (rebuilt by the restore) follow the target's rules from then on. The precheck says
 so in a warning, not a refusal.
 
+The same locale names need not sort alike either: the rules are the collation library's
+(glibc, ICU), and change with its version (glibc 2.28 reordered much of Unicode). Since
+PostgreSQL 15 each database records the version its default collation was made with
+(datcollversion), and each collation's library reports its own
+(pg_collation_actual_version). Where the source's and the target's differ (one side
+having none counts), the precheck warns: the restore builds every index anew, by the
+target's rules, so the indexes are sound, but the application's ORDER BY, comparisons
+and the range partitions bounded by text follow the new rules. It compares the
+collations the source's columns use too (COLLATE "de-x-icu", say), each with the one of
+its name on the target (pg_dump names a built-in collation) or, for one made with CREATE
+COLLATION, of its provider and locale. A collation the target's server surely lacks (a
+built-in one it has not, or any of ICU's on a server built without ICU) would stop the
+restore, after the freeze, so the precheck refuses it.
+
 The row of pg_database is read as JSON, so one query serves every server version: the
 provider arrived in PostgreSQL 15 (before, every database is libc's), its ICU locale is
-daticulocale in 15 and 16 and datlocale from 17 on, and ICU rules came in 16.
+daticulocale in 15 and 16 and datlocale from 17 on, and ICU rules came in 16; likewise a
+row of pg_collation (its ICU locale is colliculocale in 15 and 16, colllocale from 17 on).
 """
 
 from __future__ import annotations
@@ -34,7 +49,38 @@ select pg_catalog.pg_encoding_to_char(d.encoding), pg_catalog.to_jsonb(d)
 from pg_catalog.pg_database d where d.datname = pg_catalog.current_database()
 """
 PROVIDERS = {"c": "libc", "i": "icu", "b": "builtin"}
-"""pg_database.datlocprovider's codes."""
+"""pg_database.datlocprovider's (and pg_collation.collprovider's) codes."""
+SHOWN = 5
+"""Collations, and columns per collation, named in one message."""
+LOCALE_OF = "coalesce(to_jsonb(co) ->> 'colllocale', to_jsonb(co) ->> 'colliculocale', co.collcollate)"
+"""A collation's locale, whatever the server's version (see the module's docstring)."""
+USED_COLLATIONS = f"""
+select n.nspname, co.collname, co.collprovider, {LOCALE_OF}, pg_catalog.pg_collation_actual_version(co.oid),
+    array_agg(cn.nspname || '.' || c.relname || '.' || a.attname order by cn.nspname, c.relname, a.attnum)
+from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace cn on cn.oid = c.relnamespace
+join pg_collation co on co.oid = a.attcollation join pg_namespace n on n.oid = co.collnamespace
+where a.attnum > 0 and not a.attisdropped and c.relkind in ('r', 'p', 'm', 'f')
+and cn.nspname !~ '^pg_' and cn.nspname <> 'information_schema'
+and (co.collprovider = 'i' or (co.collprovider = 'c' and co.collcollate not in ('C', 'POSIX')))
+group by n.nspname, co.collname, co.collprovider, co.oid
+order by 1, 2
+"""
+"""The versioned collations the source's user columns use, other than the database's default (provider 'd'): those
+of ICU and libc's other than C and POSIX, whose rules never change (as the builtin provider's do not)."""
+ON_TARGET = f"""
+select n.nspname, co.collname, co.collprovider, {LOCALE_OF}, pg_catalog.pg_collation_actual_version(co.oid)
+from pg_collation co join pg_namespace n on n.oid = co.collnamespace
+where (n.nspname = 'pg_catalog' and co.collname::text = any(%(names)s::text[]))
+or co.collprovider::text || ':' || {LOCALE_OF} = any(%(locales)s::text[])
+"""
+"""The target's collations that stand for the source's: of the same name in pg_catalog, or of the same provider and
+locale (the versions only of these, so that a server with hundreds of ICU collations asks its library a few times)."""
+HAS_ICU = """
+select pg_catalog.pg_collation_actual_version(oid) is not null from pg_catalog.pg_collation where collprovider = 'i'
+limit 1
+"""
+"""Whether the server has ICU: built with it, every ICU collation has a version; built without, since PostgreSQL 16 it
+still has one, `unicode`, with none (and using it fails), and before 16 none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +94,10 @@ class DatabaseLocale:
     locale: str | None = None
     """The ICU or builtin locale; None for libc."""
     icu_rules: str | None = None
+    version: str | None = None
+    """The version of the collation library the default collation was made with (datcollversion); None for C."""
+    versioned: bool = False
+    """Whether the server records that version (PostgreSQL 15 and later)."""
 
     @classmethod
     def of(cls, encoding: str, row: Mapping[str, Any]) -> DatabaseLocale:
@@ -61,6 +111,8 @@ class DatabaseLocale:
             ctype=str(row.get("datctype") or ""),
             locale=str(locale) if locale and provider != "libc" else None,
             icu_rules=str(row["daticurules"]) if row.get("daticurules") else None,
+            version=str(row["datcollversion"]) if row.get("datcollversion") else None,
+            versioned="datcollversion" in row,
         )
 
     @property
@@ -123,6 +175,156 @@ def collation_warning(
         "upper() and lower(), and the indexes on them follow the target's. If that is not meant, point Secret "
         f"{target_db.secret} at a database created with the source's (CREATE DATABASE ... {source.create_clause()})."
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class UsedCollation:
+    """A collation the source's columns use, and what its library's version is there."""
+
+    schema: str
+    name: str
+    provider: str
+    """pg_collation.collprovider's code."""
+    locale: str
+    version: str | None
+    columns: tuple[str, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f'{self.schema}."{self.name}"'
+
+    @property
+    def built_in(self) -> bool:
+        """Whether it is one of the server's own (initdb made it): pg_dump names it, and does not create it."""
+        return self.schema == "pg_catalog"
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}:{self.locale}"
+
+    def describe(self) -> str:
+        more = f" and {len(self.columns) - SHOWN} more" if len(self.columns) > SHOWN else ""
+        used = ", ".join(self.columns[:SHOWN]) + more
+        return f"{self.qualified} ({PROVIDERS.get(self.provider, self.provider)} locale {self.locale}; {used})"
+
+
+def used_collations(conn: Connection) -> tuple[UsedCollation, ...]:
+    """The versioned collations the user columns of the database of `conn` use, besides its default."""
+    return tuple(
+        UsedCollation(str(schema), str(name), str(provider), str(locale or ""), version, tuple(columns))
+        for schema, name, provider, locale, version, columns in conn.execute(USED_COLLATIONS).fetchall()
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CollationsOnTarget:
+    """The target's versions of the source's collations."""
+
+    versions: dict[str, tuple[UsedCollation, str | None]]
+    """Per collation of the source (its qualified name): it, and the version of the target's that stands for it."""
+    missing: tuple[UsedCollation, ...]
+    """Those the target's server has no collation for."""
+    icu: bool = True
+    """Whether the target's server was built with ICU (PostgreSQL can be built without)."""
+
+    def certain_failures(self) -> list[UsedCollation]:
+        """The missing ones the restore would stop at: a built-in one (pg_dump names it), or any of ICU's on a server
+        without ICU (CREATE COLLATION refuses the provider); a libc locale may just be missing from its catalog."""
+        return [one for one in self.missing if one.built_in or (one.provider == "i" and not self.icu)]
+
+
+def on_target(conn: Connection, used: tuple[UsedCollation, ...]) -> CollationsOnTarget:
+    """What the target's server (`conn`) has for each of the source's `used` collations."""
+    rows = conn.execute(
+        ON_TARGET, {"names": [one.name for one in used if one.built_in], "locales": [one.key for one in used]}
+    ).fetchall()
+    icu = conn.execute(HAS_ICU).fetchone()
+    by_name = {str(name): version for schema, name, _, _, version in rows if schema == "pg_catalog"}
+    by_locale = {f"{provider}:{locale}": version for _, _, provider, locale, version in rows}
+    versions: dict[str, tuple[UsedCollation, str | None]] = {}
+    missing = []
+    for one in used:
+        if one.provider == "i" and not (icu and icu[0]):
+            missing.append(one)
+        elif one.built_in and one.name in by_name:
+            versions[one.qualified] = (one, by_name[one.name])
+        elif not one.built_in and one.key in by_locale:
+            versions[one.qualified] = (one, by_locale[one.key])
+        else:
+            missing.append(one)
+    return CollationsOnTarget(versions, tuple(missing), bool(icu and icu[0]))
+
+
+def missing_problem(found: CollationsOnTarget, target_db: DatabaseConnection) -> str | None:
+    """Why the restore would stop: the source's columns use built-in collations the target's server lacks."""
+    lacking = found.certain_failures()
+    if not lacking:
+        return None
+    return (
+        f"the source's columns use collations that the server of {target_db.describe()} does not have: "
+        f"{_listed([one.describe() for one in lacking])}. The restore names (or creates) them, and would stop at the "
+        "first, after the freeze. Give the target a server that has them (ICU's need a PostgreSQL built with ICU; "
+        "libc's, the locale installed before initdb, or SELECT pg_import_system_collations('pg_catalog') once it is), "
+        "or change "
+        "those columns on the source to a collation the target has (ALTER TABLE ... ALTER COLUMN ... TYPE ... "
+        "COLLATE ...)."
+    )
+
+
+def version_warning(
+    source: DatabaseLocale,
+    target: DatabaseLocale,
+    found: CollationsOnTarget | None,
+    source_db: DatabaseConnection,
+    target_db: DatabaseConnection,
+) -> str | None:
+    """A warning when the collation library's versions differ between the source and the target, for the databases'
+    default collations or those the source's columns use, or when ferry could not compare one of the latter."""
+    differing = []
+    if source.versioned and target.versioned and source.version != target.version:
+        differing.append(
+            f"the default collation of database {source_db.database!r} was made with version "
+            f"{_version(source.version)} of its library on the source, that of {target_db.database!r} on the target "
+            f"with {_version(target.version)}"
+        )
+    changed = [(one, theirs) for one, theirs in (found.versions.values() if found else []) if one.version != theirs]
+    if changed:
+        differing.append(
+            "the columns' collations "
+            + _listed(
+                [f"{one.describe()}: {_version(one.version)} against {_version(theirs)}" for one, theirs in changed]
+            )
+        )
+    unmatched = [one for one in found.missing if one not in found.certain_failures()] if found else []
+    words = []
+    if differing:
+        words.append(
+            f"text may sort differently on the target: {'; and '.join(differing)}. A collation library's rules change "
+            "with its version (glibc 2.28 reordered much of Unicode), whatever the locale's name. The restore builds "
+            "every index anew by the target's rules, so the indexes need no REINDEX and the rows are the same (verify "
+            "compares them byte for byte); what may change is what the rules decide: the order of the application's "
+            "ORDER BY on text, its comparisons and ranges on text (<, BETWEEN, LIKE through an index), and which "
+            "range partition a text key falls in (a row the target's rules put outside its partition stops the "
+            "restore, after the freeze). Check those against the target's server, or keep a library of the source's "
+            "version there."
+        )
+    if unmatched:
+        listed = _listed([one.describe() for one in unmatched])
+        words.append(
+            f"{'The' if words else 'the'} target's server lists no collation of the provider and locale of {listed}, "
+            "which the restore creates (CREATE COLLATION): it stops, after the freeze, if that server does not know "
+            "the locale. Make sure it does (locale -a on its host, or ICU's locales)."
+        )
+    return " ".join(words) if words else None
+
+
+def _version(version: str | None) -> str:
+    return version if version is not None else "none (no version recorded)"
+
+
+def _listed(items: list[str]) -> str:
+    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+    return ", ".join(items[:SHOWN]) + more
 
 
 def _spelled(name: str) -> str:

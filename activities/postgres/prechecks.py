@@ -29,10 +29,13 @@ from activities.postgres import (
     freezing,
     grants,
     locales,
+    maintenance,
     replication_checks,
     restoring,
     schema,
+    session_settings,
     slot_wal,
+    tablespaces,
     throughput,
     tls,
     tools,
@@ -44,6 +47,7 @@ from activities.postgres.database_settings import (
     READ_ONLY,
     READ_ONLY_BEFORE,
     RESTORED_BY,
+    UNFROZEN_BY,
     VERIFIED_MARK,
 )
 from activities.postgres.freezing import is_on
@@ -53,7 +57,7 @@ from activities.secrets import DatabaseConnection, S3Credentials, Secrets
 from activities.settings import DataActivitySettings
 from ferry.api.errors import DatabaseUnreachable, PermanentError, PrecheckFailed
 from ferry.api.migration import CheckedDatabases, DatabaseIdentity, DriverMode, DriverSpec, Throughput
-from ferry.api.saga import PrecheckInput, PrecheckResult
+from ferry.api.saga import PrecheckInput, PrecheckResult, precheck_key
 from ferry.api.scrubbing import EXCERPT_LIMIT, scrub
 
 if TYPE_CHECKING:
@@ -156,6 +160,14 @@ class Server:
     extension_tables: tuple[ExtensionTable, ...] = ()
     """The source's tables of extensions that hold rows nothing copies (configuration tables' rows of their own only in
     mode Online): the target must make them with the same rows (`_extension_tables_on_target`)."""
+    held_elsewhere: tuple[maintenance.Held, ...] = ()
+    """What the source server's `postgres` and templates hold, which stays behind (maintenance.py)."""
+    settings_of_sessions: session_settings.SessionSettings | None = None
+    """The settings the database's sessions get from the catalog, which nothing carries (session_settings.py)."""
+    collations: tuple[locales.UsedCollation, ...] = ()
+    """The source's: the versioned collations its columns use (locales.py)."""
+    tablespaces: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """The source's: its relations outside the database's default tablespace, per tablespace (tablespaces.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +250,12 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 f"{', '.join(missing)}. Install them on the server of {target_db.describe()} (its "
                 "pg_available_extensions lists what it has), or drop them from the source if nothing there needs them."
             )
+    collations_found = None
     if source_db and target_db and source and target:
         encoding = locales.encoding_problem(source.locale, target.locale, source_db, target_db)
         if encoding:
             problems.append(encoding)
+        collations_found = _collations_on_target(target_db, settings, source.collations, problems)
     if source_db and target_db and source and target and driver.mode is DriverMode.ONLINE:
         replication_checks.check(source_db, target_db, settings, driver, ref.uid, problems)
     if source and input.target_storage_bytes is not None and source.size * SIZE_MARGIN > input.target_storage_bytes:
@@ -282,6 +296,16 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
     assert tools_version is not None
     unbounded = slot_wal.unbounded_wal(source_db, settings) if source_db and driver.mode is DriverMode.ONLINE else None
     collations = locales.collation_warning(source.locale, target.locale, source_db, target_db) if target else None
+    versions = (
+        locales.version_warning(source.locale, target.locale, collations_found, source_db, target_db)
+        if target
+        else None
+    )
+    settings_left = (
+        session_settings.warnings(source.settings_of_sessions, target.settings_of_sessions)
+        if target and source.settings_of_sessions and target.settings_of_sessions
+        else []
+    )
     deferred = _checked_after_provision(target_db) if waiting else None
     replicas = _replicas(target_db, input.target_replicas) if input.target_replicas > 1 else None
     return PrecheckResult(
@@ -298,7 +322,17 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
         else None,
         warnings=[
             warning
-            for warning in (deferred, replicas, unbounded, _other_databases(source_db, source), collations)
+            for warning in (
+                deferred,
+                replicas,
+                unbounded,
+                _other_databases(source_db, source),
+                *maintenance.warnings(source_db, source.held_elsewhere),
+                collations,
+                versions,
+                *settings_left,
+                tablespaces.warning(source_db, target_db, source.tablespaces),
+            )
             if warning
         ],
         databases=CheckedDatabases(source=source.identity, target=target.identity if target else None),
@@ -340,6 +374,24 @@ def _through_service(host: str, service: str, namespace: str) -> bool:
     (`orders-db`, `orders-db.shop`, `orders-db.shop.svc`, `orders-db.shop.svc.cluster.local`)."""
     labels = host.lower().rstrip(".").split(".")
     return labels[0] == service and (len(labels) == 1 or (labels[1] == namespace and labels[2:3] in ([], ["svc"])))
+
+
+def _collations_on_target(
+    db: DatabaseConnection,
+    settings: DataActivitySettings,
+    used: tuple[locales.UsedCollation, ...],
+    problems: Problems,
+) -> locales.CollationsOnTarget | None:
+    """What the target's server has for the collations the source's columns use; refuses built-in ones it lacks."""
+    if not used:
+        return None
+    with problems.catching(), connect(db, settings, **SESSION) as conn:
+        found = locales.on_target(conn, used)
+        missing = locales.missing_problem(found, db)
+        if missing:
+            problems.append(missing)
+        return found
+    return None
 
 
 def _other_databases(db: DatabaseConnection | None, source: Server) -> str | None:
@@ -431,6 +483,10 @@ def _source(
             forced_rls=tuple(name for name, forced, _ in tables if forced),
             other_databases=tuple(name for (name,) in conn.execute(OTHER_DATABASES)),
             extension_tables=extension_tables,
+            held_elsewhere=maintenance.read(conn, db, settings, **SESSION),
+            settings_of_sessions=session_settings.read(conn, every_role=False),
+            collations=locales.used_collations(conn),
+            tablespaces=tablespaces.placed(conn),
         )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
@@ -450,7 +506,7 @@ def _target(db: DatabaseConnection, settings: DataActivitySettings, owner: str, 
         why = restoring.refusal(restoring.find(conn), db, owner)
         if why is not None:
             problems.append(why)
-        return server
+        return dataclasses.replace(server, settings_of_sessions=session_settings.read(conn, every_role=True))
     return None
 
 
@@ -682,7 +738,9 @@ def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: P
             f"({database_owner}) nor a superuser. Use the owner's credentials, or make the user the owner "
             "(ALTER DATABASE ... OWNER TO ...)."
         )
-    markers = [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE] if what == "freeze" else [RESTORED_BY, VERIFIED_MARK]
+    markers = (
+        [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, UNFROZEN_BY] if what == "freeze" else [RESTORED_BY, VERIFIED_MARK]
+    )
     unsettable = [marker for marker in markers if not superuser and not _may_set(conn, marker)]
     if unsettable:
         problems.append(
@@ -753,11 +811,12 @@ def _bucket(
 ) -> float:
     """Writes a small object under the Migration's prefix and deletes it; returns the bytes per second of the write.
 
-    The object is the sample when there is one (the plan's upload rate), else a tiny probe."""
+    The object is as large as the sample when there is one (the plan's upload rate), else a tiny probe; never the
+    sample's rows (see throughput), and at precheck_key, which the snapshot's undo and retention cleanup delete too."""
     spec = input.snapshot
-    key = f"{spec.prefix}{input.ref.namespace}/{input.ref.name}/{input.ref.uid}/precheck"
+    key = precheck_key(input.ref, spec)
     s3 = snapshot_store.client(spec, credentials, settings)
-    body = sample or PROBE
+    body = throughput.upload_body(len(sample)) if sample else PROBE
     try:
         with snapshot_store.permanent_failures(s3, spec.bucket, credentials):
             started = time.monotonic()

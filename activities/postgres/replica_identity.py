@@ -74,6 +74,40 @@ order by 1, 2
 """For each of `tables`, the publications other than `own` that publish its updates or deletes, or those of a
 partitioned table it is a partition of (publish_via_partition_root lists the root), with their comments: (table,
 publication, comment). pg_inherits rather than pg_partition_ancestors, which PostgreSQL 11 and older lack."""
+WITHOUT_EQUALITY = """
+with recursive columns(name, attname, type) as (
+    select r.name, a.attname, a.atttypid from unnest(%(tables)s::text[]) as r(name)
+    join pg_catalog.pg_attribute a on a.attrelid = pg_catalog.to_regclass(r.name)
+    where a.attnum > 0 and not a.attisdropped and a.attgenerated = ''
+    union all  -- a domain is compared as its base type, an array element by element
+    select c.name, c.attname, case when t.typtype = 'd' then t.typbasetype else t.typelem end
+    from columns c join pg_catalog.pg_type t on t.oid = c.type
+    where t.typtype = 'd' or (t.typcategory = 'A' and t.typelem <> 0)
+)
+select c.name, c.attname, pg_catalog.format_type(c.type, null) from columns c
+join pg_catalog.pg_type t on t.oid = c.type
+where t.typtype not in ('d', 'c') and not (t.typcategory = 'A' and t.typelem <> 0) and not exists (
+    select from pg_catalog.pg_opclass o join pg_catalog.pg_am m on m.oid = o.opcmethod
+    where m.amname in ('btree', 'hash') and o.opcdefault and (
+        o.opcintype = t.oid
+        or o.opcintype = case t.typtype when 'e' then 'pg_catalog.anyenum'::pg_catalog.regtype
+            when 'r' then 'pg_catalog.anyrange'::pg_catalog.regtype
+            when 'm' then 'pg_catalog.anymultirange'::pg_catalog.regtype end
+        or exists (
+            select from pg_catalog.pg_cast k
+            where k.castsource = t.oid and k.casttarget = o.opcintype and k.castmethod = 'b'
+        )
+    )
+)
+order by 1, 2
+"""
+"""For each of `tables`, its columns whose type has no equality operator (json, xml, point and other geometric types,
+a type of an extension that defines none), with the type: (table, column, type). With REPLICA IDENTITY FULL the
+subscriber finds the row an UPDATE or DELETE names by comparing every column (generated ones aside), and fails on
+such a column ("could not identify an equality operator for type json"), for good. It finds the operator as
+PostgreSQL's type cache does: the default btree or hash operator class of the type, of a type it is binary-coercible
+to (varchar compares as text), or of the polymorphic type of enums and ranges; a domain as its base type, an array by
+its elements. Composite columns are left out (compared field by field)."""
 TABLES = """
 select r.name, n.nspname, c.relname, c.relreplident from unnest(%(tables)s::text[]) as r(name)
 join pg_class c on c.oid = to_regclass(r.name)
@@ -111,6 +145,11 @@ class GivenBack:
 def lacking_identity(conn: Connection) -> dict[str, str]:
     """Tables that have no primary key and no replica identity, with their relreplident."""
     return {table: identity for table, identity in conn.execute(LACKING_IDENTITY).fetchall()}
+
+
+def without_equality(conn: Connection, tables: list[str]) -> list[tuple[str, str, str]]:
+    """The columns of `tables` that REPLICA IDENTITY FULL cannot compare on the subscriber: (table, column, type)."""
+    return [(str(t), str(c), str(k)) for t, c, k in conn.execute(WITHOUT_EQUALITY, {"tables": tables}).fetchall()]
 
 
 def publish(

@@ -52,6 +52,7 @@ from activities.postgres import (
     unwritten,
 )
 from activities.postgres.activities import WRITABLE, owner, read_both
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection, connect, privileged
 from activities.postgres.identity import Pins
 from activities.secrets import DatabaseConnection, Secrets, retried_until_readable, secrets_from
@@ -546,7 +547,9 @@ class ReplicationActivities:
                 end_others = lambda c: freezing.end_sessions(  # noqa: E731
                     c, self._settings.session_end_timeout, lambda n: heartbeats.progress(sessions_ended=n)
                 )
-                emptied = restoring.remove(tgt, target, owner(input.ref), retry=retry, end_sessions=end_others)
+                emptied = restoring.remove(
+                    tgt, target, owner(input.ref), retry=retry, end_sessions=end_others, attempt=Attempt.current()
+                )
         activity.logger.info("undid replicate: replication %s, target %s", _done(ended), _done(emptied, "emptied"))
         return EndReplicationResult(ended=ended, emptied=emptied)
 

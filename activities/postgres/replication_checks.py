@@ -170,6 +170,17 @@ def check_source(
             "REPLICA IDENTITY FULL while replicating (slower updates and deletes; restored afterwards), or use mode "
             "Snapshot."
         )
+    if lacking and driver.allow_replica_identity_full:
+        uncomparable = replica_identity.without_equality(conn, list(lacking))
+        if uncomparable:
+            columns = [f"{table}.{column} ({kind})" for table, column, kind in uncomparable]
+            problems.append(
+                f"these columns of {db.describe()} are in tables with no primary key, which ferry would give REPLICA "
+                f"IDENTITY FULL, and their types have no equality operator: {listed(columns)}. The target finds the "
+                "row of each replicated UPDATE and DELETE by comparing every column, and cannot compare these: the "
+                "replication would stop at the first one. Give those tables a primary key (or ALTER TABLE ... "
+                "REPLICA IDENTITY USING INDEX), or change the columns' types (jsonb for json), or use mode Snapshot."
+            )
     unlogged = [name for (name,) in conn.execute(UNLOGGED)]
     if unlogged:
         problems.append(

@@ -41,7 +41,8 @@ migrate's restore from S3 alike.
 
 Objects are restored without owners and privileges (--no-owner --no-privileges) and
 belong to the target Secret's user: roles live outside the database, and the
-target's server need not have the source's.
+target's server need not have the source's. Nor its tablespaces: every object lands in
+the target database's default one (--no-tablespaces, see tablespaces).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, replication, subscription, tls, tools, unwritten
+from activities.postgres import database_settings, replication, subscription, tablespaces, tls, tools, unwritten
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
 from activities.postgres.restore_script import Copies, ScriptRefused
@@ -226,6 +228,7 @@ def remove(
     only_incomplete: bool = False,
     retry: replication.Retry | None = None,
     end_sessions: Callable[[Connection], int] | None = None,
+    attempt: Attempt | None = None,
 ) -> bool:
     """Empties the target of what `owner`'s restore put there and removes the marker; False when it holds none.
 
@@ -239,7 +242,7 @@ def remove(
     With `only_incomplete` (a failed restore in streams cleaning up after itself), a restore
     marked complete is left as it is: it is another attempt's, which finished after this one
     was written off (its worker stopped past its heartbeat timeout, then went on), and it may
-    be verified, and take traffic, by now.
+    be verified, and take traffic, by now. `attempt`, an undo's own: a late one is refused (see unwritten.vouch).
     """
 
     def work() -> bool:
@@ -257,7 +260,7 @@ def remove(
         if end_sessions is None:
             unwritten.refuse_if_verified(conn, db, "empty the target of a partial restore")
         else:
-            unwritten.vouch(conn, db, owner, end_sessions)
+            unwritten.vouch(conn, db, owner, end_sessions, attempt)
         _clean(conn)
         unwritten.forget(conn)
         database_settings.change(conn, RESTORED_BY, None)
@@ -354,7 +357,8 @@ class Restore:
         with self._guarded("restore into the target"):  # before a stream's TRUNCATE could lock a table taking traffic
             pass
         bindir = find_bindir(self._settings.postgres_bindir)
-        dbname, options = f"--dbname={conninfo(self._db, self._settings)}", ["--no-owner", "--no-privileges"]
+        dbname = f"--dbname={conninfo(self._db, self._settings)}"
+        options = ["--no-owner", "--no-privileges", tablespaces.RESTORE_OPTION]
         pg_restore = [str(bindir / "pg_restore"), "--format=custom", "--single-transaction", *options]
         if self._copies is None:
             argv = [*pg_restore, dbname, "--no-password"]

@@ -3,15 +3,15 @@
 Logical replication carries rows, not tables: the target must already have every table
 (and, for verify, every index, constraint, view, function and sequence) before the
 subscription copies the rows. pg_dump --schema-only of the worker's newest tools writes
-it, pg_restore restores it in one transaction, without owners and privileges, as migrate
-does. The dump is small (no data), so it is read whole before pg_restore starts.
+it, pg_restore restores it in one transaction, without owners, privileges and tablespaces,
+as migrate does. The dump is small (no data), so it is read whole before pg_restore starts.
 Publications and subscriptions of the source are left out: they belong to the source.
 """
 
 from __future__ import annotations
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import tls
+from activities.postgres import tablespaces, tls
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -55,6 +55,7 @@ def copy(
         "--single-transaction",
         "--no-owner",
         "--no-privileges",
+        tablespaces.RESTORE_OPTION,
         "--no-password",
     ]
     with Tool(restore_argv, target, settings, reads=True, writes=False) as restore:

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import replication, restoring, unwritten
+from activities.postgres import replication, restoring, tablespaces, unwritten
 from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection, connect
 from activities.postgres.scratch import scratch_folder
 from activities.postgres.tools import Tool, conninfo, find_bindir
@@ -312,6 +312,7 @@ def restore_sections(
         "--format=custom",
         "--no-owner",
         "--no-privileges",
+        tablespaces.RESTORE_OPTION,
         "--exit-on-error",
         *options,
         f"--dbname={conninfo(db, settings)}",

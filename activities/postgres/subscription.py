@@ -77,6 +77,24 @@ def conninfo(source: DatabaseConnection, settings: DataActivitySettings) -> str:
     )
 
 
+QUIET = (("log_statement", "none"), ("log_min_error_statement", "panic"), ("log_min_duration_statement", "-1"))
+"""What keeps CREATE SUBSCRIPTION's text, which holds the source's password, out of the target's server log: the
+statement is logged when it fails (log_min_error_statement, error by default), and by log_statement = ddl or all, or
+a duration threshold."""
+
+
+def _unlogged(conn: Connection) -> None:
+    """Turns off, for the rest of the transaction open on `conn`, the logging of statements that QUIET names; each
+    that the user may not set (they are a superuser's; a user granted pg_create_subscription may lack them) is left
+    as the server has it."""
+    for name, value in QUIET:
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("set local {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # a superuser's setting: the server's own value stands
+
+
 def create(conn: Connection, name: str, source: DatabaseConnection, settings: DataActivitySettings) -> Subscription:
     """Subscribes to the publication `name` through the slot `name`, with the initial copy of every table."""
     statement = sql.SQL(
@@ -84,7 +102,9 @@ def create(conn: Connection, name: str, source: DatabaseConnection, settings: Da
         "with (create_slot = false, slot_name = {slot}, copy_data = true, enabled = true)"
     ).format(name=sql.Identifier(name), conninfo=sql.Literal(conninfo(source, settings)), slot=sql.Literal(name))
     try:
-        conn.execute(statement)
+        with conn.transaction():
+            _unlogged(conn)
+            conn.execute(statement)
     except psycopg.errors.InsufficientPrivilege:
         raise  # the caller says which privilege is missing
     except psycopg.Error as error:

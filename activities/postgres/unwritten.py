@@ -122,7 +122,7 @@ from activities.postgres.attempts import Attempt
 from activities.postgres.connection import NO_TRANSACTION_TIMEOUTS, Connection
 from activities.postgres.database_settings import VERIFIED_MARK
 from activities.secrets import DatabaseConnection
-from ferry.api.errors import TargetVerified, WritesOnTarget
+from ferry.api.errors import Overtaken, TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark
 
 FLUSHED_AFTER = 11.0
@@ -201,6 +201,11 @@ class VerifyGuardLost(Exception):
     """verify's marking session, which held LOCK from its first read of the target, was ended before the mark was
     recorded. Not a PermanentError, so retried: a later attempt of verify ends it (`hold`) and marks the target; a
     session ended on the server leaves the next attempt to compare again."""
+
+
+class TargetWrittenDuringVerify(Exception):
+    """Someone wrote to the target while verify read it. Not a PermanentError: the next attempt of verify reads every
+    table again, so a write that changed the target's data fails it with VerificationMismatch."""
 
 
 class TargetUnsealed(Exception):
@@ -315,6 +320,22 @@ def seal(
         return True
 
 
+def refuse_if_undo_overtaken(db: DatabaseConnection, owner: str, mark: Mark, attempt: Attempt) -> None:
+    """Raises Overtaken when `owner`'s mark was taken, or sealed, by an activity scheduled after `attempt`."""
+    if mark.migration != owner:
+        return  # vouch refuses it: the mark is not this Migration's
+    later = [by for by in (mark.attempt, mark.sealed_by) if by not in (None, UNREADABLE_SEAL) and attempt.before(by)]
+    if not later:
+        return
+    raise Overtaken(
+        f"refused to empty {db.describe()}: this attempt of the undo ({attempt.describe()}) was scheduled before "
+        f"{later[-1].describe()}, which marked the target ({VERIFIED_MARK}) after a later restore; it is a late "
+        "attempt the saga has moved past (its worker stood still past its heartbeat timeout, then went on), and the "
+        "target may be taking traffic now. It changed nothing: it ended no session and dropped nothing. Nothing to "
+        "do: the saga's own steps and undos act on the target from here."
+    )
+
+
 def refuse_if_verified(conn: Connection, db: DatabaseConnection, doing: str) -> None:
     """Takes LOCK in the caller's transaction on `conn`, then raises TargetVerified if the target carries verify's mark
     (anyone's: a mark names a Migration whose traffic may be there), so that the transaction's work, `doing`, never
@@ -381,17 +402,31 @@ def settle(conn: Connection, between_polls: Callable[[], None]) -> bool:
         time.sleep(POLL)
 
 
-def vouch(conn: Connection, db: DatabaseConnection, owner: str, end_sessions: Callable[[Connection], int]) -> None:
+def vouch(
+    conn: Connection,
+    db: DatabaseConnection,
+    owner: str,
+    end_sessions: Callable[[Connection], int],
+    attempt: Attempt | None = None,
+) -> None:
     """In the caller's transaction on `conn`, which goes on to empty the target: raises WritesOnTarget, so that
     nothing is dropped, unless the target carries no verify's mark or is as `owner`'s mark says.
 
     `end_sessions` ends every other session of the target that began before it was called and returns once they are
     gone (freezing.end_sessions). See the module's docstring for why the comparison comes after it and under the
     locks taken here.
+
+    `attempt`, the undo's own: an undo scheduled before the verify that took `owner`'s mark, or before the check that
+    sealed it, is a late attempt the saga has moved past (its worker stood still past its heartbeat timeout, then
+    went on): since then the saga went forward again (failurePolicy Pause, then retry), so the target it would empty
+    was restored, verified and perhaps given the traffic by later steps. It is refused (Overtaken) before it
+    ends any session.
     """
     value = database_settings.read(conn).get(VERIFIED_MARK)
     if value is None:
         return  # never verified: ferry moved no traffic to it
+    if attempt is not None:
+        refuse_if_undo_overtaken(db, owner, Mark.parse(value), attempt)
     mark = recorded(conn, owner)
     end_sessions(conn)  # the application's (traffic has left the target), so that no lock of theirs holds ours up
     tables = [sql.Identifier(namespace, name) for namespace, name in conn.execute(TABLES).fetchall()]

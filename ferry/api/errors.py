@@ -80,7 +80,10 @@ class ReplicationEnded(PermanentError):
 
 class Overtaken(PermanentError):
     """A late attempt of a Kubernetes step or undo found its object written by a later action of the same Migration
-    (activities/fences.py): it changed nothing, since what it was about to do is no longer what the saga wants."""
+    (activities/fences.py), a late undo that would empty the target found it marked by a later verify
+    (activities/postgres/unwritten.py, vouch), or a late snapshot found an object of the snapshot written by a later
+    attempt (activities/postgres/snapshot_attempts.py): it changed nothing of what the later action did, since what it
+    was about to do is no longer what the saga wants."""
 
 
 class ReplicationBroken(PermanentError):

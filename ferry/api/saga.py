@@ -726,6 +726,13 @@ def snapshot_key(ref: MigrationRef, spec: SnapshotSpec) -> str:
     return f"{spec.prefix}{ref.namespace}/{ref.name}/{ref.uid}/snapshot.dump"
 
 
+def precheck_key(ref: MigrationRef, spec: SnapshotSpec) -> str:
+    """The key of the object the precheck writes to try the bucket, and deletes at once: beside the snapshot's, the
+    same for every attempt, so that the snapshot's undo and its retention cleanup delete it too (a worker killed
+    between the write and the delete leaves it)."""
+    return f"{spec.prefix}{ref.namespace}/{ref.name}/{ref.uid}/precheck"
+
+
 def stream_prefix(key: str) -> str:
     """What the keys of the parallel streams of the snapshot at `key` begin with, and no other key of any snapshot."""
     return f"{key.removesuffix('.dump')}.tables-"

@@ -649,7 +649,10 @@ class ChaosRun:
         found = []
         with psycopg.connect(source.dsn) as conn:
             settings = conn.execute(
-                "select setconfig from pg_db_role_setting s join pg_database d on d.oid = s.setdatabase "
+                # ferry.unfrozen_by stays: it refuses a late attempt of the freeze (activities/postgres/freezing.py)
+                "select (select array_agg(entry) from unnest(setconfig) entry "
+                "where entry not like 'ferry.unfrozen_by=%') "
+                "from pg_db_role_setting s join pg_database d on d.oid = s.setdatabase "
                 "where d.datname = current_database() and s.setrole = 0"
             ).fetchone()
             if settings and settings[0]:

@@ -13,7 +13,8 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client as k8s
@@ -53,7 +54,8 @@ from ferry.api.saga import (
 )
 from tests import samples
 from tests.conftest import Kubectl
-from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET
+from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
+from tests.postgres.data import create_shop
 from tests.postgres.online import OnlineSteps
 
 
@@ -196,6 +198,15 @@ def steps(
 
 
 @pytest.fixture
+def restored(steps: Steps, databases: Databases) -> Steps:
+    """A small shop frozen and restored into the target: what verify compares."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    steps.freeze()
+    steps.migrate(steps.snapshot())
+    return steps
+
+
+@pytest.fixture
 def online(
     activity_env: ActivityEnvironment,
     postgres: PostgresActivities,
@@ -233,3 +244,23 @@ def precheck_problems(precheck: Callable[..., object], **changes: Any) -> list[s
             break
         listed = rest
     return problems
+
+
+SCHEDULED = datetime(2026, 1, 1, tzinfo=UTC)
+RUN = "run-1"
+S = TypeVar("S", Steps, OnlineSteps)
+
+
+def scheduled_as(
+    steps: S, activity_id: int, *, run: str = RUN, attempt: int = 1, scheduled: datetime | None = None
+) -> S:
+    """The steps as Temporal's attempt `attempt` of the activity `activity_id` of workflow run `run` calls them."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        workflow_run_id=run,
+        activity_id=str(activity_id),
+        attempt=attempt,
+        scheduled_time=scheduled or SCHEDULED + timedelta(seconds=activity_id),
+    )
+    return dataclasses.replace(steps, env=env)

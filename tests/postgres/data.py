@@ -12,8 +12,11 @@ import contextlib
 import dataclasses
 import json
 import secrets
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,6 +24,7 @@ from psycopg import sql
 
 from activities.postgres.connection import MARKERS, Session
 from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.postgres_home import OUTSIDE_PARENT, ServiceUser
 from devstack.stack.readiness import free_port
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -163,14 +167,21 @@ def with_statistics(endpoint: PostgresEndpoint) -> list[str]:
     return [row[0] for row in rows]
 
 
-def database_settings(endpoint: PostgresEndpoint) -> list[str]:
-    """The database's own settings (ALTER DATABASE ... SET), e.g. ['default_transaction_read_only=on']."""
+KEPT_RECORDS = ("ferry.unfrozen_by=",)
+"""ferry's records that stay in a source once every step is undone, so that a late attempt of a step refuses to act
+(see activities/postgres/freezing.py); `database_settings` leaves them out unless asked."""
+
+
+def database_settings(endpoint: PostgresEndpoint, *, records: bool = False) -> list[str]:
+    """The database's own settings (ALTER DATABASE ... SET), e.g. ['default_transaction_read_only=on']; with
+    `records`, ferry's KEPT_RECORDS too."""
     with connect(endpoint) as conn:
         row = conn.execute(
             "select setconfig from pg_db_role_setting where setrole = 0 "
             "and setdatabase = (select oid from pg_database where datname = current_database())"
         ).fetchone()
-    return sorted(row[0]) if row is not None and row[0] else []
+    found = sorted(row[0]) if row is not None and row[0] else []
+    return found if records else [entry for entry in found if not entry.startswith(KEPT_RECORDS)]
 
 
 def verified_mark(endpoint: PostgresEndpoint) -> dict[str, object] | None:
@@ -298,3 +309,43 @@ def end_copies(endpoint: PostgresEndpoint, like: str = "copy %") -> int:
             (like,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def tablespace(endpoint: PostgresEndpoint) -> Iterator[str]:
+    """A tablespace of the endpoint's server, in a folder of its own that the server's user owns; yields its name.
+
+    The stack's servers run on this machine, so the folder is one of its temporary ones.
+    On the way out, what the endpoint's database put there goes back to its default
+    tablespace (frozen or not), and the tablespace and its folder are removed.
+    """
+    name = f"space_{uuid.uuid4().hex[:8]}"
+    user = ServiceUser.when_root()  # the servers run as postgres when the tests run as root, and enter /var/tmp
+    folder = Path(tempfile.mkdtemp(prefix="ferry-tablespace-", dir=OUTSIDE_PARENT if user is not None else None))
+    if user is not None:
+        user.own(folder)
+    with connect(endpoint) as conn:
+        conn.execute(sql.SQL("create tablespace {} location {}").format(sql.Identifier(name), sql.Literal(str(folder))))
+    try:
+        yield name
+    finally:
+        with connect(endpoint, default_transaction_read_only="off") as conn:
+            for kind in ("table", "index", "materialized view"):
+                conn.execute(
+                    sql.SQL("alter {} all in tablespace {} set tablespace pg_default").format(
+                        sql.SQL(kind), sql.Identifier(name)
+                    )
+                )
+            conn.execute(sql.SQL("drop tablespace {}").format(sql.Identifier(name)))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def tablespaces_of(endpoint: PostgresEndpoint) -> dict[str, str]:
+    """Each user relation's tablespace, by name (`pg_default` for the database's default one, whatever it is)."""
+    with connect(endpoint) as conn:
+        rows = conn.execute(
+            "select n.nspname || '.' || c.relname, coalesce(t.spcname, 'pg_default') from pg_class c "
+            "join pg_namespace n on n.oid = c.relnamespace left join pg_tablespace t on t.oid = c.reltablespace "
+            "where c.relkind in ('r', 'p', 'i', 'I', 'm') and n.nspname !~ '^pg_' and n.nspname <> 'information_schema'"
+        ).fetchall()
+    return dict(rows)

@@ -18,10 +18,10 @@ from activities.postgres.connection import MARKERS
 from activities.postgres.freezing import PreparedTransactionsPending
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
-from ferry.api.errors import BadCredentials, InvalidSpec
+from ferry.api.errors import BadCredentials, InvalidSpec, Overtaken
 from tests.cluster import eventually
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.conftest import Steps, create_secret, scheduled_as
 from tests.postgres.data import (
     application_role,
     connect,
@@ -425,3 +425,36 @@ def test_a_subscription_of_the_source_makes_the_freeze_undo_itself_naming_the_su
     assert f"subscribes to publications elsewhere, and these subscriptions are enabled: {name}." in message
     assert "the freeze undid itself and the source takes writes again" in message
     assert "ALTER SUBSCRIPTION ... DISABLE" in message
+
+
+def test_a_late_attempt_of_the_freeze_after_its_undo_leaves_the_source_writable(
+    steps: Steps, source: Databases
+) -> None:
+    """The freeze's worker stands still (SIGSTOP, a frozen VM) before its transaction commits; the saga writes it off
+    and rolls back, and the undo finds nothing to undo. The attempt, going on, must not freeze the source then: nothing
+    would ever undo it, and the Migration would say RolledBack over a database closed to its clients."""
+    late = scheduled_as(steps, 20)
+    scheduled_as(steps, 25).undo_freeze()  # the rollback's: nothing is frozen yet
+
+    with pytest.raises(Overtaken, match="late attempt"):
+        late.freeze()
+
+    assert database_settings(source.source) == []
+    assert not new_session_is_read_only(source.source)
+    unfrozen = [entry for entry in database_settings(source.source, records=True) if entry.startswith("ferry.")]
+    assert [entry.partition("=")[0] for entry in unfrozen] == ["ferry.unfrozen_by"]
+
+    # A later cycle (failurePolicy Pause, then retry) freezes, and its own undo takes it back.
+    frozen = scheduled_as(steps, 30).freeze()
+    assert new_session_is_read_only(source.source)
+    scheduled_as(steps, 31).undo_freeze(frozen.previous_setting)
+    assert database_settings(source.source) == []
+
+
+def test_a_freeze_that_committed_before_its_undo_is_taken_back_by_it(steps: Steps, source: Databases) -> None:
+    """The other order: the late attempt's freeze commits first; the undo, scheduled after it, finds and undoes it."""
+    frozen = scheduled_as(steps, 20).freeze()
+    scheduled_as(steps, 25).undo_freeze(frozen.previous_setting)
+
+    assert database_settings(source.source) == []
+    assert not new_session_is_read_only(source.source)

@@ -21,13 +21,12 @@ import dataclasses
 import json
 import socket
 import threading
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from psycopg import sql
-from temporalio.testing import ActivityEnvironment
 
 from activities.postgres import unwritten, verifying
 from activities.postgres.attempts import Attempt
@@ -37,37 +36,9 @@ from devstack.stack.readiness import LOOPBACK
 from ferry.api.errors import PermanentError, TargetNotVerified, TargetVerified, WritesOnTarget
 from ferry.api.saga import FenceMark, VerifyResult
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.conftest import RUN, SCHEDULED, Steps, create_secret, scheduled_as
 from tests.postgres.data import connect, contents, create_shop, verified_mark
 from tests.postgres.online import OnlineSteps
-
-SCHEDULED = datetime(2026, 1, 1, tzinfo=UTC)
-RUN = "run-1"
-S = TypeVar("S", Steps, OnlineSteps)
-
-
-def scheduled_as(
-    steps: S, activity_id: int, *, run: str = RUN, attempt: int = 1, scheduled: datetime | None = None
-) -> S:
-    """The steps as Temporal's attempt `attempt` of the activity `activity_id` of workflow run `run` calls them."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(
-        env.info,
-        workflow_run_id=run,
-        activity_id=str(activity_id),
-        attempt=attempt,
-        scheduled_time=scheduled or SCHEDULED + timedelta(seconds=activity_id),
-    )
-    return dataclasses.replace(steps, env=env)
-
-
-@pytest.fixture
-def restored(steps: Steps, databases: Databases) -> Steps:
-    """A small shop frozen and restored into the target: what verify compares."""
-    create_shop(databases.source, customers=100, orders=1_000)
-    steps.freeze()
-    steps.migrate(steps.snapshot())
-    return steps
 
 
 class Held:
@@ -209,10 +180,40 @@ def test_once_traffic_may_move_no_verify_marks_the_target_until_the_undo_emptied
             late.verify()
         assert verified_mark(databases.target) == sealed
 
-    assert restored.undo_migrate().removed  # the way back vouches for the target, empties it and takes the mark away
+    assert scheduled_as(restored, 30).undo_migrate().removed  # the way back vouches, empties and takes the mark away
     restored.migrate(restored.snapshot())
     scheduled_as(restored, 40).verify()
     assert "sealed_by" not in (verified_mark(databases.target) or {})
+
+
+def test_a_late_undo_of_migrate_leaves_a_target_that_later_steps_restored_verified_and_sealed(
+    steps: Steps, databases: Databases
+) -> None:
+    """failurePolicy Pause: a first cycle's undo of migrate stands still (SIGSTOP, a frozen VM) past its heartbeat
+    timeout; its retry empties the target; a person sends retry, and the second cycle restores, verifies, seals and
+    moves the traffic. The first attempt, going on, must not empty that target: it is refused before it ends any
+    session, while the saga's own undo, scheduled after the seal, empties it."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    frozen = steps.freeze()
+    steps.migrate(steps.snapshot())
+    scheduled_as(steps, 20).verify()
+    late = scheduled_as(steps, 21)
+    assert scheduled_as(steps, 21, attempt=2).undo_migrate().removed  # the retry of the first cycle's undo
+
+    steps.migrate(steps.snapshot())  # the second cycle
+    scheduled_as(steps, 30).verify()
+    scheduled_as(steps, 32).check_frozen(frozen.fence, before="switch-traffic")
+    served = contents(databases.target)
+    mark = verified_mark(databases.target)
+    with connect(databases.target) as client:  # a client of the live target, whose session must not be ended
+        with pytest.raises(PermanentError, match="late attempt the saga has moved past") as refused:
+            late.undo_migrate()
+        assert type(refused.value).__name__ == "Overtaken"
+        client.execute("select 1")
+    assert contents(databases.target) == served
+    assert verified_mark(databases.target) == mark
+
+    assert scheduled_as(steps, 40).undo_migrate().removed  # the saga's own way back, after the seal
 
 
 def test_a_mark_written_by_an_older_ferry_is_read_and_replaced(restored: Steps, databases: Databases) -> None:

@@ -14,17 +14,20 @@ import psycopg
 import pytest
 from kubernetes import client as k8s
 from psycopg import sql
+from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import prechecks
+from activities import s3 as snapshot_store
+from activities.postgres import prechecks, throughput
 from activities.postgres.activities import PostgresActivities
 from activities.settings import DataActivitySettings
+from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.install import Binaries
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.readiness import free_port
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import PrecheckFailed
 from ferry.api.migration import DriverSpec
-from ferry.api.saga import MigrationRef
+from ferry.api.saga import MigrationRef, UndoSnapshotInput, precheck_key
 from tests.end_to_end import S3_SECRET, SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret, precheck_problems
 from tests.postgres.data import (
@@ -377,7 +380,8 @@ def test_precheck_names_an_owner_that_may_not_keep_ferrys_markers(
 
     assert problem.startswith(f"the user in Secret {namespace}/{OTHER} may not keep ferry's markers in database")
     assert problem.endswith(
-        f"GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before TO {owner.user}, "
+        f"GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before, ferry.unfrozen_by TO "
+        f"{owner.user}, "
         "or use a superuser."
     )
 
@@ -498,6 +502,46 @@ def test_precheck_for_a_plan_measures_real_rates_and_leaves_nothing_behind(
     with connect(databases.target) as conn:
         assert conn.execute("select count(*) from pg_class where relname = 'ferry_precheck_probe'").fetchone() == (0,)
     assert stack.s3_client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the sample object is gone"
+
+
+class _Killed(Exception):
+    """The worker, killed between the precheck's write to the bucket and its delete."""
+
+
+def test_a_precheck_killed_before_it_deletes_its_probe_leaves_no_row_of_the_source_and_the_undo_deletes_the_probe(
+    steps: Steps,
+    databases: Databases,
+    stack: StackInfo,
+    bucket: str,
+    activity_env: ActivityEnvironment,
+    snapshots: SnapshotStoreActivities,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upload rate is measured with as many bytes as the sample of the source's rows, but generated ones: the
+    object stays when the worker is killed before the delete, and its rows would have stayed in a bucket where
+    retention keeps no snapshot. The snapshot's undo (here with retention afterRollback: Keep) deletes it."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes (id int primary key, note text)")
+        conn.execute("insert into public.notes select g, 'a customer secret ' || g from generate_series(1, 20000) g")
+
+    def killed(*_: object) -> int:
+        raise _Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(snapshot_store, "delete_every_version", killed)
+        with pytest.raises(_Killed):
+            steps.precheck(measure=True, target_storage_bytes=2**30)
+
+    s3 = stack.s3_client()
+    key = precheck_key(steps.ref, steps.snapshot_spec)
+    left = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert len(left) >= throughput.ENOUGH_BYTES, "as large as the sample"
+    assert b"customer secret" not in left
+
+    undo = UndoSnapshotInput(ref=steps.ref, snapshot=steps.snapshot_spec, keep=True)
+    activity_env.run(snapshots.undo_snapshot, undo)
+
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount") == 0, "the probe is gone"
 
 
 def test_precheck_names_target_volumes_too_small_for_the_sources_data(steps: Steps, databases: Databases) -> None:

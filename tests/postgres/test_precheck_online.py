@@ -168,6 +168,33 @@ def test_tables_without_a_key_are_refused_by_name_unless_replica_identity_full_i
     _with(online, allow_replica_identity_full=True).precheck()
 
 
+def test_a_keyless_table_whose_column_cannot_be_compared_is_refused_even_with_replica_identity_full_allowed(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """With REPLICA IDENTITY FULL the target finds an updated or deleted row by comparing every column; json, point and
+    xml have no equality operator, and the replication would stop at the first UPDATE of such a table."""
+    with connect(databases.source) as conn:
+        conn.execute("create domain public.payload as json")
+        conn.execute(
+            "create table public.events (kind varchar(20), body json, spots point[], wrapped public.payload, "
+            "doc jsonb, tags text[], during tstzrange, size bigint generated always as (length(kind)) stored)"
+        )
+        conn.execute("create table public.comparable (kind varchar(20), doc jsonb, tags text[], during tstzrange)")
+
+    (problem,) = _problems(_with(online, allow_replica_identity_full=True))
+
+    assert (
+        "their types have no equality operator: public.events.body (json), public.events.spots (point), "
+        "public.events.wrapped (json). "
+    ) in problem
+    assert "comparable" not in problem
+    assert "Give those tables a primary key" in problem
+
+    with connect(databases.source) as conn:
+        conn.execute("alter table public.events add column id bigint generated always as identity primary key")
+    _with(online, allow_replica_identity_full=True).precheck()
+
+
 def test_a_deferrable_primary_key_counts_as_no_key_since_postgresql_does_not_take_it_as_the_replica_identity(
     online: OnlineSteps, databases: Databases
 ) -> None:

@@ -24,12 +24,22 @@ from activities.postgres import replicating, replication, replication_ended, res
 from activities.postgres.freezing import PreparedTransactionsPending
 from activities.settings import DataActivitySettings
 from devstack.stack.postgres import PostgresEndpoint
+from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec, ReplicationBroken, VerificationMismatch
 from ferry.api.saga import ReplicateInput, ReplicateResult, VerifyResult
 from tests.cluster import eventually
 from tests.end_to_end import Databases
 from tests.postgres.conftest import create_secret
-from tests.postgres.data import connect, connection_of, contents, create_shop, database_owner, database_settings
+from tests.postgres.data import (
+    connect,
+    connection_of,
+    contents,
+    create_shop,
+    database_owner,
+    database_settings,
+    tablespace,
+    tablespaces_of,
+)
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers, replica_identity, slots
 
 MIB = 2**20
@@ -541,7 +551,7 @@ def test_catch_up_fails_with_replication_broken_when_the_target_cannot_reach_the
 
 
 def test_the_subscription_connects_where_the_secret_says_the_target_reaches_the_source(
-    online: OnlineSteps, databases: Databases
+    online: OnlineSteps, databases: Databases, stack: StackInfo
 ) -> None:
     """replicationHost and replicationPort: here a port nothing listens on, so subscribing fails, saying where."""
     from activities.secrets import DatabaseConnection
@@ -560,6 +570,10 @@ def test_the_subscription_connects_where_the_secret_says_the_target_reaches_the_
     assert source.password not in str(refused.value)
     with connect(databases.target) as conn:
         assert subscription.find(conn, online.name) is None
+    # A failed statement is logged with its text (log_min_error_statement): not this one, which holds the password.
+    target_log = (stack.logs_dir / "postgres-target.log").read_text(errors="replace")
+    assert online.name in target_log, "the failure is logged"
+    assert source.password not in target_log
 
 
 def test_a_slot_cannot_outlive_the_undo_even_when_the_subscription_is_still_enabled(
@@ -760,3 +774,25 @@ def test_an_end_says_it_waits_for_the_lock_of_the_ended_record_and_goes_on_once_
     assert leftovers(databases) == NOTHING
     with connect(databases.source) as conn:
         assert online.ref.uid in replication_ended.read(conn), "the end is recorded"
+
+
+def test_replicate_copies_relations_in_a_tablespace_the_target_lacks_into_its_default_one(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """The schema copy's restore leaves tablespaces out, as migrate's does: it would stop at the first one the target's
+    server lacks."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    with tablespace(databases.source) as fast:
+        with connect(databases.source) as conn:
+            conn.execute(f"alter table shop.orders set tablespace {fast}")
+            conn.execute(f"alter index shop.orders_by_customer set tablespace {fast}")
+
+        replicated = online.replicate()
+        online.freeze()
+        online.catch_up()
+        online.verify()
+        online.undo_freeze()
+
+    assert replicated.schema_copied
+    assert contents(databases.target) == contents(databases.source)
+    assert set(tablespaces_of(databases.target).values()) == {"pg_default"}

@@ -10,7 +10,14 @@ from activities.snapshots import SnapshotStoreActivities
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import SnapshotSpec
-from ferry.api.saga import DeleteSnapshotInput, MigrationRef, SnapshotResult, UndoSnapshotInput, snapshot_key
+from ferry.api.saga import (
+    DeleteSnapshotInput,
+    MigrationRef,
+    SnapshotResult,
+    UndoSnapshotInput,
+    precheck_key,
+    snapshot_key,
+)
 
 
 @pytest.fixture
@@ -132,3 +139,29 @@ def test_deleting_the_snapshot_in_a_bucket_that_keeps_versions_leaves_no_version
     left = [(item["Key"], "version") for item in listed.get("Versions", [])]
     left += [(item["Key"], "delete marker") for item in listed.get("DeleteMarkers", [])]
     assert left == [(f"{key}.other", "version")]
+
+
+def test_the_retention_cleanup_deletes_every_version_of_a_probe_a_killed_precheck_left(
+    activity_env: ActivityEnvironment,
+    snapshots: SnapshotStoreActivities,
+    stack: StackInfo,
+    ref: MigrationRef,
+    snapshot_spec: SnapshotSpec,
+    artifact: SnapshotResult,
+) -> None:
+    """The precheck writes its probe beside the snapshot and deletes it at once; a worker killed in between leaves it,
+    one version per attempt in a bucket that keeps versions. Another Migration's probe stays."""
+    s3 = stack.s3_client()
+    s3.put_bucket_versioning(Bucket=snapshot_spec.bucket, VersioningConfiguration={"Status": "Enabled"})
+    probe = precheck_key(ref, snapshot_spec)
+    for attempt in (b"the first attempt's probe", b"the second attempt's probe"):
+        s3.put_object(Bucket=snapshot_spec.bucket, Key=probe, Body=attempt)
+    others = MigrationRef(namespace=ref.namespace, name="other", uid="0b7d6a1e-0000-4000-8000-000000000002")
+    s3.put_object(Bucket=snapshot_spec.bucket, Key=precheck_key(others, snapshot_spec), Body=b"its precheck, running")
+
+    activity_env.run(snapshots.delete_snapshot, DeleteSnapshotInput(ref=ref, snapshot=snapshot_spec, artifact=artifact))
+
+    listed = s3.list_object_versions(Bucket=snapshot_spec.bucket)
+    left = [(item["Key"], "version") for item in listed.get("Versions", [])]
+    left += [(item["Key"], "delete marker") for item in listed.get("DeleteMarkers", [])]
+    assert left == [(precheck_key(others, snapshot_spec), "version")]

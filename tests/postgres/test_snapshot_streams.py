@@ -40,6 +40,8 @@ from tests.postgres.data import (
     end_copies,
     other_sessions,
     tables,
+    tablespace,
+    tablespaces_of,
     with_statistics,
 )
 from tests.postgres.test_restore_while_dumping import _children, _loaded_frozen, _objects_and_uploads
@@ -375,3 +377,24 @@ def test_a_worker_runs_no_more_streams_than_its_maximum_whatever_the_migration_a
 
     assert len(snapshot.streams) == 2
     assert contents(databases.target) == contents(databases.source)
+
+
+def test_relations_in_a_tablespace_the_target_lacks_are_restored_in_streams_into_its_default_one(
+    in_streams: Steps, databases: Databases
+) -> None:
+    """The main archive's schema, the streams' rows and the indexes built after them all leave tablespaces out."""
+    _create_source(databases)
+    with tablespace(databases.source) as fast:
+        with connect(databases.source) as conn:
+            conn.execute(f"alter table public.blobs set tablespace {fast}")
+            conn.execute(f"alter table shop.by_region_1 set tablespace {fast}")
+            conn.execute(f"alter index shop.orders_by_customer set tablespace {fast}")
+        in_streams.freeze()
+
+        snapshot = in_streams.snapshot(restore=True)
+        verified = in_streams.verify()
+
+    assert len(snapshot.streams) == 3
+    assert [check.table for check in verified.tables] == TABLES
+    assert contents(databases.target) == contents(databases.source)
+    assert set(tablespaces_of(databases.target).values()) == {"pg_default"}

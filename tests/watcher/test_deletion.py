@@ -467,22 +467,7 @@ async def test_a_migration_deleted_once_its_status_says_succeeded_is_not_rolled_
     run = temporal_client.get_workflow_handle(workflow_id(ref))
     try:
         succeeded = {"phase": "Succeeded", "transitionedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
-        custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": succeeded}, field_manager="ferry-saga"
-        )
-        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
-        deleted = await kube.read_migration(ref)
-        assert deleted is not None
-        assert deleted.metadata.deletion_timestamp is not None
-
-        await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
-
-        asked = [event.event_type async for event in run.fetch_history_events()]
-        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in asked
-        waiting = await kube.read_migration(ref)
-        assert waiting is not None, "held until the run has closed"
-        assert waiting.status.deletion is not None
-        assert waiting.status.deletion.message.startswith("its run has succeeded and is closing")
+        await _deleted_while_closing(custom, kube, handler, run, ref, succeeded)
     finally:
         with contextlib.suppress(Exception):
             await run.terminate("test over")
@@ -931,22 +916,7 @@ async def test_a_migration_deleted_while_its_run_deletes_the_snapshot_for_retent
             "steps": _every_step_succeeded(last_step),
             "transitionedAt": last_step.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
-        custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, ref.name, {"status": running}, field_manager="ferry-saga"
-        )
-        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
-        deleted = await kube.read_migration(ref)
-        assert deleted is not None
-        assert deleted.metadata.deletion_timestamp is not None
-
-        await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
-
-        asked = [event.event_type async for event in run.fetch_history_events()]
-        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in asked
-        waiting = await kube.read_migration(ref)
-        assert waiting is not None, "held until the run has closed"
-        assert waiting.status.deletion is not None
-        assert waiting.status.deletion.message.startswith("its run has succeeded and is closing")
+        deleted = await _deleted_while_closing(custom, kube, handler, run, ref, running)
 
         async def a_second_later() -> bool:
             assert deleted.metadata.deletion_timestamp is not None
@@ -967,3 +937,29 @@ async def test_a_migration_deleted_while_its_run_deletes_the_snapshot_for_retent
     assert await kube.read_migration(ref) is None, "released"
     assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
     assert "UndoingBeforeDeletion" not in await _reasons(kubectl, namespace, ref.name)
+
+
+async def _deleted_while_closing(
+    custom: k8s.CustomObjectsApi, kube: Kube, handler: MigrationHandler, run: WorkflowHandle[Any, Any],
+    ref: MigrationRef, status: dict[str, Any],
+) -> Migration:  # fmt: skip
+    """Writes `status` as the saga would, deletes the Migration and hands the deletion to the watcher's handler: the
+    run, closing after its success, is not asked to cancel, and the Migration is held until it has closed. Returns
+    the Migration as the deletion left it, before the handler's pass."""
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, {"status": status}, field_manager="ferry-saga"
+    )
+    custom.delete_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+    deleted = await kube.read_migration(ref)
+    assert deleted is not None
+    assert deleted.metadata.deletion_timestamp is not None
+
+    await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
+
+    asked = [event.event_type async for event in run.fetch_history_events()]
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in asked
+    waiting = await kube.read_migration(ref)
+    assert waiting is not None, "held until the run has closed"
+    assert waiting.status.deletion is not None
+    assert waiting.status.deletion.message.startswith("its run has succeeded and is closing")
+    return deleted
