@@ -260,6 +260,7 @@ def watcher_settings(stack: StackInfo, task_queue: str, namespace: str, **change
         namespaces=(namespace,),
         lease=LeaseSettings(name="ferry-watcher", namespace=namespace, duration=4, renew_deadline=3, retry_period=0.5),
         resync_interval=2,
+        lost_runs_interval=2,
         deletion_timeout=120,
         record_start_after=1,
     )

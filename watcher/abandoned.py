@@ -3,11 +3,12 @@
 Two ways a run stops without a word to its Migration: terminated (or timed out), and gone
 from Temporal while it ran (`temporal workflow delete`, or a Temporal rebuilt empty).
 Noticing either costs one visibility query per resync, whatever the number of Migrations:
-the runs of the watcher's task queue that are Running, and those that closed Terminated or
-TimedOut since a little before the previous query. The first query after the watcher
-starts has no lower bound on the closed ones, so a run terminated while no watcher ran is
-found too. The look-back (LOOK_BACK) covers visibility's delay and a modest skew between
-this machine's clock and Temporal's.
+the runs of the watcher's task queue that closed Terminated or TimedOut since a little
+before the previous query, and, every --lost-runs-interval, those that are Running (a page
+per thousand, too many to list at every resync in a fleet of paused Migrations). The
+first query after the watcher starts has no lower bound on the closed ones, so a run
+terminated while no watcher ran is found too. The look-back (LOOK_BACK) covers
+visibility's delay and a modest skew between this machine's clock and Temporal's.
 
 Only a Migration that needs a look costs more: one that the query names as ended, or one
 whose status names a run (the saga wrote a phase), unfinished and not being deleted, that
@@ -50,8 +51,8 @@ _ENDED = (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT)
 class Runs:
     """What the resync's query says of the runs on the watcher's task queue (workflow IDs)."""
 
-    running: frozenset[str]
-    """Running now, as far as visibility knows."""
+    running: frozenset[str] | None
+    """Running now, as far as visibility knows; None when the query did not ask (see RunsQuery.ask)."""
     ended_from_outside: frozenset[str]
     """Closed Terminated or TimedOut since the previous query (less LOOK_BACK)."""
 
@@ -64,20 +65,22 @@ class RunsQuery:
         self._task_queue = task_queue
         self._since: datetime | None = None
 
-    async def ask(self) -> Runs:
-        """The runs of this task queue Running now, and those that closed Terminated or TimedOut since the last
-        query; a failed query leaves the next one to look from the same time on."""
+    async def ask(self, *, running: bool = True) -> Runs:
+        """The runs of this task queue that closed Terminated or TimedOut since the last query, and, with `running`,
+        those Running now (a page per thousand: the watcher asks for them every --lost-runs-interval, not at every
+        resync); a failed query leaves the next one to look from the same time on."""
         now = datetime.now(UTC)
         ended = "(ExecutionStatus = 'Terminated' OR ExecutionStatus = 'TimedOut')"
         if self._since is not None:
             ended = f"({ended} AND CloseTime >= '{self._since:%Y-%m-%dT%H:%M:%SZ}')"
-        query = f"TaskQueue = '{self._task_queue}' AND (ExecutionStatus = 'Running' OR {ended})"
-        running: set[str] = set()
+        wanted = f"(ExecutionStatus = 'Running' OR {ended})" if running else ended
+        query = f"TaskQueue = '{self._task_queue}' AND {wanted}"
+        listed: set[str] = set()
         closed: set[str] = set()
         async for execution in self._client.list_workflows(query):
-            (running if execution.status is WorkflowExecutionStatus.RUNNING else closed).add(execution.id)
+            (listed if execution.status is WorkflowExecutionStatus.RUNNING else closed).add(execution.id)
         self._since = now - LOOK_BACK
-        return Runs(running=frozenset(running), ended_from_outside=frozenset(closed))
+        return Runs(running=frozenset(listed) if running else None, ended_from_outside=frozenset(closed))
 
 
 def no_such_run(error: RPCError) -> bool:

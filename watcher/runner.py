@@ -54,6 +54,8 @@ class Watcher:
         self._dispatcher = Dispatcher(self._handler.handle, settings.concurrency)
         self._client = client
         self._runs = RunsQuery(client, settings.task_queue)
+        self._lost_runs_due = 0.0
+        """When (time.monotonic()) a resync next lists the Running runs, to find those Temporal lost: the first one."""
         self._inventory = Inventory()
         self._background: set[asyncio.Task[None]] = set()
         self.watches: list[MigrationWatch] = []
@@ -117,23 +119,27 @@ class Watcher:
             await self._deletion.close()
 
     async def _resync(self, stop: asyncio.Event) -> None:
-        """Every interval: one query for the runs Running and those ended from outside, a look at each unfinished
-        Migration whose run ended so or is not listed Running (watcher/abandoned.py), and the gauges."""
+        """Every interval: one query for the runs ended from outside (and, every --lost-runs-interval, the Running
+        ones), a look at each unfinished Migration whose run ended so or is not listed Running (watcher/abandoned.py),
+        and the gauges."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._settings.resync_interval)
             if stop.is_set():
                 return
+            listing = time.monotonic() >= self._lost_runs_due
             try:
-                runs = await self._runs.ask()
+                runs = await self._runs.ask(running=listing)
             except Exception as error:  # noqa: BLE001 - the next resync asks again, from the same time on
                 log.warning("could not ask Temporal which runs are Running or ended from outside: %s", error)
             else:
                 for ref in self._inventory.unfinished_among(runs.ended_from_outside):
                     await self._look_at(ref, "whose run ended from outside")
-                for ref in self._inventory.unfinished_not_among(runs.running | runs.ended_from_outside):
-                    if await self._stopped_without_a_word(ref):
-                        await self._look_at(ref, "whose run is not running")
+                if runs.running is not None:
+                    self._lost_runs_due = time.monotonic() + self._settings.lost_runs_interval
+                    for ref in self._inventory.unfinished_not_among(runs.running | runs.ended_from_outside):
+                        if await self._stopped_without_a_word(ref):
+                            await self._look_at(ref, "whose run is not running")
             self._metrics.observe(self._inventory.items())
 
     async def _stopped_without_a_word(self, ref: MigrationRef) -> bool:

@@ -59,6 +59,10 @@ class WatcherSettings(ComponentSettings):
     resync_interval: Annotated[float, Field(gt=0, le=86400)] = 30.0
     """Seconds between two resyncs: one query to Temporal for runs terminated or timed out from outside (their
     Migrations become Abandoned). Nothing is relisted: the watch resumes from its resourceVersion. At most a day."""
+    lost_runs_interval: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    """Seconds between two looks for runs Temporal lost while they ran (`temporal workflow delete`, a Temporal rebuilt
+    empty), whose Migrations become Abandoned: that resync's query lists the Running runs of the task queue too (a
+    page per thousand), and each unfinished Migration whose run it does not list costs a describe. At most a day."""
     deletion_timeout: Annotated[float, Field(ge=0, le=30 * 86400)] = 1800.0
     """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway (at most
     30 days)."""

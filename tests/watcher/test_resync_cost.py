@@ -301,3 +301,39 @@ async def _not(check: Awaitable[bool]) -> bool:
 
 async def _is(value: Awaitable[str | None], wanted: str) -> bool:
     return await value == wanted
+
+
+async def test_the_running_runs_are_listed_once_per_lost_runs_interval_not_at_every_resync(
+    migration_crd: str, namespace: str, stack: StackInfo, kube_api: k8s.ApiClient, temporal_client: Client,
+    counted_watcher: Watch,
+) -> None:  # fmt: skip
+    """Listing a fleet's Running runs costs a page per thousand: at 5,000 paused Migrations and a resync every 30 s, it
+    was most of the watcher's idle CPU. The first resync lists them; a run lost after it waits for the next listing,
+    --lost-runs-interval later, while the resyncs in between ask only for the runs ended from outside."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    refs = [_create(custom, stack, namespace, f"paused-{index:02d}") for index in range(2)]
+    async with counted_watcher():
+        for ref in refs:
+            await eventually(f"the annotation of {ref.name}", lambda ref=ref: _annotated(custom, namespace, ref))
+    for ref in refs:
+        _mirror(custom, ref, "Paused")
+    lost, kept = refs
+
+    async with counted_watcher(lost_runs_interval=3600) as read:
+        await eventually("the first resync, which lists the Running runs", lambda: _resyncs(read, 1))
+        await temporal_client.workflow_service.delete_workflow_execution(
+            DeleteWorkflowExecutionRequest(
+                namespace=temporal_client.namespace, workflow_execution=WorkflowExecution(workflow_id=workflow_id(lost))
+            )
+        )
+        await eventually("Temporal to forget the run", lambda: _not(has_workflow(temporal_client, lost)))
+        resyncs = (await asyncio.to_thread(read)).calls.get("list_workflows", 0.0)
+        await eventually("three more resyncs", lambda: _resyncs(read, int(resyncs) + 3), seen=lambda: str(read()))
+        counted = await asyncio.to_thread(read)
+        assert counted.calls_but("list_workflows") == 0, counted.calls  # no describe: nothing was listed since
+    assert await _phase(custom, lost) == "Paused"
+
+    async with counted_watcher(lost_runs_interval=3600):  # a watcher that starts lists them at its first resync
+        await eventually("the lost run's Migration to be Abandoned", lambda: _is(_phase(custom, lost), "Abandoned"))
+    assert await _phase(custom, kept) == "Paused"
+    await temporal_client.get_workflow_handle(workflow_id(kept)).terminate("test finished")
