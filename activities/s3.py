@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator
@@ -330,6 +331,28 @@ def stream_objects(s3: S3Client, bucket: str, key: str) -> list[str]:
     ]
 
 
+CONDITIONAL_TRIES = 3
+"""Completions of one upload refused because its key changed since the check, before the upload gives up."""
+CHANGED = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+"""S3's answers to a conditional write whose condition no longer holds (409: another write to the key was under
+way)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Precondition:
+    """What was at a key when it was last looked at: the object's ETag, or nothing (`etag` None)."""
+
+    etag: str | None
+
+    @property
+    def absent(self) -> bool:
+        return self.etag is None
+
+    def headers(self) -> dict[str, Any]:
+        """The conditional write's parameters: If-Match the ETag seen, or If-None-Match * where there was none."""
+        return {"IfNoneMatch": "*"} if self.etag is None else {"IfMatch": self.etag}
+
+
 class MultipartUpload:
     """One multipart upload fed part by part as its PartPlan says; complete() or abort() ends it. The object gets
     `metadata` as its user metadata (x-amz-meta-<name>)."""
@@ -375,17 +398,45 @@ class MultipartUpload:
         self.largest_part = max(self.largest_part, len(data))
         self._in_flight.add(self._pool.submit(self._upload_part, number, data))
 
-    def complete(self, check: Callable[[], None] | None = None) -> None:
+    def complete(self, check: Callable[[], Precondition | None] | None = None) -> None:
         """Waits for the parts in flight, then calls `check` (which may refuse, raising: the caller aborts), then
-        completes the upload: the object appears at the key, replacing what was there."""
+        completes the upload: the object appears at the key, replacing what was there.
+
+        `check` may return a Precondition, what it saw at the key: the upload then completes only if that is still
+        there (a conditional write), so nothing written between the check and the completion is replaced. When
+        the store says it changed meanwhile, the check runs again (and may refuse now), up to CONDITIONAL_TRIES
+        times. A store that does not take conditional writes completes as it would without one."""
         while self._in_flight:
             self._collect(concurrent.futures.ALL_COMPLETED)
         self._pool.shutdown()
-        if check is not None:
-            check()
         parts = sorted(self._parts, key=lambda part: int(part["PartNumber"]))
-        self._s3.complete_multipart_upload(
-            Bucket=self._bucket, Key=self._key, UploadId=self._upload_id, MultipartUpload={"Parts": parts}
+        request: dict[str, Any] = {
+            "Bucket": self._bucket, "Key": self._key, "UploadId": self._upload_id, "MultipartUpload": {"Parts": parts},
+        }  # fmt: skip
+        for tries in range(1, CONDITIONAL_TRIES + 1):
+            precondition = check() if check is not None else None
+            try:
+                self._s3.complete_multipart_upload(**request, **(precondition.headers() if precondition else {}))
+                return
+            except ClientError as error:
+                if precondition is None or error_code(error) not in CHANGED:
+                    raise
+                if precondition.absent and tries > 1:
+                    # Nothing there to match, at two looks, and still refused: a store that counts a delete marker
+                    # as an object (versitygw does). Completing without the condition is what ferry did before.
+                    log.warning(
+                        "s3://%s/%s: the store refuses If-None-Match although no object is there (a delete marker?); "
+                        "completing the upload without the condition",
+                        self._bucket,
+                        self._key,
+                    )
+                    self._s3.complete_multipart_upload(**request)
+                    return
+                log.info("s3://%s/%s changed while its upload completed; looking again", self._bucket, self._key)
+        raise RuntimeError(
+            f"s3://{self._bucket}/{self._key} changed {CONDITIONAL_TRIES} times between this upload's look at it and "
+            "its completion: something else is writing that key. The upload is aborted and the step tries again; "
+            "if this repeats, find what writes the snapshot's key (another Migration or tool sharing the bucket)."
         )
 
     def abort(self) -> None:

@@ -26,7 +26,7 @@ from activities.postgres.connection import Connection
 from activities.postgres.restoring import Restore
 from activities.postgres.tools import Tool, conninfo, find_bindir
 from activities.progress import Counts
-from activities.s3 import MultipartUpload
+from activities.s3 import MultipartUpload, Precondition
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from ferry.api.errors import BadCredentials, InvalidSpec
@@ -47,7 +47,7 @@ def dump_to_s3(
     restore: Restore | None = None,
     options: Sequence[str] = (),
     metadata: dict[str, str] | None = None,
-    check: Callable[[], None] | None = None,
+    check: Callable[[], Precondition | None] | None = None,
 ) -> tuple[str, int]:
     """Uploads a pg_dump of `db` (`estimate` bytes in the database) to s3://bucket/key; returns its SHA-256 and size.
 
@@ -55,8 +55,8 @@ def dump_to_s3(
     part as it is uploaded; the caller commits it once the object is known complete.
     `options` are pg_dump's besides the format and the compression (see streams).
     `metadata` is the object's user metadata; `check` runs once every part is stored, just
-    before the upload completes, and may refuse (raise), which aborts the upload (see
-    snapshot_attempts).
+    before the upload completes, and may refuse (raise), which aborts the upload, or
+    return what it saw at the key for the completion's condition (see snapshot_attempts).
     """
     pg_dump = find_bindir(settings.postgres_bindir) / "pg_dump"
     argv = [

@@ -17,12 +17,16 @@ An object written by a later attempt (`Attempt.before`) stops it with Overtaken,
 changed anything, or having aborted only its own upload. An object of an earlier attempt,
 or one with no readable attempt (an older ferry's), is garbage, and removed as before.
 
-What is left open: the read and the write are two requests, so a worker that stands still
-exactly between the last read and CompleteMultipartUpload can still overwrite a later
-object (S3's conditional writes, If-Match on CompleteMultipartUpload, would close it, but
-not every store has them). An unfinished upload carries no metadata to read (ListMultipartUploads
-does not return it), so a late attempt may abort a later attempt's upload still under way:
-that attempt then fails and the saga tries again, with nothing of it stored yet to lose.
+The last read and the completion are two requests, and a worker may stand still between
+them. So the completion is a conditional write (`before_completing` returns what it saw
+at the key: If-Match its ETag, or If-None-Match * where nothing was there): an object
+written there meanwhile makes the store refuse it, and the check runs again, now refusing
+with Overtaken. A store without conditional writes ignores them, and that gap stays open
+there. What is left open everywhere: the main object is looked at before a stream's upload
+completes, but the condition covers only the stream's own key. And an unfinished upload
+carries no metadata to read (ListMultipartUploads does not return it), so a late attempt
+may abort a later attempt's upload still under way: that attempt then fails and the saga
+tries again, with nothing of it stored yet to lose.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ferry.api.errors import Overtaken
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import HeadObjectOutputTypeDef
 
 METADATA = "ferry-attempt"
 """The user metadata (x-amz-meta-ferry-attempt) naming the attempt that wrote an object; S3 gives names back in lower
@@ -54,12 +59,22 @@ def metadata(attempt: Attempt) -> dict[str, str]:
 def written_by(s3: S3Client, bucket: str, key: str) -> Attempt | None:
     """The attempt that wrote the object at `key`; None when there is none (or a delete marker hides it), or it names
     no attempt ferry can read (an older ferry's)."""
+    return _attempt_of(_head(s3, bucket, key))
+
+
+def _head(s3: S3Client, bucket: str, key: str) -> HeadObjectOutputTypeDef | None:
+    """The object at `key` as HeadObject describes it; None when there is none (or a delete marker hides it)."""
     try:
-        head = s3.head_object(Bucket=bucket, Key=key)
+        return s3.head_object(Bucket=bucket, Key=key)
     except ClientError as error:
         if snapshot_store.is_missing(error):
             return None
         raise
+
+
+def _attempt_of(head: HeadObjectOutputTypeDef | None) -> Attempt | None:
+    if head is None:
+        return None
     value = head.get("Metadata", {}).get(METADATA)
     if value is None:
         return None
@@ -73,9 +88,14 @@ def refuse_if_overtaken(s3: S3Client, bucket: str, keys: list[str], mine: Attemp
     """Raises Overtaken when an object at one of `keys` was written by an attempt of the snapshot scheduled after
     `mine`. `main` is the snapshot's key; `done` says what this attempt did to the bucket so far."""
     for key in dict.fromkeys(keys):
-        theirs = written_by(s3, bucket, key)
-        if theirs is None or not mine.before(theirs):
-            continue
+        _refuse_if_later(_head(s3, bucket, key), bucket, key, mine, main=main, done=done)
+
+
+def _refuse_if_later(
+    head: HeadObjectOutputTypeDef | None, bucket: str, key: str, mine: Attempt, *, main: str, done: str
+) -> None:
+    theirs = _attempt_of(head)
+    if theirs is not None and mine.before(theirs):
         raise Overtaken(
             f"refused to write the snapshot s3://{bucket}/{main}: s3://{bucket}/{key} was written by a later attempt "
             f"of the snapshot ({theirs.describe()}) than this one ({mine.describe()}). This is a late attempt the "
@@ -85,9 +105,20 @@ def refuse_if_overtaken(s3: S3Client, bucket: str, keys: list[str], mine: Attemp
         )
 
 
-def before_completing(s3: S3Client, bucket: str, main: str, key: str, mine: Attempt) -> Callable[[], None]:
+def before_completing(
+    s3: S3Client, bucket: str, main: str, key: str, mine: Attempt
+) -> Callable[[], snapshot_store.Precondition]:
     """The check `mine` runs once every part of its object at `key` is stored, just before the upload completes and
-    the object replaces what is there: refused when the main object, or what is at `key`, is a later attempt's."""
-    return lambda: refuse_if_overtaken(
-        s3, bucket, [main, key], mine, main=main, done=f"aborted its own upload of s3://{bucket}/{key}"
-    )
+    the object replaces what is there: refused when the main object, or what is at `key`, is a later attempt's.
+    Otherwise it returns what it saw at `key`, and the upload completes only if that is still there."""
+
+    done = f"aborted its own upload of s3://{bucket}/{key}"
+
+    def check() -> snapshot_store.Precondition:
+        if key != main:
+            refuse_if_overtaken(s3, bucket, [main], mine, main=main, done=done)
+        head = _head(s3, bucket, key)
+        _refuse_if_later(head, bucket, key, mine, main=main, done=done)
+        return snapshot_store.Precondition(etag=str(head["ETag"]) if head is not None else None)
+
+    return check

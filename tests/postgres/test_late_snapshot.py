@@ -169,3 +169,51 @@ def test_in_the_normal_order_the_later_attempt_replaces_the_earlier_ones_objects
     assert _uploads(s3, bucket) == []
     scheduled_as(steps, LATER + 1).migrate(later)
     assert contents(databases.target) == contents(databases.source)
+
+
+@pytest.mark.parametrize("versions", [False, True], ids=["plain bucket", "bucket keeping versions"])
+def test_an_object_a_later_attempt_stores_between_the_last_look_and_the_completion_is_not_replaced(
+    steps: Steps, databases: Databases, stack: StackInfo, bucket: str, versions: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The earlier attempt looks at the key just before completing its upload and finds nothing of a later attempt;
+    then it stands still, and the later attempt stores its object there. Its completion is a write conditional on
+    what it saw, so the store refuses it, and the look, made again, refuses the attempt. Without the condition, the
+    completion replaced the later attempt's object (its SHA-256 no longer the one in status.snapshot).
+
+    The interleaving is made by writing the later attempt's object from inside the check (a put of its own, named
+    as the later attempt names its objects): a worker standing still between two requests cannot be had on demand."""
+    s3 = stack.s3_client()
+    if versions:
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    _frozen_source(databases, steps)
+    original = snapshot_attempts.before_completing
+    stored: list[str] = []
+
+    def with_a_later_write_meanwhile(*args: Any) -> Any:
+        check = original(*args)
+
+        def looked_then_stood_still() -> Any:
+            seen = check()
+            if not stored:
+                mine = Attempt.current()
+                theirs = dataclasses.replace(mine, activity=str(LATER), number=1)
+                put = s3.put_object(
+                    Bucket=bucket,
+                    Key=steps.key,
+                    Body=b"the later attempt's snapshot",
+                    Metadata=snapshot_attempts.metadata(theirs),
+                )
+                stored.append(str(put["ETag"]))
+            return seen
+
+        return looked_then_stood_still
+
+    monkeypatch.setattr(snapshot_attempts, "before_completing", with_a_later_write_meanwhile)
+
+    with pytest.raises(Overtaken) as refused:
+        scheduled_as(steps, EARLIER).snapshot()
+
+    assert f"It aborted its own upload of s3://{bucket}/{steps.key}" in str(refused.value)
+    assert _objects(s3, bucket) == {steps.key: (stored[0], str(LATER))}, "the later attempt's object, as it stored it"
+    assert s3.get_object(Bucket=bucket, Key=steps.key)["Body"].read() == b"the later attempt's snapshot"
+    assert _uploads(s3, bucket) == []
