@@ -18,6 +18,15 @@ precheck, listed with the others, each saying what to change:
 - no table hash-partitioned on an enum: an enum's hash is its oid, which is not the
   same in the target, so the target's partitions would refuse the rows replicated into
   them by name; mode Snapshot loads such a table through its root (pg_dump does so);
+- no trigger enabled ALWAYS or REPLICA on a replicated table: the schema copy carries
+  that state to the target, whose subscription copies and applies every change with
+  session_replication_role = replica, so such a trigger fires there for each one. An
+  ALWAYS trigger has fired on the source already, and what it wrote is replicated, so
+  its effect would happen twice (an audit row written twice, a notification sent
+  again); a REPLICA one, which the source's own writes never fire, would do on the
+  target what the source never did (a replicated row rewritten). Plain ENABLE (or, for
+  a REPLICA one, DISABLE) keeps the source's own writes as they were; mode Snapshot
+  creates the triggers after it has loaded the rows, so the rows it moves fire none;
 - no other Migration replicates the source (one at a time: see
   replication.replicated_by_others); replicate asks again where it publishes, since
   another Migration may publish the source between this precheck and then;
@@ -66,6 +75,21 @@ and c.relkind = 'p' and exists (
 ) order by 1
 """
 """Tables hash-partitioned on an enum column (or a domain over one)."""
+REPLICA_TRIGGERS = f"""
+with replicated as (select c.oid, n.nspname, c.relname, c.relispartition {replication.USER_TABLES}
+    and c.relkind in ('r', 'p'))
+select format('%I.%I.%I', t.nspname, t.relname, g.tgname), g.tgenabled
+from replicated t join pg_trigger g on g.tgrelid = t.oid
+where not g.tgisinternal and g.tgenabled in ('A', 'R') and not (t.relispartition and exists (
+    select from pg_inherits i join pg_trigger up on up.tgrelid = i.inhparent
+    where i.inhrelid = t.oid and up.tgname = g.tgname and up.tgenabled = g.tgenabled
+)) order by 1
+"""
+"""Triggers that fire for a subscription's changes (enabled ALWAYS, 'A', or REPLICA, 'R'), with that state, on the
+tables a publication carries, partitions too: the target applies a partition's rows to its partition, whose own
+trigger fires. A partition's clone of its parent's trigger in the same state is left out: the parent's is named, and
+ALTER TABLE on the parent changes its partitions' too."""
+ENABLED = {"A": "ALWAYS", "R": "REPLICA"}
 TARGET = """
 select r.rolsuper,
     exists (select from pg_roles g
@@ -194,11 +218,29 @@ def check_source(
             f"in the target: replicated by partition, their rows would be refused by the target's partitions: "
             f"{listed(enum_hashed)}. Use mode Snapshot, which loads them through their root."
         )
+    fired = [f"{name} ({ENABLED[state]})" for name, state in conn.execute(REPLICA_TRIGGERS)]
+    if fired:
+        problems.append(replica_triggers(db.describe(), fired))
     if conn.execute("select from pg_largeobject_metadata limit 1").fetchone() is not None:
         problems.append(
             f"{db.describe()} has large objects, which logical replication does not carry. Use mode Snapshot, or move "
             "them into bytea columns."
         )
+
+
+def replica_triggers(database: str, fired: Sequence[str]) -> str:
+    """The refusal of the triggers `fired` (`schema.table.trigger (ALWAYS)` or `(REPLICA)`) on the target."""
+    return (
+        f"these triggers of {database} are enabled ALWAYS or REPLICA: {listed(fired)}. The target's subscription "
+        "copies and applies every change as a replica, so they would fire on the target for each one, on top of what "
+        "is replicated: an ALWAYS trigger has fired for that change on the source already, and what it wrote is "
+        "replicated too, so its effect would happen twice (a second audit row, a notification sent again); a "
+        "REPLICA one would do on the target what the source's own writes never make it do (a replicated row "
+        "rewritten). For the Migration's duration, ALTER TABLE ... ENABLE TRIGGER name each ALWAYS one (plain "
+        "ENABLE fires on the source's own writes only, as before) and ALTER TABLE ... DISABLE TRIGGER name each "
+        "REPLICA one (the source's own writes never fire it), and set them back once the Migration has finished, "
+        "on the database that serves then. Or use spec.driver.mode Snapshot."
+    )
 
 
 def listed(tables: Sequence[str]) -> str:

@@ -249,6 +249,66 @@ def test_a_table_hash_partitioned_on_an_enum_is_refused_since_its_rows_would_go_
     )
 
 
+def test_triggers_enabled_always_or_replica_are_refused_since_they_would_fire_again_for_every_replicated_change(
+    online: OnlineSteps, databases: Databases
+) -> None:
+    """The target's subscription copies and applies as a replica, which fires a trigger enabled ALWAYS or REPLICA
+    (the schema copy carries that state): the audit row the source's trigger wrote, replicated, would be written a
+    second time by the target's. Ordinary and disabled triggers never fire there."""
+    with connect(databases.source) as conn:
+        conn.execute("create table public.notes_audit (id bigint generated always as identity primary key, note int)")
+        conn.execute(
+            "create function public.audited() returns trigger language plpgsql as "
+            "$$ begin insert into public.notes_audit (note) values (new.id); return new; end $$"
+        )
+        conn.execute("create table public.notes (id int primary key, body text)")
+        conn.execute("create table public.ledger (id int primary key, amount int)")
+        conn.execute(
+            "create table public.events (at date, id int, primary key (at, id)) partition by range (at); "
+            "create table public.events_2025 partition of public.events for values from ('2025-01-01') to "
+            "('2026-01-01'); create table public.events_2026 partition of public.events for values from "
+            "('2026-01-01') to ('2027-01-01')"
+        )
+        for table, trigger, state in (
+            ("notes", "noted", "enable always"),
+            ("ledger", "stamped", "enable replica"),
+            ("ledger", "counted", "enable"),
+            ("ledger", "paused", "disable"),
+            ("events", "noted", "enable always"),
+        ):
+            conn.execute(
+                f"create trigger {trigger} after insert or update on public.{table} for each row "
+                "execute function public.audited()"
+            )
+            conn.execute(f"alter table public.{table} {state} trigger {trigger}")
+        # The partitions' clones follow the parent's state (named once, by the parent) but for one changed alone.
+        conn.execute("alter table public.events_2026 enable replica trigger noted")
+
+    (problem,) = _problems(online)
+
+    assert problem.startswith(f"these triggers of database '{databases.source.database}' on ")
+    assert (
+        " are enabled ALWAYS or REPLICA: public.events.noted (ALWAYS), public.events_2026.noted (REPLICA), "
+        "public.ledger.stamped (REPLICA), public.notes.noted (ALWAYS). The target's subscription copies and applies "
+        "every change as a replica, so they would fire on the target for each one"
+    ) in problem
+    assert "so its effect would happen twice" in problem
+    assert (
+        "ALTER TABLE ... ENABLE TRIGGER name each ALWAYS one (plain ENABLE fires on the source's own writes only, as "
+        "before) and ALTER TABLE ... DISABLE TRIGGER name each REPLICA one"
+    ) in problem
+    assert problem.endswith("Or use spec.driver.mode Snapshot.")
+    assert "counted" not in problem
+    assert "paused" not in problem
+    _with(online, mode=DriverMode.SNAPSHOT).precheck()
+
+    with connect(databases.source) as conn:
+        conn.execute("alter table public.notes enable trigger noted")
+        conn.execute("alter table public.events enable trigger noted")
+        conn.execute("alter table public.ledger disable trigger stamped")
+    _with(online, mode=DriverMode.ONLINE).precheck()
+
+
 def test_a_source_that_keeps_wal_for_a_slot_without_bound_passes_with_a_warning_event_suggesting_a_bound(
     online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient
 ) -> None:
