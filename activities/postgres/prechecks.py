@@ -30,6 +30,7 @@ from activities.postgres import (
     grants,
     locales,
     maintenance,
+    privileges,
     replication_checks,
     restoring,
     schema,
@@ -168,6 +169,10 @@ class Server:
     """The source's: the versioned collations its columns use (locales.py)."""
     tablespaces: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """The source's: its relations outside the database's default tablespace, per tablespace (tablespaces.py)."""
+    privileges_left_out: tuple[privileges.Found, ...] = ()
+    """The source's: the privileges and owners the restore leaves out (privileges.py)."""
+    encryption: tls.Encryption | None = None
+    """Whether the precheck's session was encrypted, and whether its server offers TLS (tls.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,6 +337,9 @@ def precheck(secrets: Secrets, settings: DataActivitySettings, input: PrecheckIn
                 versions,
                 *settings_left,
                 tablespaces.warning(source_db, target_db, source.tablespaces),
+                privileges.warning(source_db, target_db, source.privileges_left_out),
+                tls.warning(source_db, source.encryption),
+                tls.warning(target_db, target.encryption) if target else None,
             )
             if warning
         ],
@@ -487,6 +495,7 @@ def _source(
             settings_of_sessions=session_settings.read(conn, every_role=False),
             collations=locales.used_collations(conn),
             tablespaces=tablespaces.placed(conn),
+            privileges_left_out=privileges.read(conn),
         )
         escaping = {r: v for r, v in database_settings.role_overrides(conn, READ_ONLY).items() if not is_on(v)}
         if escaping:
@@ -724,6 +733,7 @@ def _server(conn: Connection, extensions: str) -> Server:
         sessions=int(sessions),
         identity=identity_of(conn),
         locale=locales.read(conn),
+        encryption=tls.encryption(conn),
     )
 
 

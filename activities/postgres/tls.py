@@ -11,19 +11,30 @@ tools may come with a libpq built without TLS, which refuses any sslmode that re
 A certificate that does not verify, or a server and a Secret that disagree on whether
 to encrypt, will not change on retry: `refusal` turns libpq's words for these into
 TlsMismatch, which says what to change in the Secret or on the server.
+
+A Secret without either key gets libpq's prefer, which encrypts only when the server
+offers TLS, falls back to plain text without a word, and verifies nothing. That works,
+so nothing refuses it; the precheck reads what its own sessions got (`encryption`) and
+warns of a database reached in plain text, or encrypted without verifying the server
+(`warning`), with what to put into the Secret.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from activities.secrets import CA_KEY, SSLMODE_KEY, DatabaseConnection
+from activities.secrets import CA_KEY, SSLMODE_KEY, VERIFYING_MODES, DatabaseConnection
 from ferry.api.errors import TlsMismatch
+
+if TYPE_CHECKING:  # connection.py imports this module
+    from activities.postgres.connection import Connection
 
 NOT_VERIFIED = ("certificate verify failed", "signature failure", "does not match host name")
 """libpq's words when the server's certificate does not verify: no chain to the CA (or a CA of the same name with
@@ -36,6 +47,19 @@ NOT_COMPILED_IN = "ssl support is not compiled in"
 """libpq's words when it was built without TLS (pg_dump's and pg_restore's may be) and is asked for it."""
 REQUIRING_MODES = ("require", "verify-ca", "verify-full")
 """The sslmodes a libpq without TLS refuses; it takes disable, allow and prefer."""
+ENCRYPTION = """
+select coalesce((select ssl from pg_stat_ssl where pid = pg_backend_pid()), false), current_setting('ssl') = 'on'
+"""
+"""Whether the current session is encrypted, and whether its server offers TLS at all."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Encryption:
+    """What one of the precheck's sessions got."""
+
+    encrypted: bool
+    offered: bool
+    """Whether the server offers TLS (ssl = on): without it, no sslmode of the Secret's can encrypt."""
 
 
 @contextlib.contextmanager
@@ -113,3 +137,43 @@ def refusal(db: DatabaseConnection, message: str) -> TlsMismatch | None:
             f"on the server, or, if the network path is trusted, set key '{SSLMODE_KEY}' of {where} to prefer."
         )
     return None
+
+
+def encryption(conn: Connection) -> Encryption:
+    """What the session `conn` got, as its server sees it."""
+    row = conn.execute(ENCRYPTION).fetchone()
+    assert row is not None
+    return Encryption(encrypted=bool(row[0]), offered=bool(row[1]))
+
+
+def warning(db: DatabaseConnection, found: Encryption | None) -> str | None:
+    """A warning for a session with `db` in plain text, or encrypted without verifying the server; None for one
+    that verified it (or when nothing was found)."""
+    if found is None:
+        return None
+    mode = db.tls_mode()
+    if found.encrypted:
+        if mode in VERIFYING_MODES:
+            return None
+        return (
+            f"ferry's sessions with {db.describe()} are encrypted but do not verify the server (sslmode {mode}): "
+            f"whoever can intercept them can pose as the server. {_verifying(db)}."
+        )
+    defaulted = db.sslmode is None and mode == "prefer"
+    default = ", libpq's default, which falls back to plain text without a word" if defaulted else ""
+    off = "" if found.offered else "Its server does not offer TLS (ssl is off): give it a certificate and turn ssl on. "
+    return (
+        f"ferry's sessions with {db.describe()} are not encrypted (sslmode {mode}{default}): what the migration "
+        f"reads and writes there crosses the network in plain text. {off}{_verifying(db)}: then ferry's sessions, "
+        "pg_dump's and pg_restore's included, verify the server and never go on in plain text."
+    )
+
+
+def _verifying(db: DatabaseConnection) -> str:
+    """What to change in `db`'s Secret for verify-full."""
+    ca = f"the PEM certificate of the CA that signed the server's certificate into key '{CA_KEY}' of Secret {db.secret}"
+    if db.ca_certificate is not None:
+        return f"Set key '{SSLMODE_KEY}' of Secret {db.secret} to verify-full, or remove it (the default with a CA)"
+    if db.sslmode is None:
+        return f"Put {ca} (with it and no key '{SSLMODE_KEY}', ferry uses verify-full)"
+    return f"Put {ca}, and set its key '{SSLMODE_KEY}' to verify-full"

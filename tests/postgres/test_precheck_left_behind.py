@@ -1,7 +1,7 @@
 """precheck names what a migration of one database leaves behind or changes without failing: what the source server's
-`postgres` and templates hold, the settings of the database and of its roles, the collation library's versions, and
-tablespaces. Each is a warning (a Warning Event on the Migration) saying what to do; a collation the target's server
-lacks, which would stop the restore after the freeze, is a refusal."""
+`postgres` and templates hold, the settings of the database and of its roles, the collation library's versions,
+tablespaces, and privileges and owners. Each is a warning (a Warning Event on the Migration) saying what to do; a
+collation the target's server lacks, which would stop the restore after the freeze, is a refusal."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ import pytest
 from kubernetes import client as k8s
 from psycopg import sql
 
+from activities.events import MAX_MESSAGE
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.migration import DriverSpec
 from ferry.api.saga import MigrationRef
 from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret, precheck_problems
-from tests.postgres.data import connect, connection_of, database_owner, tablespace
+from tests.postgres.data import connect, connection_of, create_shop, database_owner, tablespace
 
 OTHER = "other-db"
 KEEPS_MORE = "keeps more than database"
 SETTINGS = "pg_dump carries them only with --create"
 SORTS = "text may sort differently on the target"
+LEFT_OUT = "the restore leaves out owners and privileges"
 
 
 @pytest.fixture
@@ -262,4 +264,58 @@ def test_precheck_names_the_tablespaces_whose_relations_land_in_the_targets_defa
     assert f"tablespaces of their own: {fast} (public.hot, public.hot_id, public.hot_pkey)." in warning
     assert "pg_restore --no-tablespaces" in warning
     assert f"on the target, database {databases.target.database!r}, they land in its default tablespace" in warning
+    assert warning in _events(kube_api, namespace)
+
+
+def test_precheck_names_the_privileges_and_owners_the_restore_leaves_out_public_execute_first(
+    steps: Steps, databases: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """The restore runs with --no-owner --no-privileges: a function the source keeps from PUBLIC may be run by anyone
+    on the target, a SECURITY DEFINER one runs as the target's user, grants to other roles are gone. The warning says
+    so, with the REVOKE that PUBLIC's case needs; a source with none of these gets no such warning."""
+    create_shop(databases.source, customers=10, orders=20)
+    assert databases.source.user == databases.target.user, "objects of the Secrets' user keep their owner's name"
+    assert not [warning for warning in steps.precheck().warnings if LEFT_OUT in warning], "nothing but defaults"
+    role = f"reporting_{uuid.uuid4().hex[:8]}"
+    with connect(databases.source) as conn:
+        conn.execute(sql.SQL("create role {}").format(sql.Identifier(role)))
+    try:
+        with connect(databases.source) as conn:
+            conn.execute(sql.SQL("grant select on shop.orders to {}").format(sql.Identifier(role)))
+            conn.execute("revoke execute on function shop.order_count(bigint) from public")
+            conn.execute(
+                "create function shop.refund(id bigint) returns void language sql security definer "
+                "as 'update shop.orders set total = 0 where id = refund.id'"
+            )
+            conn.execute("revoke execute on function shop.refund(bigint) from public")
+            conn.execute(sql.SQL("alter function shop.refund(bigint) owner to {}").format(sql.Identifier(role)))
+
+            result = steps.precheck()
+    finally:
+        with connect(databases.source) as conn:
+            conn.execute(sql.SQL("drop owned by {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+
+    (warning,) = [warning for warning in result.warnings if LEFT_OUT in warning]
+    user = databases.target.user
+    assert warning.startswith(
+        f"the restore leaves out owners and privileges (--no-owner --no-privileges): on the target (Secret "
+        f"{namespace}/{TARGET_SECRET}) every object of database {databases.source.database!r} belongs to {user!r}, "
+        "with default privileges: (1) 2 routines whose EXECUTE the source revoked from PUBLIC (1 SECURITY "
+        "DEFINER) may be run by any role that connects; "
+    )
+    assert (
+        f"(2) 1 SECURITY DEFINER routine runs as {user!r}, not as its owner ({role}) (shop.refund(bigint))" in warning
+    )
+    assert f"(3) 1 grant to {role} is missing (SELECT on table shop.orders)" in warning
+    assert f"(4) 1 object of {role} changes owner (function shop.refund(bigint))" in warning
+    assert "ferry re-applies none of it." in warning
+    assert (
+        f"run there as {user!r}: REVOKE EXECUTE ON ROUTINE shop.refund(bigint), shop.order_count(bigint) FROM PUBLIC."
+        in warning
+    ), "the SECURITY DEFINER routine first"
+    assert (
+        "GRANT, REVOKE, ALTER DEFAULT PRIVILEGES and OWNER TO lines of the source's `pg_dump --schema-only`" in warning
+    )
+    assert len(warning) <= MAX_MESSAGE
     assert warning in _events(kube_api, namespace)

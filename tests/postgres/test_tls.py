@@ -39,7 +39,7 @@ from ferry.api.errors import NON_RETRYABLE_TYPES, PrecheckFailed, TlsMismatch
 from ferry.api.migration import DriverSpec
 from ferry.api.saga import MigrationRef
 from tests.conftest import make_state_dir, remove_state_dir
-from tests.end_to_end import Databases
+from tests.end_to_end import SOURCE_SECRET, TARGET_SECRET, Databases
 from tests.postgres.conftest import Steps, create_secret
 from tests.postgres.data import connection_of, create_shop
 
@@ -114,15 +114,16 @@ def _secured(
     namespace: str,
     databases: Databases,
     settings: DataActivitySettings,
+    names: tuple[str, str] = (SOURCE, TARGET),
     **tls: str,
 ) -> tuple[Steps, SecretReader]:
-    """The steps of a Migration whose Secrets point at `databases` with the TLS keys `tls` (e.g. ca.crt)."""
-    for name, endpoint in ((SOURCE, databases.source), (TARGET, databases.target)):
+    """The steps of a Migration whose Secrets (`names`) point at `databases` with the TLS keys `tls` (e.g. ca.crt)."""
+    for name, endpoint in zip(names, (databases.source, databases.target), strict=True):
         create_secret(kube_api, namespace, name, {**connection_of(endpoint), **tls})
     secured = dataclasses.replace(
         steps,
         postgres=PostgresActivities(kube_api, settings),
-        driver=DriverSpec(source_secret=SOURCE, target_secret=TARGET),
+        driver=DriverSpec(source_secret=names[0], target_secret=names[1]),
     )
     return secured, SecretReader(kube_api)
 
@@ -255,6 +256,59 @@ def test_client_tools_built_without_tls_are_refused_by_the_precheck_when_a_secre
     ) in str(precheck.value)
     assert str(snapshot.value).startswith("the worker's pg_dump and pg_restore were built without TLS, and database ")
     assert "invalid when SSL support is not compiled in" in str(snapshot.value), "pg_dump's own words follow"
+
+
+def _sessions_warnings(warnings: list[str]) -> list[str]:
+    return [warning for warning in warnings if warning.startswith("ferry's sessions with ")]
+
+
+def test_precheck_warns_of_databases_reached_in_plain_text_under_libpqs_default_sslmode(
+    steps: Steps, databases: Databases, namespace: str
+) -> None:
+    """A Secret without sslmode gets libpq's prefer, which goes on in plain text when the server offers no TLS, as
+    the stack's servers do not: one warning per database, saying what to put into which Secret."""
+    warnings = _sessions_warnings(steps.precheck().warnings)
+
+    assert len(warnings) == 2, warnings
+    for warning, secret, endpoint in zip(
+        warnings, (SOURCE_SECRET, TARGET_SECRET), (databases.source, databases.target), strict=True
+    ):
+        assert warning.startswith(
+            f"ferry's sessions with database {endpoint.database!r} on {endpoint.host}:{endpoint.port} (user "
+            f"{endpoint.user!r}, Secret {namespace}/{secret}) are not encrypted (sslmode prefer, libpq's default, "
+            "which falls back to plain text without a word): what the migration reads and writes there crosses the "
+            "network in plain text. Its server does not offer TLS (ssl is off): give it a certificate and turn ssl "
+            "on. Put the PEM certificate of the CA that signed the server's certificate into key 'ca.crt' of Secret "
+            f"{namespace}/{secret} (with it and no key 'sslmode', ferry uses verify-full)"
+        ), warning
+        assert endpoint.password not in warning
+
+
+def test_precheck_warns_of_tls_that_does_not_verify_the_server_and_not_of_tls_that_does(
+    steps: Steps, tls_databases: Databases, tls_server: TlsServer, kube_api: k8s.ApiClient, namespace: str,
+    tls_settings: DataActivitySettings,
+) -> None:  # fmt: skip
+    """sslmode require encrypts but takes any certificate: a warning per database, saying to give the CA and
+    verify-full; with the CA (verify-full by default), none."""
+    required, _ = _secured(steps, kube_api, namespace, tls_databases, tls_settings, sslmode="require")
+    verified, _ = _secured(
+        steps, kube_api, namespace, tls_databases, tls_settings, ("verified-source", "verified-target"),
+        **{"ca.crt": tls_server.ca},
+    )  # fmt: skip
+
+    unverified = _sessions_warnings(required.precheck().warnings)
+
+    assert [warning.split(" (user ")[0] for warning in unverified] == [
+        f"ferry's sessions with database {tls_databases.source.database!r} on 127.0.0.1:{tls_server.endpoint.port}",
+        f"ferry's sessions with database {tls_databases.target.database!r} on 127.0.0.1:{tls_server.endpoint.port}",
+    ]
+    for warning, secret in zip(unverified, (SOURCE, TARGET), strict=True):
+        assert warning.endswith(
+            f"Secret {namespace}/{secret}) are encrypted but do not verify the server (sslmode require): whoever can "
+            "intercept them can pose as the server. Put the PEM certificate of the CA that signed the server's "
+            f"certificate into key 'ca.crt' of Secret {namespace}/{secret}, and set its key 'sslmode' to verify-full."
+        ), warning
+    assert _sessions_warnings(verified.precheck().warnings) == [], "verify-full, by default with a CA"
 
 
 UNWORKABLE = {
