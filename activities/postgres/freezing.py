@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 from temporalio import activity
 
-from activities.postgres import database_settings, grants
+from activities.postgres import database_settings, grants, kept_records
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import (
@@ -76,7 +76,8 @@ LOCK = 0x6665727279_667A
 """The advisory lock (transaction-level) under which the freeze and its undo read and write the markers: a late freeze
 either commits before an undo, which then finds it and takes it back, or finds the undo's record and refuses."""
 UNFREEZES_KEPT = 32
-"""How many Migrations' entries ferry.unfrozen_by keeps, the newest: one entry is a hundred-odd bytes."""
+"""How many Migrations' entries ferry.unfrozen_by keeps, the newest (see kept_records): one entry is a hundred-odd
+bytes."""
 
 END_SESSION_ROUNDS = 20
 """Rounds of ending sessions before the freeze gives up (and Temporal retries it)."""
@@ -105,6 +106,17 @@ DISABLE_SUBSCRIPTIONS = (
 WALSENDERS_SPARED = """
 select active_pid from pg_replication_slots where active_pid is not null and slot_name = any(%s)
 """
+
+NOW = kept_records.STAMP
+"""The server's clock when `end_sessions` is called, in a form every session reads back (a timestamptz read into
+Python would need DateStyle ISO, which a role or database may set otherwise)."""
+SESSIONS = f"""
+select pid, to_char(backend_start at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), backend_start < %s::timestamptz
+from pg_stat_activity
+where datname = current_database() and pid <> pg_backend_pid() and backend_type in ('client backend', 'walsender')
+and pid not in ({WALSENDERS_SPARED})
+"""
+"""The sessions `end_sessions` may end: each one's pid, backend_start, and whether it began before a time (`NOW`)."""
 
 STANDBY_WAIT = 30.0
 """Seconds at most that an undo waits for the streaming standbys to replay it (less when a quarter of the undo's
@@ -331,9 +343,8 @@ def _record_undo(
     transaction, holding LOCK. A user who may not set it (granted SET on the other markers only) is warned about:
     the undo goes on, and a late freeze would not be refused."""
     entries = _undos(current)
-    now = conn.execute("select now()::text").fetchone()
-    entries[owner] = {"attempt": attempt.as_json(), "at": str(now[0]) if now else ""}
-    kept = dict(sorted(entries.items(), key=lambda item: str(item[1].get("at", "")))[-UNFREEZES_KEPT:])
+    entries[owner] = {"attempt": attempt.as_json(), "at": kept_records.stamp(conn)}
+    kept = kept_records.newest(entries, lambda entry: entry.get("at"), UNFREEZES_KEPT, owner)
     try:
         with conn.transaction():
             database_settings.change(conn, UNFROZEN_BY, json.dumps(kept, sort_keys=True))
@@ -361,7 +372,7 @@ def frozen_by(conn: Connection) -> str | None:
 def end_sessions(
     conn: Connection, timeout: float, between_rounds: Callable[[int], None], spare_slots: Sequence[str] = ()
 ) -> int:
-    """Ends every other session of the database that began before now, and waits until they are gone.
+    """Ends every other session of the database that was there when it was called, and waits until they are gone.
 
     A session that began before the setting changed has the old default; one that begins
     after has the new one. A terminated session's open transaction is rolled back, so
@@ -370,22 +381,28 @@ def end_sessions(
     to the database (replication=database: they run SQL too), but for the walsenders
     serving the replication slots `spare_slots` (this Migration's own replication).
     Returns how many sessions ended.
+
+    Which sessions were there (`SESSIONS`): those listed at the call, each by its pid and
+    backend_start (a pid may be reused by a later session), whatever the server's clock
+    says of them since; and those that began before the call by the server's clock (one
+    still connecting at the call, not yet shown in the database, may have read the old
+    setting). Sessions that begin after the call are left alone: they have the new
+    setting, and ending them too could go on for ever, a client pool (a superuser's
+    monitoring) reconnecting each time. By the clock alone, a step backwards (NTP
+    correcting a clock that ran fast) would have spared every session opened in the
+    stepped-back span, their backend_start being "in the future".
     """
-    now = conn.execute("select clock_timestamp()").fetchone()
-    assert now is not None
-    started_before = now[0]
+    row = conn.execute(NOW).fetchone()
+    assert row is not None
+    called = str(row[0])
+    listed: set[tuple[int, str]] | None = None
     ended = 0
     for round in range(END_SESSION_ROUNDS):
         conn.execute("select pg_stat_clear_snapshot()")  # in a transaction, pg_stat_activity is read once otherwise
-        pids = [
-            row[0]
-            for row in conn.execute(
-                "select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() "
-                "and backend_type in ('client backend', 'walsender') and backend_start < %s "
-                f"and pid not in ({WALSENDERS_SPARED})",
-                (started_before, list(spare_slots)),
-            )
-        ]
+        sessions = conn.execute(SESSIONS, (called, list(spare_slots))).fetchall()
+        if listed is None:
+            listed = {(pid, began) for pid, began, _ in sessions}
+        pids = [pid for pid, began, before in sessions if before or (pid, began) in listed]
         if not pids:
             return ended
         for pid in pids:

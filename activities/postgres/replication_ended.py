@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 from temporalio import activity
 
-from activities.postgres import attempts, database_settings
+from activities.postgres import attempts, database_settings, kept_records
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import REPLICATION_ENDED
@@ -60,7 +60,7 @@ from activities.secrets import DatabaseConnection
 from ferry.api.errors import ReplicationEnded
 
 KEPT = 32
-"""How many Migrations' entries the setting keeps, the newest: one entry is a hundred-odd bytes."""
+"""How many Migrations' entries the setting keeps, the newest (see kept_records): one entry is a hundred-odd bytes."""
 SETTING_LOCK = 0x6665727279_656E
 """The advisory lock (transaction-level) under which the setting is read and written, whichever Migration's entry."""
 POLL = 0.2
@@ -83,7 +83,7 @@ class Ended:
     attempt: Attempt
     """The activity that ended it."""
     at: str
-    """When, by the source's clock."""
+    """When, by the source's clock: UTC, ISO 8601 (kept_records.STAMP); an older ferry's in its session's own form."""
 
 
 def key(conn: Connection, uid: str, statement: str = KEY) -> int:
@@ -174,9 +174,8 @@ def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: s
     def write() -> None:
         conn.execute("select pg_advisory_xact_lock(%s)", (SETTING_LOCK,))
         entries = read(conn)
-        now = conn.execute("select now()::text").fetchone()
-        entries[uid] = Ended(owner=owner, by=by, attempt=attempt, at=str(now[0]) if now else "")
-        kept = sorted(entries.items(), key=lambda item: item[1].at)[-KEPT:]
+        entries[uid] = Ended(owner=owner, by=by, attempt=attempt, at=kept_records.stamp(conn))
+        kept = kept_records.newest(entries, lambda ended: ended.at, KEPT, uid)
         value = {
             uid: {
                 "owner": ended.owner,
@@ -184,7 +183,7 @@ def record(conn: Connection, db: DatabaseConnection, uid: str, owner: str, by: s
                 "attempt": ended.attempt.as_json(),
                 "at": ended.at,
             }
-            for uid, ended in kept
+            for uid, ended in kept.items()
         }
         database_settings.change(conn, REPLICATION_ENDED, json.dumps(value, sort_keys=True))
 

@@ -184,6 +184,16 @@ def database_settings(endpoint: PostgresEndpoint, *, records: bool = False) -> l
     return found if records else [entry for entry in found if not entry.startswith(KEPT_RECORDS)]
 
 
+def set_on_database(endpoint: PostgresEndpoint, setting: str, value: str) -> None:
+    """ALTER DATABASE ... SET: every new session of the database has `setting` at `value`, ferry's among them."""
+    with connect(endpoint) as conn:
+        conn.execute(
+            sql.SQL("alter database {} set {} = {}").format(
+                sql.Identifier(endpoint.database), sql.SQL(setting), sql.Literal(value)
+            )
+        )
+
+
 def verified_mark(endpoint: PostgresEndpoint) -> dict[str, object] | None:
     """verify's mark in the database (the setting ferry.verified_mark, as JSON); None when it has none."""
     for entry in database_settings(endpoint):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -14,15 +16,18 @@ from kubernetes import client as k8s
 from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
+from activities.postgres import freezing
+from activities.postgres.attempts import Attempt
 from activities.postgres.connection import MARKERS
-from activities.postgres.freezing import PreparedTransactionsPending
+from activities.postgres.freezing import UNFREEZES_KEPT, PreparedTransactionsPending
 from devstack.stack.postgres import PostgresEndpoint
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import BadCredentials, InvalidSpec, Overtaken
 from tests.cluster import eventually
 from tests.end_to_end import Databases
-from tests.postgres.conftest import Steps, create_secret, scheduled_as
+from tests.postgres.conftest import RUN, SCHEDULED, Steps, create_secret, scheduled_as
 from tests.postgres.data import (
+    Connection,
     application_role,
     connect,
     connect_privileges,
@@ -30,6 +35,7 @@ from tests.postgres.data import (
     database_owner,
     database_settings,
     new_session_is_read_only,
+    set_on_database,
 )
 
 
@@ -458,3 +464,154 @@ def test_a_freeze_that_committed_before_its_undo_is_taken_back_by_it(steps: Step
 
     assert database_settings(source.source) == []
     assert not new_session_is_read_only(source.source)
+
+
+def _unfrozen_by(endpoint: PostgresEndpoint) -> dict[str, dict[str, Any]]:
+    """The entries of the source's setting ferry.unfrozen_by, by Migration."""
+    for entry in database_settings(endpoint, records=True):
+        name, _, value = entry.partition("=")
+        if name == "ferry.unfrozen_by":
+            found: dict[str, dict[str, Any]] = json.loads(value)
+            return found
+    return {}
+
+
+def _stamped_by_an_older_ferry(endpoint: PostgresEndpoint, ago: str, **session: str) -> str:
+    """The stamp an older ferry wrote (now()::text) `ago` (an interval), in a session with these settings."""
+    with connect(endpoint, **session) as conn:
+        row = conn.execute("select (now() - %s::interval)::text", (ago,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    # DateStyle SQL, month first: its now()::text (11/29/2026 ...) sorts below every ISO one whatever the day; day
+    # first (29/11/2026 ...), above them from the 21st of the month on, when text order would keep it by chance.
+    [("timezone", "America/New_York"), ("datestyle", "SQL, MDY")],
+    ids=["new-york", "sql-mdy"],
+)
+def test_the_undo_recorded_last_is_kept_whatever_the_time_zone_or_date_style_of_its_session(
+    steps: Steps, source: Databases, setting: str, value: str
+) -> None:
+    """ferry.unfrozen_by keeps the entries of the 32 Migrations whose freeze was undone last. Undos of 32 other
+    Migrations are recorded by sessions in UTC; then the database's TimeZone or DateStyle changes (a role's or a
+    database's own setting, which ferry's sessions follow), and the rollback of this Migration records its undo. It
+    is the newest entry, so it stays, and the late attempt of the freeze it is there to refuse is refused."""
+    set_on_database(source.source, "timezone", "UTC")
+    for _ in range(UNFREEZES_KEPT):
+        other = dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": str(uuid.uuid4())}))
+        scheduled_as(other, 25).undo_freeze()
+    set_on_database(source.source, setting, value)
+    late = scheduled_as(steps, 20)
+    scheduled_as(steps, 25).undo_freeze()  # the rollback's: nothing is frozen yet
+
+    with pytest.raises(Overtaken, match="late attempt"):
+        late.freeze()
+
+    assert not new_session_is_read_only(source.source)
+    unfrozen = _unfrozen_by(source.source)
+    assert len(unfrozen) == UNFREEZES_KEPT
+    assert f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}" in unfrozen
+
+
+def test_entries_an_older_ferry_stamped_in_its_sessions_own_form_are_kept_by_when_they_were_written(
+    steps: Steps, source: Databases
+) -> None:
+    """An older ferry stamped each entry of ferry.unfrozen_by with now()::text, in its session's TimeZone and
+    DateStyle, and kept the entries whose text sorted largest. The setting here holds 32 entries as it left them: 30
+    of other Migrations, written in UTC two hours ago; this Migration's undo, written a minute ago in America/New_York
+    (its text sorts below all of those); and one written in DateStyle SQL, whose zone is an abbreviation, which ferry
+    cannot read and takes for the oldest. The undos of two more Migrations come: the unreadable entry goes first, then
+    the oldest of UTC. This Migration's undo, the newest of the older ferry's, stays, and refuses its late freeze."""
+    this = f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}"
+    undone = Attempt(run=RUN, activity="25", scheduled=SCHEDULED + timedelta(seconds=25), number=1)
+    entries: dict[str, dict[str, Any]] = {}
+    for number in range(30):
+        at = _stamped_by_an_older_ferry(source.source, f"2 hours -{number} seconds", timezone="UTC")
+        entries[f"{steps.ref.namespace}/utc-{number:02}/{uuid.uuid4()}"] = {"attempt": undone.as_json(), "at": at}
+    at = _stamped_by_an_older_ferry(source.source, "1 minute", timezone="America/New_York")
+    entries[this] = {"attempt": undone.as_json(), "at": at}
+    at = _stamped_by_an_older_ferry(source.source, "30 seconds", timezone="America/New_York", datestyle="SQL,DMY")
+    unreadable = f"{steps.ref.namespace}/sql-style/{uuid.uuid4()}"
+    entries[unreadable] = {"attempt": undone.as_json(), "at": at}
+    oldest = min(key for key in entries if "/utc-" in key)
+    set_on_database(source.source, "ferry.unfrozen_by", json.dumps(entries, sort_keys=True))
+
+    for _ in range(2):
+        other = dataclasses.replace(steps, ref=steps.ref.model_copy(update={"uid": str(uuid.uuid4())}))
+        scheduled_as(other, 25).undo_freeze()
+
+    unfrozen = _unfrozen_by(source.source)
+    assert len(unfrozen) == UNFREEZES_KEPT
+    assert unreadable not in unfrozen
+    assert oldest not in unfrozen
+    assert unfrozen[this] == entries[this], "kept as the older ferry wrote it"
+    with pytest.raises(Overtaken, match="late attempt"):
+        scheduled_as(steps, 20).freeze()
+    assert not new_session_is_read_only(source.source)
+
+
+def test_a_source_whose_database_sets_date_style_sql_is_frozen_checked_and_unfrozen(
+    steps: Steps, source: Databases
+) -> None:
+    """ferry's sessions follow the DateStyle a role or a database sets (here SQL, DMY: 29/11/2026 15:41:41 UTC), in
+    which psycopg cannot read a timestamptz: ending the sessions reads none (the server's clock, and when each session
+    began, come as ISO text)."""
+    set_on_database(source.source, "datestyle", "SQL, DMY")
+    with connect(source.source) as open_before:
+        result = steps.freeze()
+
+        with pytest.raises(psycopg.OperationalError):
+            open_before.execute("select 1")
+    steps.check_frozen(result.fence)
+    steps.undo_freeze(result.previous_setting)
+    assert not new_session_is_read_only(source.source)
+
+
+STEPPED_BACK = freezing.NOW.replace("clock_timestamp()", "(clock_timestamp() - interval '1 hour')")
+"""The server's clock as `end_sessions` reads it when it has stepped back an hour since the sessions there began."""
+
+
+def test_a_session_open_before_the_freeze_is_ended_by_it_though_the_servers_clock_stepped_back_since(
+    steps: Steps, source: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the database server's clock steps back (NTP correcting a clock that ran fast), the sessions opened before
+    the step began "in the future": by the clock alone, the freeze would leave them open and writable. A server's clock
+    cannot be stepped back on demand, and the machine's must not be, so this test fakes the one reading of it the
+    freeze's ending of sessions takes (freezing.NOW, an hour earlier): a fake the house rules allow, to inject what the
+    real component cannot produce on demand. The session, pg_stat_activity and the ending are real."""
+    monkeypatch.setattr(freezing, "NOW", STEPPED_BACK)
+    with connect(source.source) as open_before:
+        open_before.execute("insert into public.orders values (1)")
+
+        result = steps.freeze()
+
+        with pytest.raises(psycopg.OperationalError):
+            open_before.execute("insert into public.orders values (2)")
+    assert result.sessions_ended == 1
+    with connect(source.source) as conn:
+        assert conn.execute("select count(*) from public.orders").fetchone() == (1,)
+
+
+def test_ending_sessions_ends_those_there_at_the_call_whatever_the_clock_and_none_that_connect_after(
+    source: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `end_sessions` selects, with the server's clock stepped back an hour since the sessions there began (faked
+    as in the test above, for the same reason): the session there at the call is ended; one that connects while the
+    sessions are being ended (after the call: it has the new setting) is left alone, whatever the clock says."""
+    monkeypatch.setattr(freezing, "NOW", STEPPED_BACK)
+    later: list[Connection] = []
+    with contextlib.ExitStack() as closing, connect(source.source) as there, connect(source.source) as ender:
+
+        def between_rounds(ended: int) -> None:
+            if not later:
+                later.append(closing.enter_context(connect(source.source)))
+
+        ended = freezing.end_sessions(ender, 5.0, between_rounds)
+
+        assert ended == 1
+        with pytest.raises(psycopg.OperationalError):
+            there.execute("select 1")
+        assert later, "a round ended a session, then looked again"
+        assert later[0].execute("select 1").fetchone() == (1,)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,12 +21,12 @@ import psycopg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.postgres import attempts, replicating, restoring
+from activities.postgres import attempts, replicating, replication_ended, restoring
 from ferry.api.errors import ReplicationEnded
 from ferry.api.saga import EndReplicationResult, MigrationRef
 from tests.cluster import eventually
 from tests.end_to_end import Databases
-from tests.postgres.data import connect, contents, create_shop, database_settings
+from tests.postgres.data import connect, contents, create_shop, database_settings, set_on_database
 from tests.postgres.online import NOTHING, OnlineSteps, leftovers, slots
 
 SCHEDULED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -274,3 +275,36 @@ def test_an_attempt_is_late_when_the_end_was_scheduled_after_it() -> None:
     # Another run (a reset): by Temporal's clock.
     assert attempt.before(attempts.Attempt(run="s", activity="2", scheduled=at + timedelta(seconds=1)))
     assert not attempt.before(attempts.Attempt(run="s", activity="20", scheduled=at - timedelta(seconds=1)))
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    # DateStyle SQL, month first: its now()::text (11/29/2026 ...) sorts below every ISO one whatever the day; day
+    # first (29/11/2026 ...), above them from the 21st of the month on, when text order would keep it by chance.
+    [("timezone", "America/New_York"), ("datestyle", "SQL, MDY")],
+    ids=["new-york", "sql-mdy"],
+)
+def test_the_end_recorded_last_is_kept_whatever_the_time_zone_or_date_style_of_its_session(
+    online: OnlineSteps, databases: Databases, setting: str, value: str
+) -> None:
+    """ferry.replication_ended keeps the entries of the 32 Migrations whose replication ended last. The ends of 32
+    other Migrations of the source are recorded by sessions in UTC; then the source database's TimeZone or DateStyle
+    changes (a role's or a database's own setting, which ferry's sessions follow), and the rollback of this Migration
+    records its end. It is the newest entry, so it stays, and the late attempt of replicate is refused."""
+    create_shop(databases.source, customers=100, orders=1_000)
+    set_on_database(databases.source, "timezone", "UTC")
+    for _ in range(replication_ended.KEPT):
+        other = dataclasses.replace(online, ref=online.ref.model_copy(update={"uid": str(uuid.uuid4())}))
+        scheduled_as(other, 9).undo_catch_up()
+    set_on_database(databases.source, setting, value)
+    late = scheduled_as(online, 5)
+    scheduled_as(online, 9).undo_catch_up()  # the rollback, once the saga wrote attempt 5 off
+
+    with pytest.raises(ReplicationEnded):
+        late.replicate()
+
+    assert leftovers(databases) == NOTHING, "no slot keeps the source's WAL"
+    with connect(databases.source) as conn:
+        recorded = replication_ended.read(conn)
+    assert len(recorded) == replication_ended.KEPT
+    assert online.ref.uid in recorded
