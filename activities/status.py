@@ -5,7 +5,10 @@ the saga writes its fields with server-side apply as field manager `ferry-saga`,
 watcher writes its own (status.controls, status.deletion) as `ferry-watcher`, and the
 running data activity its status.progress as `ferry-progress` (activities/progress_status.py). An
 apply sets exactly the fields it carries and removes those it carried before and no
-longer does, so no owner ever copies, or overwrites, another's fields. The
+longer does, so no owner ever copies, or overwrites, another's fields. (The API server
+stamps each owner's entry in managedFields with the time of its last change, by its own
+clock: the watcher reads `ferry-saga`'s to tell a success written before a deletion,
+`Migration.success_timing`, so only the saga writes as `ferry-saga`.) The
 apply is conditional on a resourceVersion known to be this Migration's (its uid): the
 one this worker's previous write of it produced, or else a fresh read's. The progress
 writer of the same worker shares that knowledge (activities/known_versions.py), so its
@@ -48,6 +51,7 @@ from ferry.api.migration import (
     ACTIVITY_STATUS_FIELDS,
     GROUP,
     PLURAL,
+    SAGA_FIELD_MANAGER,
     VERSION,
     WATCHER_STATUS_FIELDS,
     MigrationStatus,
@@ -58,8 +62,6 @@ from ferry.api.scrubbing import scrub
 from ferry.observability import metrics
 
 REPORTING_COMPONENT = "ferry.dev/saga"
-SAGA_FIELD_MANAGER = "ferry-saga"
-"""Field manager of the saga's status fields, as `kubectl get -o yaml --show-managed-fields` shows it."""
 
 
 class StatusActivities:

@@ -22,7 +22,9 @@ A run terminated from outside undid nothing more, and its deletion undoes nothin
 A run gone from Temporal is marked with the conditions' reason HISTORY_GONE: deleting its
 Migration undoes what the steps recorded (watcher/deletion.py, `_history_gone`), as it did
 before the mark, and the message says so (unless every step shows Succeeded, or it is a
-dry run: then there is nothing to undo, and the reason stays Abandoned). Nothing is marked
+dry run: then there is nothing to undo, and the reason stays Abandoned). Either way the
+steps the run left under way are marked Interrupted (watcher/patching.py), and the message
+names them. Nothing is marked
 on a Migration being deleted (the deletion handler decides), nor for a run the status
 places in another Temporal namespace than the watcher's, whose absence here says nothing.
 """
@@ -37,7 +39,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistoryEventFilterType
 from temporalio.service import RPCError, RPCStatusCode
 
-from ferry.api.migration import FINALIZER, HISTORY_GONE, Migration
+from ferry.api.migration import FINALIZER, HISTORY_GONE, UNDER_WAY, Migration
 from watcher.decisions import every_step_succeeded
 
 log = logging.getLogger("ferry.watcher.abandoned")
@@ -129,8 +131,8 @@ async def why_abandoned(handle: WorkflowHandle[Any, Any], migration: Migration, 
     how = await _termination(handle) if description.status is WorkflowExecutionStatus.TERMINATED else "timed out"
     return Abandonment(
         f"abandoned: the workflow was {how}; from then on ferry undid nothing more, so the source and the target "
-        "are as that run left them (status.steps says which steps it did and which it undid). Inspect them, clean up "
-        "by hand, then delete this Migration."
+        "are as that run left them (status.steps says which steps it did and which it undid)."
+        f"{_interrupted(migration)} Inspect them, clean up by hand, then delete this Migration."
     )
 
 
@@ -161,11 +163,25 @@ def _history_gone(migration: Migration, saga: str, namespace: str) -> Abandonmen
         )
     return Abandonment(
         f"{gone}. status.steps is what the run last recorded: the steps it did, and those it undid; the source and "
-        "the target are as it left them. Deleting this Migration undoes, from those records, what the steps did, as "
-        "a rollback would (the undo workflow: traffic back to the source, which takes writes again, and the target "
+        f"the target are as it left them.{_interrupted(migration)} Deleting this Migration undoes, from those "
+        "records, what the steps did, as a rollback would (the undo workflow: traffic back to the source, which takes "
+        "writes again, and the target "
         f"removed), then lets it go. To keep what it did instead, remove the finalizer {FINALIZER} by hand before "
         "deleting it.",
         HISTORY_GONE,
+    )
+
+
+def _interrupted(migration: Migration) -> str:
+    """The sentence naming the steps the run left under way, which the mark shows Interrupted; empty when none was."""
+    names = [step.name for step in migration.status.steps if step.state in UNDER_WAY]
+    if not names:
+        return ""
+    which = f"{names[0]} was" if len(names) == 1 else f"{', '.join(names)} were"
+    return (
+        f" {which} under way when the run stopped, and nobody recorded how that ended: status.steps shows "
+        f"{'it' if len(names) == 1 else 'them'} Interrupted, and what {'it' if len(names) == 1 else 'they'} did may "
+        "be done in part, in full or not at all."
     )
 
 

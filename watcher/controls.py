@@ -3,7 +3,12 @@
 A control is acted on once: the watcher sends its signal with a request id derived from
 the annotation and its value (the workflow ignores an id it has seen), then records the
 value in status.controls.acknowledged, so a relist does not repeat it. To give the same
-control again, give it a new value, e.g. `kubectl annotate --overwrite ... ferry.dev/retry="alice: 2nd"`.
+control again, give it a new value, e.g. `kubectl annotate --overwrite ... ferry.dev/retry="alice: 2nd"`,
+or take the annotation off and give it again: the watcher sees it go, forgets its
+acknowledgement and counts it in status.controls.takenOff (`taken_off`), and the count
+is part of the next one's request id and Event, so the same value given again is a new
+control rather than one the saga ignores as seen. Taken off and given again while no
+watcher watched, it looks unchanged and is not acted on: a new value always is.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ class Control:
     """Its value, as acknowledged once acted on."""
     signal: Signal
     request: ControlRequest
+    occurrence: int = 0
+    """How often the annotation was taken off before it was given this time (status.controls.takenOff)."""
+
+    @property
+    def event_key(self) -> str:
+        return _event_key(self.key, self.value, self.occurrence)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +53,25 @@ class Rejection:
     key: str
     value: str
     why: str
+    occurrence: int = 0
+
+    @property
+    def event_key(self) -> str:
+        return _event_key(self.key, self.value, self.occurrence)
+
+
+def _event_key(key: str, value: str, occurrence: int) -> str:
+    """What names one giving of a control: its request id, and the key of its Event (recorded once per key)."""
+    return f"{key}={value}" + (f"#{occurrence}" if occurrence else "")
+
+
+def taken_off(migration: Migration) -> list[str]:
+    """The control annotations ferry acknowledged that are no longer on the Migration: taken off since."""
+    controls = migration.status.controls
+    if controls is None:
+        return []
+    annotations = migration.metadata.annotations
+    return sorted(key for key in controls.acknowledged if key.startswith(CONTROL_PREFIX) and key not in annotations)
 
 
 def pending(migration: Migration) -> list[Control | Rejection]:
@@ -49,11 +79,12 @@ def pending(migration: Migration) -> list[Control | Rejection]:
     metadata, status = migration.metadata, migration.status
     generation = metadata.generation
     acknowledged = status.controls.acknowledged if status.controls else {}
+    counted = status.controls.taken_off if status.controls else {}
     found: list[Control | Rejection] = []
     for key, value in sorted(metadata.annotations.items()):
         if not key.startswith(CONTROL_PREFIX) or acknowledged.get(key) == value:
             continue
-        found.append(_parse(key, value, generation))
+        found.append(_parse(key, value, generation, counted.get(key, 0)))
     paused = migration.spec is not None and migration.spec.paused
     of_spec = spec_generation(migration)
     value = f"{str(paused).lower()}@{of_spec}"
@@ -124,16 +155,19 @@ def _refused_resume(resume: Control) -> Rejection:
         resume.value,
         f"{resume.key} came with a pause not yet acted on, and which of the two came last is unknown: ferry pauses. "
         f"To go on, give resume again (kubectl annotate --overwrite ... {again})",
+        resume.occurrence,
     )
 
 
-def _parse(key: str, value: str, generation: int) -> Control | Rejection:
+def _parse(key: str, value: str, generation: int, occurrence: int) -> Control | Rejection:
     name = key[len(CONTROL_PREFIX) :]
     if name not in _CONTROLS:
-        return Rejection(key, value, f"{key} is not a control ferry knows; use one of {', '.join(_CONTROLS)}")
+        why = f"{key} is not a control ferry knows; use one of {', '.join(_CONTROLS)}"
+        return Rejection(key, value, why, occurrence)
     who, _, reason = value.partition(":")
     who, reason = who.strip(), reason.strip()
     if not _WHO.match(who) or len(reason) > 256:
-        return Rejection(key, value, f"{key}={value!r} is not valid; the value must be {FORMAT}")
-    request = ControlRequest(by=who, reason=reason, generation=generation, request_id=f"{key}={value}")
-    return Control(key, value, Signal(name), request)
+        return Rejection(key, value, f"{key}={value!r} is not valid; the value must be {FORMAT}", occurrence)
+    request_id = _event_key(key, value, occurrence)
+    request = ControlRequest(by=who, reason=reason, generation=generation, request_id=request_id)
+    return Control(key, value, Signal(name), request, occurrence)

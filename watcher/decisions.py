@@ -39,7 +39,7 @@ from collections.abc import Iterable
 
 from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, AfterSuccess, Migration, Phase, StepState
 from ferry.api.saga import MigrationRef, workflow_id
-from watcher.controls import Control, Rejection, pending
+from watcher.controls import Control, Rejection, pending, taken_off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,9 @@ class Action:
     add_finalizer: bool = False
     """Added after the start, in one write with the annotation that records it (see watcher/handling.py)."""
     controls: tuple[Control | Rejection, ...] = ()
+    taken_off: tuple[str, ...] = ()
+    """Control annotations acknowledged before and taken off since: forget them, so that given again (with any
+    value) they are new controls (watcher/controls.py)."""
     check_run: bool = False
     """The resync's query saw the run closed Terminated or TimedOut, or not Running (and a describe found it gone or
     ended so), while the status is not finished: the handler looks (watcher/abandoned.py)."""
@@ -87,6 +90,7 @@ class Action:
                 ("start", self.start),
                 ("finalizer", self.add_finalizer),
                 ("controls", bool(self.controls)),
+                ("controls-taken-off", bool(self.taken_off)),
                 ("check-run", self.check_run),
                 ("release-secrets", self.release_secrets),
             )
@@ -132,20 +136,21 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
         if FINALIZER in migration.metadata.finalizers:
             return Action(deletion=True, controls=tuple(_answered_by_deletion(pending(migration))))
         return Action(cancel=not migration.finished)
-    given = tuple(pending(migration))
+    given, off = tuple(pending(migration)), tuple(taken_off(migration))
     if migration.finished:
         # Held only where its deletion still has work: `kubectl replace` of a manifest without finalizers drops
         # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it, or (its run
         # gone from Temporal before it finished) what its steps did, which its deletion undoes.
         has_work = deleting_it_has_work(migration) or migration.status.history_gone
         held = FINALIZER in migration.metadata.finalizers or not has_work
-        return Action(controls=given, add_finalizer=not held)
+        return Action(controls=given, taken_off=off, add_finalizer=not held)
     if migration.spec is None:
         return Action(invalid_spec=migration.spec_problem or "the spec does not validate")
     return Action(
         add_finalizer=FINALIZER not in migration.metadata.finalizers,
         start=not started(migration),
         controls=given,
+        taken_off=off,
         check_run=run_closed,
     )
 
@@ -176,6 +181,7 @@ def _answered_by_deletion(given: Iterable[Control | Rejection]) -> Iterable[Reje
             item.value,
             f"{item.key} refused: the Migration is being deleted; ferry rolls back a run still going, or cleans up "
             "after a finished one, then lets it go",
+            item.occurrence,
         )
 
 

@@ -1,24 +1,32 @@
 """Deleting a Migration: ferry holds its finalizer until the undo or the retention cleanup is done.
 
-Every decision comes from durable facts — the Migration's deletionTimestamp, and the
-state and close time of its run in Temporal — so whichever watcher leads, before or
-after a crash, decides the same:
+Every decision comes from durable facts — the Migration's deletionTimestamp and
+managedFields, and the state and close time of its run in Temporal — so whichever watcher
+leads, before or after a crash, decides the same:
 - Run still going: cancel it (which rolls back), and release the finalizer when the
   rollback has finished. Unless its status already says Succeeded, or shows every step
   Succeeded: the saga has done every step, ignores a cancel from then on and undoes
   nothing, and only its retention cleanup (afterSuccess: Delete), the write saying
   Succeeded and its last workflow task are left (seconds, longer if its worker died
-  then). It is left to close, and counts as finished when its last step did (below).
+  then). It is left to close, and counts as finished when its last step did (below);
+  if the status showing that success was written before the deletion, status.deletion
+  records so (SUCCESS_SHOWN_FIRST), as the run's last writes will hide it.
 - Run finished *after* the deletion was asked for, and Succeeded (the watcher that
-  should have cancelled it died first). Its success is dated by when its last step
-  finished (status.steps, the saga's clock when it decided that nothing would be undone),
-  else by the Succeeded status's time, else by the run's close time. The person
-  asked for a rollback, so the
+  should have cancelled it died first). The person asked for a rollback, so the
   Migration is undone by the undo workflow (traffic back, source scaled up and
   unfrozen, target removed), and only then released, with the reason in status and an
-  Event. Times in deletionTimestamp have whole seconds: a run that closed within the
-  second of the request counts as finished before it, the choice that never undoes a
-  migration someone deleted after it finished.
+  Event. Which came first is `Migration.success_timing`, the rule `may_still_undo`
+  follows too. First a fact no other machine's clock enters: the status shows the
+  success, and the saga's entry in managedFields (the API server's clock, as is
+  deletionTimestamp) was last changed no later than the deletion, the same second
+  included: the success came first, whatever Temporal's clock says. Otherwise the
+  success is dated by the saga's clock (Temporal's): when its last step finished
+  (status.steps, when it decided that nothing would be undone), else by the Succeeded
+  status's time, or the run's close time if earlier, and it counts as after only when
+  more than CLOCK_SKEW_ALLOWANCE (2 minutes) after deletionTimestamp, by the API server's
+  clock. The two clocks are of different machines: not undoing a success is always safe,
+  undoing one that came first destroys the migrated database. A success kept only by
+  that allowance gets a Warning Event (SuccessKept) saying how to go back by hand.
 - Run finished before the deletion: run the retention cleanup its snapshot asks for (a
   workflow of its own), then release.
 - No run ever started (the object names none): release at once.
@@ -29,10 +37,14 @@ after a crash, decides the same:
   what the records say was done, then release. Releasing at once, as for no run, left a
   source frozen and the clients on the target with nothing said. A Migration the resync
   marked Abandoned because its unfinished run went from Temporal (conditions' reason
-  HistoryGone, watcher/abandoned.py) is undone so too, as its message says.
+  HistoryGone, watcher/abandoned.py) is undone so too, as its message says; a step that
+  mark shows Interrupted goes to the undo as the Running step it was (`as_the_run_left_it`).
 The wait is bounded by --deletion-timeout; the deadline and the reason for waiting are
 in status.deletion, so the bound survives a restart of the watcher. Past the deadline
-the finalizer is released anyway, with a Warning Event saying what may be left.
+the finalizer is released anyway, with a Warning Event saying what may be left; never
+before a running run was asked to roll back (the cancel goes first). The deadline is by
+the clock of the replica that wrote it: another replica (a failover, a restart) gives it
+CLOCK_SKEW_ALLOWANCE more, counted on its own monotonic clock (`_past_deadline`).
 
 A deleted Migration without ferry's finalizer that another finalizer keeps, unfinished,
 may have a run going on: its deletion landed between the workflow's start and the write
@@ -45,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,11 +70,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.events import Recorded
 from ferry.api.migration import (
+    CLOCK_SKEW_ALLOWANCE,
     FINALIZER,
+    SUCCESS_SHOWN_FIRST,
     DeletionStatus,
     EventType,
     Migration,
+    MigrationStatus,
     Phase,
+    StepState,
+    SuccessTiming,
     secret_finalizer,
 )
 from ferry.api.saga import (
@@ -107,6 +125,8 @@ class DeletionHandler:
         self._settings = settings
         self._resubmit = resubmit
         self._waiting: dict[str, asyncio.Task[None]] = {}
+        self._gives_up_at: dict[str, float] = {}
+        """Per Migration (uid), when this replica stops waiting, on its monotonic clock (`_past_deadline`)."""
 
     async def handle(self, migration: Migration) -> None:
         """One pass over a Migration whose deletion was asked for and that still holds ferry's finalizer."""
@@ -123,7 +143,13 @@ class DeletionHandler:
         if described is None and not started(migration):
             await self._release(migration, "no workflow ever ran for it")
             return
-        if datetime.now(UTC) >= deadline:
+        running = described is not None and described.status is WorkflowExecutionStatus.RUNNING
+        rolling_back = running and not closing_after_success(migration)
+        cancelled = "rolling back before deletion: the workflow was cancelled"
+        if rolling_back and not _recorded(migration, cancelled):  # recorded only after the cancel was sent
+            # Before the deadline is looked at: a run is never let go of without having been asked to roll back.
+            await handle.cancel()
+        if self._past_deadline(migration, deadline):
             message = (
                 f"gave up waiting at the deadline ({deadline:%Y-%m-%dT%H:%M:%SZ}); workflow {handle.id} is "
                 f"{_state(described)}: check the source, the target and the snapshot by hand"
@@ -134,25 +160,32 @@ class DeletionHandler:
         if described is None:
             await self._history_gone(migration, handle.id, deadline)
             return
-        if described.status is WorkflowExecutionStatus.RUNNING and closing_after_success(migration):
-            await self._wait_for(migration, handle, deadline, "its run has succeeded and is closing")
+        if rolling_back:
+            await self._wait_for(migration, handle, deadline, cancelled)
             return
-        if described.status is WorkflowExecutionStatus.RUNNING:
-            why = "rolling back before deletion: the workflow was cancelled"
-            if not _recorded(migration, why):  # recorded only after the cancel was sent
-                await handle.cancel()
+        if running:  # closing after its success
+            why = "its run has succeeded and is closing"
+            if migration.success_timing() is SuccessTiming.SHOWN_FIRST:
+                why = f"{why}, and {SUCCESS_SHOWN_FIRST}"  # its later writes will hide that: recorded for its close
             await self._wait_for(migration, handle, deadline, why)
             return
-        if await _succeeded_after(handle, described, requested, migration):
-            closed = succeeded_at(migration) or described.close_time
-            assert closed is not None
+        timing = await _success_timing(handle, described, migration)
+        succeeded = migration.success_time(described.close_time)
+        if timing is SuccessTiming.AFTER:
+            assert succeeded is not None
             why = (
-                f"its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for at {requested:%H:%M:%SZ} "
-                "(which means: roll back); undoing the migration before it goes"
+                f"its run succeeded at {succeeded:%H:%M:%SZ} (Temporal's clock), more than "
+                f"{_minutes(CLOCK_SKEW_ALLOWANCE)} after the deletion was asked for at {requested:%H:%M:%SZ} (the API "
+                "server's), which means: roll back; undoing the migration before it goes"
             )
-            done = f"undone before deletion: its run succeeded at {closed:%H:%M:%SZ}, after the deletion was asked for"
+            done = (
+                f"undone before deletion: its run succeeded at {succeeded:%H:%M:%SZ}, after the deletion was asked for"
+            )
             await self._undo(migration, why, done, deadline)
             return
+        if timing is SuccessTiming.WITHIN_ALLOWANCE:
+            assert succeeded is not None
+            await self._kept_within_allowance(migration, succeeded, requested)
         if await self._cleaned_up(migration, deadline):
             return
         if described.status not in _ENDED_WELL and migration.status.phase not in _ALL_UNDONE:
@@ -238,7 +271,7 @@ class DeletionHandler:
         if undone is None and migration.spec is not None:
             input = UndoMigrationInput(
                 ref=ref, generation=migration.metadata.generation, spec=migration.spec, reason=why,
-                status=migration.status,
+                status=as_the_run_left_it(migration.status),
             )  # fmt: skip
             try:
                 handle = await self._client.start_workflow(
@@ -288,10 +321,11 @@ class DeletionHandler:
         key = f"{ref.uid}/{handle.id}"
         if key in self._waiting and not self._waiting[key].done():
             return
-        self._waiting[key] = asyncio.create_task(self._look_again_after(ref, handle, deadline))
+        gives_up_at = self._gives_up_at.get(ref.uid, time.monotonic())
+        self._waiting[key] = asyncio.create_task(self._look_again_after(ref, handle, gives_up_at))
 
-    async def _look_again_after(self, ref: MigrationRef, handle: WorkflowHandle[Any, Any], deadline: datetime) -> None:
-        remaining = max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 1
+    async def _look_again_after(self, ref: MigrationRef, handle: WorkflowHandle[Any, Any], gives_up_at: float) -> None:
+        remaining = max(0.0, gives_up_at - time.monotonic()) + 1
         try:
             await asyncio.wait_for(handle.result(), timeout=remaining)
         except TimeoutError:
@@ -299,6 +333,36 @@ class DeletionHandler:
         except Exception as error:  # noqa: BLE001 - a failed or cancelled run has finished too
             log.info("Migration %s: %s ended: %s", ref, handle.id, error)
         self._resubmit(ref)
+
+    def _past_deadline(self, migration: Migration, deadline: datetime) -> bool:
+        """Whether this replica stops waiting for the Migration: at `deadline`, counted on its monotonic clock from the
+        pass that first saw it (a step of the wall clock changes nothing after that).
+
+        The deadline is a moment by the clock of the replica that wrote it into status.deletion, maybe another one
+        (a failover), whose clock may run ahead of or behind this one's. One that runs behind would make this replica
+        let go early, with a rollback unfinished: a deadline this replica did not compute in this pass gets
+        CLOCK_SKEW_ALLOWANCE more. Erring the other way costs a wait of at most that much."""
+        uid = migration.metadata.uid
+        now = time.monotonic()
+        if uid not in self._gives_up_at:
+            left = (deadline - datetime.now(UTC)).total_seconds()
+            if migration.status.deletion is not None:  # written by an earlier pass: maybe by another clock
+                left += CLOCK_SKEW_ALLOWANCE.total_seconds()
+            self._gives_up_at[uid] = now + max(0.0, left)
+        return now >= self._gives_up_at[uid]
+
+    async def _kept_within_allowance(self, migration: Migration, succeeded: datetime, requested: datetime) -> None:
+        """Says (once) why a run that succeeded after the deletion was asked for, by the two clocks, is not undone."""
+        after = (succeeded - requested).total_seconds()
+        message = (
+            f"its run succeeded at {succeeded:%H:%M:%SZ} by Temporal's clock, {after:.0f}s after the deletion was "
+            f"asked for at {requested:%H:%M:%SZ} by the API server's: within {_minutes(CLOCK_SKEW_ALLOWANCE)}, which "
+            "two clocks may disagree by, ferry counts a success as before the deletion, and never undoes one that may "
+            'have come first. The migration is kept (nothing undone). To go back, undo it by hand: README, "Going '
+            'back after a migration succeeded"'
+        )
+        await self._writer.event(ref_of(migration), EventType.WARNING, "SuccessKept", message, "success-kept")
+        log.warning("Migration %s: %s", ref_of(migration), message)
 
     async def _undo_incomplete(self, migration: Migration, ended: str) -> None:
         """The Warning Event of a Migration that goes with its run ended otherwise than with everything undone."""
@@ -384,6 +448,7 @@ class DeletionHandler:
         a Migration that went without `_release`: its finalizer removed by hand, a deletion ferry's finalizer never
         held (`cancel_unheld`), a precheck attempt that marked the Secrets after the release. Needs nothing but the
         object's last state."""
+        self._gives_up_at.pop(migration.metadata.uid, None)
         if migration.spec is None:
             return  # a spec that does not parse never ran, so never had its Secrets marked
         ref = ref_of(migration)
@@ -404,6 +469,21 @@ class DeletionHandler:
             )
             await self._writer.event(ref, EventType.WARNING, "SecretsNotReleased", message, "secrets-not-released")
             log.warning("Migration %s: %s", ref, message)
+
+
+def as_the_run_left_it(status: MigrationStatus) -> MigrationStatus:
+    """The status the undo workflow is given: each step the watcher marked Interrupted shown Running, under way as the
+    run left it (doing it, or undoing it). The undo treats both alike (every state but Pending counts as begun,
+    `may_have_run` in workflows/undo.py: the step may have had effects), and a worker older than the state would not
+    read the input at all, and fail the undo at once (its input does not validate), so the Migration would go
+    undone."""
+    if not any(step.state is StepState.INTERRUPTED for step in status.steps):
+        return status
+    steps = [
+        step.model_copy(update={"state": StepState.RUNNING}) if step.state is StepState.INTERRUPTED else step
+        for step in status.steps
+    ]
+    return status.model_copy(update={"steps": steps})
 
 
 def _message(why: str, deadline: datetime) -> str:
@@ -430,47 +510,32 @@ def _state(described: WorkflowExecutionDescription | None) -> str:
     return described.status.name if described is not None and described.status else "unknown"
 
 
-async def _succeeded_after(
-    handle: WorkflowHandle[Any, MigrationResult],
-    run: WorkflowExecutionDescription,
-    requested: datetime,
-    migration: Migration,
-) -> bool:
-    """Whether the run succeeded at least a whole second after the deletion was asked for: by when its last step
-    finished (`succeeded_at`), else (no status says) by its close time."""
+async def _success_timing(
+    handle: WorkflowHandle[Any, MigrationResult], run: WorkflowExecutionDescription, migration: Migration
+) -> SuccessTiming:
+    """Where the closed run's success stands to the deletion (`Migration.success_timing`, with the run's close time
+    for a status that does not show it); UNKNOWN for a run that did not succeed. Its result is asked for only when
+    that decides (it costs a request): when the deletion would undo it, or say why it does not."""
     if run.status is not WorkflowExecutionStatus.COMPLETED or run.close_time is None:
-        return False
-    if run.close_time < requested + timedelta(seconds=1):
-        return False
-    succeeded = succeeded_at(migration)
-    if succeeded is not None and succeeded < requested + timedelta(seconds=1):
-        return False
+        return SuccessTiming.UNKNOWN
+    timing = migration.success_timing(closed=run.close_time)
+    if timing in (SuccessTiming.SHOWN_FIRST, SuccessTiming.BEFORE, SuccessTiming.UNKNOWN):
+        return timing
     result = await handle.result()
-    return result.phase is Phase.SUCCEEDED
-
-
-def succeeded_at(migration: Migration) -> datetime | None:
-    """When the Migration's run succeeded, by the saga's clock: when its last step finished, as status.steps shows
-    every step Succeeded. From then on the saga ignores a cancel and undoes nothing (Stage.FINISHED in
-    workflows/controls.py); its retention cleanup (afterSuccess: Delete) and the write saying Succeeded
-    (status.transitionedAt) come after, seconds later or more. Without the steps' times, the Succeeded transition's;
-    None when the status shows no success."""
-    finished = [step.finished_at for step in migration.status.steps]
-    if every_step_succeeded(migration) and all(moment is not None for moment in finished):
-        return max(moment for moment in finished if moment is not None)
-    if migration.status.phase is Phase.SUCCEEDED:
-        return migration.status.transitioned_at
-    return None
+    return timing if result.phase is Phase.SUCCEEDED else SuccessTiming.UNKNOWN
 
 
 def closing_after_success(migration: Migration) -> bool:
     """Whether the run of a Migration being deleted, still running, is only finishing a success: its status says
     Succeeded (the run's last workflow task is left), or shows every step Succeeded (its retention cleanup and the
     write saying Succeeded are left). The saga undoes nothing from then on, and ignores a cancel: the deletion waits
-    for it to close, and then goes as after a success (`succeeded_at` says whether that was before the deletion)."""
-    return migration.status.phase is Phase.SUCCEEDED or (
-        every_step_succeeded(migration) and migration.status.phase is not Phase.ROLLING_BACK
-    )
+    for it to close, and then goes as after a success (`Migration.success_timing` says whether that was before the
+    deletion)."""
+    return migration.status.shows_success
+
+
+def _minutes(allowance: timedelta) -> str:
+    return f"{allowance.total_seconds() / 60:g} minutes"
 
 
 def _retention_cleanup(migration: Migration) -> DeleteSnapshotInput | None:

@@ -134,6 +134,8 @@ class MigrationHandler:
                 return  # gone, or being deleted meanwhile: the watch brings that state
         elif created:
             self._record_later(ref)  # held since its creation: no write unless no status names the run in time
+        if action.taken_off:
+            await self._writer.take_off(ref, action.taken_off)
         for item in action.controls:
             await self._apply_control(ref, item)
         if action.check_run:
@@ -176,7 +178,7 @@ class MigrationHandler:
         await self._writer.mark_failed(migration, message)
 
     async def _apply_control(self, ref: MigrationRef, item: controls.Control | controls.Rejection) -> None:
-        key = f"{item.key}={item.value}"
+        key = item.event_key
         if isinstance(item, controls.Rejection):
             await self._writer.event(ref, EventType.WARNING, "InvalidControl", item.why, key=key)
             await self._writer.acknowledge(ref, item.key, item.value, item.why)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from datetime import UTC, datetime
 
@@ -120,7 +121,7 @@ class LeaderElector:
             return await self._kube.write_lease(
                 settings.name,
                 settings.namespace,
-                LeaseRecord(self.identity, int(settings.duration), now, now, transitions=0),
+                LeaseRecord(self.identity, lease_seconds(settings), now, now, transitions=0),
             )
         record = (lease.holder, lease.renew_time, lease.transitions)
         if record != self._observed.record:
@@ -133,9 +134,16 @@ class LeaderElector:
             lease = dataclasses.replace(
                 lease, holder=self.identity, acquire_time=now, transitions=lease.transitions + 1
             )
-        lease = dataclasses.replace(lease, renew_time=now, duration_seconds=int(settings.duration))
+        lease = dataclasses.replace(lease, renew_time=now, duration_seconds=lease_seconds(settings))
         # The read's resourceVersion rides along: a concurrent write makes this a conflict (False).
         if not await self._kube.write_lease(settings.name, settings.namespace, lease):
             return False
         self._observed = _Observed((lease.holder, lease.renew_time, lease.transitions), time.monotonic())
         return True
+
+
+def lease_seconds(settings: LeaseSettings) -> int:
+    """The duration written into the Lease, which holds whole seconds: rounded up. Rounded down (15.9 to 15), the
+    standbys would take over at 15 s while a leader with a renew deadline of 15.5 s still acted. Rounded up, it is at
+    least the duration, which the settings keep above the renew deadline."""
+    return math.ceil(settings.duration)

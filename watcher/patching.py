@@ -9,7 +9,10 @@ watcher's status fields (controls, deletion) are merge-patched alone, which leav
 saga's fields as they are, at the resourceVersion of a read that found the Migration's
 uid; only an Abandoned Migration (and a Failed one whose spec does not validate) gets its
 phase from the watcher, with the conditions the saga would write, because then no
-workflow is left to write it.
+workflow is left to write it. An Abandoned one's steps left under way (Running, Retrying,
+Compensating) become Interrupted in that same write: no run will finish them. A merge patch
+replaces a list whole, so that write is built from the read it is conditional on: a write
+of the saga's in between costs a 409, and the write is built again from the next read.
 
 The writer remembers, until the pass asks (`take_written`), the resourceVersions its
 writes produced: a state of the Migration that the pass's own later write superseded
@@ -19,12 +22,23 @@ need not be handled again (see watcher/dispatching.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from activities.events import Recorded
-from ferry.api.migration import FINALIZER, WORKFLOW_ANNOTATION, DeletionStatus, EventType, Migration, Phase
+from ferry.api.migration import (
+    FINALIZER,
+    UNDER_WAY,
+    WORKFLOW_ANNOTATION,
+    DeletionStatus,
+    EventType,
+    Migration,
+    Phase,
+    StepState,
+)
 from ferry.api.saga import MigrationRef
 from watcher.decisions import ref_of
 from watcher.kube import Conflict, Kube
@@ -33,6 +47,9 @@ from workflows.status import conditions_for
 log = logging.getLogger("ferry.watcher.patching")
 
 CONFLICT_ATTEMPTS = 10
+
+StatusFields = Mapping[str, Any] | Callable[[Migration], Mapping[str, Any]]
+"""Status fields to merge-patch, or how to build them from the Migration as the write's read found it."""
 
 
 class MigrationWriter:
@@ -106,30 +123,47 @@ class MigrationWriter:
         await self._kube.remove_secret_finalizer(namespace, name, finalizer)
         log.info("removed finalizer %s from Secret %s/%s (if it was there)", finalizer, namespace, name)
 
-    async def patch_status(self, ref: MigrationRef, fields: Mapping[str, Any], *, unless_deleted: bool = False) -> bool:
+    async def patch_status(self, ref: MigrationRef, fields: StatusFields, *, unless_deleted: bool = False) -> bool:
         """Merge-patches the given status fields (the watcher's own) of this very Migration; a missing one is left
         alone, and so, with `unless_deleted`, is one whose deletion was asked for meanwhile. Returns whether it wrote.
 
         Each write carries the resourceVersion of a read that found the Migration's uid, so what a pass decided for
         one Migration never lands on another created since under its name (a status saying Abandoned, or a passed
         deletion deadline, would misrepresent or release it). A write in between (the saga writes often) costs a
-        read and another try.
+        read and another try. `fields` given as a function is built from each read, so a field it copies from the
+        status (a list, which a merge patch replaces whole) is never older than the version the write lands on.
         """
+        wanted: Mapping[str, Any] = {}
         for _ in range(CONFLICT_ATTEMPTS):
             migration = await self._kube.read_migration(ref)
             if migration is None or (unless_deleted and migration.metadata.deletion_timestamp is not None):
                 return False
+            wanted = fields(migration) if callable(fields) else fields
             try:
-                written = await self._kube.patch_status(ref, fields, migration.metadata.resource_version)
+                written = await self._kube.patch_status(ref, wanted, migration.metadata.resource_version)
             except Conflict:
                 continue
             self._wrote(ref, written)
             return written is not None
-        raise RuntimeError(f"Migration {ref} kept changing; could not write its status fields {sorted(fields)}")
+        raise RuntimeError(f"Migration {ref} kept changing; could not write its status fields {sorted(wanted)}")
 
     async def acknowledge(self, ref: MigrationRef, key: str, value: str, message: str) -> None:
         """Records in status.controls that the control `key=value` was acted on (or refused), and how."""
         await self.patch_status(ref, {"controls": {"acknowledged": {key: value}, "message": message}})
+
+    async def take_off(self, ref: MigrationRef, keys: tuple[str, ...]) -> None:
+        """Forgets the acknowledgement of each control annotation in `keys` that is still off the Migration, and
+        counts it in status.controls.takenOff: given again, it is a new control (watcher/controls.py)."""
+
+        def forgotten(migration: Migration) -> Mapping[str, Any]:
+            controls = migration.status.controls
+            if controls is None:
+                return {}
+            off = [key for key in keys if key in controls.acknowledged and key not in migration.metadata.annotations]
+            counts = {key: controls.taken_off.get(key, 0) + 1 for key in off}
+            return {"controls": {"acknowledged": dict.fromkeys(off), "takenOff": counts}} if off else {}
+
+        await self.patch_status(ref, forgotten)
 
     async def waiting_for_deletion(self, ref: MigrationRef, deletion: DeletionStatus) -> None:
         await self.patch_status(ref, {"deletion": deletion.model_dump(mode="json", by_alias=True)})
@@ -139,8 +173,10 @@ class MigrationWriter:
 
         `reason`, when given, is the conditions' reason instead of the phase (HISTORY_GONE). Not on a Migration being
         deleted: the deletion handler decides what happens to it (watcher/deletion.py), from its status as it was.
-        Returns whether it wrote."""
-        return await self._finish(migration, Phase.ABANDONED, message, reason=reason, unless_deleted=True)
+        Steps left under way become Interrupted (`_interrupted`). Returns whether it wrote."""
+        return await self._finish(
+            migration, Phase.ABANDONED, message, reason=reason, unless_deleted=True, interrupts=True
+        )
 
     async def mark_failed(self, migration: Migration, message: str) -> None:
         """Sets phase Failed for a Migration no workflow will run (its spec does not validate), with observedGeneration:
@@ -149,27 +185,74 @@ class MigrationWriter:
 
     async def _finish(
         self, migration: Migration, phase: Phase, message: str, *, reason: str | None = None, observed: bool = False,
-        unless_deleted: bool = False,
+        unless_deleted: bool = False, interrupts: bool = False,
     ) -> bool:  # fmt: skip
         """Writes a final phase, with its message and the conditions the saga would write for it (workflows/status.py),
         so `kubectl wait --for=condition=Succeeded=false` returns. Each condition names the generation it saw; with
         `observed`, status.observedGeneration too (else it stays the saga's, which is what spec.paused is compared
-        with)."""
-        previous = {condition.type: condition for condition in migration.status.conditions}
+        with). With `interrupts`, the steps left under way become Interrupted in the same write.
+
+        Conditions and steps are lists, which a merge patch replaces whole: both are built from the read the write
+        is conditional on (`patch_status`), so nothing the saga wrote before it is lost."""
         generation = migration.metadata.generation
-        conditions = conditions_for(phase, message, generation, previous, datetime.now(UTC))
-        if reason is not None:
-            conditions = {kind: c.model_copy(update={"reason": reason}) for kind, c in conditions.items()}
-        fields: dict[str, Any] = {
-            "phase": phase.value,
-            "currentStep": None,
-            "message": message,
-            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions.values()],
-        }
-        if observed:
-            fields["observedGeneration"] = generation
-        return await self.patch_status(ref_of(migration), fields, unless_deleted=unless_deleted)
+        now = datetime.now(UTC)
+
+        def fields(read: Migration, *, with_steps: bool = interrupts) -> dict[str, Any]:
+            previous = {condition.type: condition for condition in read.status.conditions}
+            conditions = conditions_for(phase, message, generation, previous, now)
+            if reason is not None:
+                conditions = {kind: c.model_copy(update={"reason": reason}) for kind, c in conditions.items()}
+            written: dict[str, Any] = {
+                "phase": phase.value,
+                "currentStep": None,
+                "message": message,
+                "conditions": [
+                    c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions.values()
+                ],
+            }
+            if observed:
+                written["observedGeneration"] = generation
+            steps = _interrupted(read) if with_steps else None
+            if steps is not None:
+                written["steps"] = steps
+            return written
+
+        ref = ref_of(migration)
+        try:
+            return await self.patch_status(ref, fields, unless_deleted=unless_deleted)
+        except ApiException as error:
+            if error.status != 422 or not interrupts:
+                raise
+            # The CRD installed predates the state Interrupted (Helm never upgrades CRDs): the phase matters more.
+            log.warning(
+                "Migration %s: the API server refused the step state %s (its CRD is older than this watcher: "
+                "kubectl apply --server-side -f deploy/crd/); writing phase %s with status.steps as the run left them",
+                ref, StepState.INTERRUPTED.value, phase.value,
+            )  # fmt: skip
+            return await self.patch_status(
+                ref, lambda read: fields(read, with_steps=False), unless_deleted=unless_deleted
+            )
 
     async def event(self, ref: MigrationRef, kind: EventType, reason: str, message: str, key: str) -> Recorded:
         """Records a watcher Event once per key (a relist does not record it again)."""
         return await self._kube.record_event(ref, kind, reason, message, key)
+
+
+def _interrupted(migration: Migration) -> list[dict[str, Any]] | None:
+    """status.steps with each step left under way (UNDER_WAY) marked Interrupted; None when none is, or when the
+    status did not parse whole (`status_problem`): the list is written whole, and one this watcher cannot read
+    entirely is left as it is.
+
+    finishedAt stays as the run left it (unset for a step that was running): nobody knows when, or whether, the
+    step's work stopped (an activity of a terminated run may go on until its worker notices), and the watcher's
+    clock when it noticed, a resync or more later, would pass for that. lastError stays too: why the last attempt
+    failed is still true."""
+    status = migration.status
+    if migration.status_problem is not None or not any(step.state in UNDER_WAY for step in status.steps):
+        return None
+    return [
+        (step.model_copy(update={"state": StepState.INTERRUPTED}) if step.state in UNDER_WAY else step).model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
+        for step in status.steps
+    ]

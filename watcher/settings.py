@@ -23,7 +23,8 @@ class LeaseSettings:
     namespace: str = "default"
     """Namespace of that Lease (deploy/ uses the watcher's own namespace)."""
     duration: Annotated[float, Field(gt=0, le=3600)] = 15.0
-    """Seconds a leader's claim lasts without renewal; another replica takes over after it (at most an hour)."""
+    """Seconds a leader's claim lasts without renewal; another replica takes over after it (at most an hour). The
+    Lease holds whole seconds: a fraction is rounded up, never down to less than the renew deadline."""
     renew_deadline: Annotated[float, Field(gt=0)] = 10.0
     """Seconds a leader keeps trying to renew before it steps down (less than the duration)."""
     retry_period: Annotated[float, Field(gt=0)] = 2.0
@@ -63,9 +64,10 @@ class WatcherSettings(ComponentSettings):
     """Seconds between two looks for runs Temporal lost while they ran (`temporal workflow delete`, a Temporal rebuilt
     empty), whose Migrations become Abandoned: that resync's query lists the Running runs of the task queue too (a
     page per thousand), and each unfinished Migration whose run it does not list costs a describe. At most a day."""
-    deletion_timeout: Annotated[float, Field(ge=0, le=30 * 86400)] = 1800.0
-    """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway (at most
-    30 days)."""
+    deletion_timeout: Annotated[float, Field(gt=0, le=30 * 86400)] = 1800.0
+    """Seconds a deleted Migration waits for its undo or cleanup before ferry releases its finalizer anyway (more than
+    0, at most 30 days). A running run is asked to roll back first, whatever this says; a deadline another watcher
+    replica set counts 2 minutes more (clocks of two machines may disagree)."""
     concurrency: Annotated[int, Field(ge=1, le=1000)] = 16
     """Migrations handled at once (the events of one Migration are always handled in order)."""
     record_start_after: Annotated[float, Field(gt=0, le=3600)] = 10.0

@@ -1152,9 +1152,15 @@ class Saga:
             self._mirror_task = asyncio.create_task(self._mirror_unmirrored())
 
     def _event(self, message: str, reason: str, kind: EventType, key: str) -> EventRecord:
-        """The Event of one transition, keyed by its place in the run so that a retried write records it once."""
+        """The Event of one transition, keyed by the run and its place in the run: a retried write records it once,
+        and a later run's is never taken for an earlier run's (activities/events.py names an Event after its key, and
+        records nothing where one has that name). A run reset (`temporal workflow reset`) counts its transitions
+        again from the reset point, and the undo workflow's from one, so the place alone would repeat keys the run
+        before them recorded, and their Events would be lost. Only the Event's name depends on the run, no command,
+        so a reset run replays its copied history (tests/workflows/test_versions.py)."""
         self._events += 1
-        return EventRecord(type=kind, reason=reason, message=message, key=f"{self._events}.{reason}.{key}")
+        run = workflow.info().run_id
+        return EventRecord(type=kind, reason=reason, message=message, key=f"{run}.{self._events}.{reason}.{key}")
 
     def _coalesces(self) -> bool:
         if self._coalescing is None:

@@ -27,7 +27,11 @@ from ferry.api.migration import MigrationStatus as StatusModel
 
 TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
 
-CONDITION_TYPES = ("Succeeded", "Progressing", "AwaitingApproval", "Paused", "RolledBack")
+CONDITION_TYPES = ("Succeeded", "Progressing", "AwaitingApproval", "Paused", "RolledBack", "Planned")
+"""Each one's status follows the phase. Planned is True at the end of a dry run, so that `kubectl wait
+--for=condition=Planned` returns once the plan is written; Succeeded, which a dry run is not, stays False. Adding a
+type changes only the status the saga writes (an activity's input), no command: recorded histories replay
+(tests/workflows/test_versions.py)."""
 
 
 def _condition_states(phase: Phase) -> dict[str, ConditionStatus]:
@@ -38,6 +42,7 @@ def _condition_states(phase: Phase) -> dict[str, ConditionStatus]:
         "AwaitingApproval": TRUE if phase is Phase.AWAITING_APPROVAL else FALSE,
         "Paused": TRUE if phase is Phase.PAUSED else FALSE,
         "RolledBack": TRUE if phase is Phase.ROLLED_BACK else FALSE,
+        "Planned": TRUE if phase is Phase.PLANNED else FALSE,
     }
 
 

@@ -12,7 +12,7 @@ import contextlib
 import enum
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -91,6 +91,18 @@ class ApiModel(BaseModel):
         use_enum_values=False,
     )
 
+
+def _utc_if_zoneless(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+Time = Annotated[datetime, AfterValidator(_utc_if_zoneless)]
+"""A moment as the resource holds it. The saga, the watcher and the API server always write one with its zone; one
+without (a status edited by hand, `2026-11-25T10:00:00`) is read as UTC, as Kubernetes writes its times. Refusing it
+instead (pydantic's AwareDatetime) would drop the whole top-level status field that holds it (`_salvaged`): all of
+status.steps, and with them the success a deletion must not undo, or status.deletion and its deadline. Kept naive, it
+raised TypeError at the first comparison with an aware time, and the watcher's pass failed at every try: the
+Migration was never let go."""
 
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
 SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
@@ -215,6 +227,16 @@ class StepState(enum.StrEnum):
     COMPENSATING = "Compensating"
     COMPENSATED = "Compensated"
     COMPENSATION_FAILED = "CompensationFailed"
+    INTERRUPTED = "Interrupted"
+    """The run stopped while this step or its undo was under way (Running, Retrying, Compensating), and nothing
+    recorded how that ended: terminated from outside, or lost by Temporal. What it did may be done, in part or in
+    full, or not at all. Written by the watcher alone, with phase Abandoned (watcher/patching.py); undone on
+    deletion as a Running step is (it may have had effects)."""
+
+
+UNDER_WAY = frozenset({StepState.RUNNING, StepState.RETRYING, StepState.COMPENSATING})
+"""States a step holds only while a run goes on: a run that stops without a word leaves them for good, and the watcher
+marks them INTERRUPTED when it marks the Migration Abandoned."""
 
 
 class FailurePolicy(enum.StrEnum):
@@ -535,8 +557,8 @@ class StepStatus(ApiModel):
     state: StepState = StepState.PENDING
     attempts: int = Field(default=0, ge=0, description="How many times the saga started this step.")
     undo_attempts: int = Field(default=0, ge=0, description="How many times the saga started this step's undo.")
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    started_at: Time | None = None
+    finished_at: Time | None = None
     last_error: str | None = Field(default=None, description="Why the last attempt (or undo attempt) failed.")
 
 
@@ -559,7 +581,7 @@ class Condition(ApiModel):
     reason: Annotated[str, Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
     message: str = ""
     observed_generation: int | None = Field(default=None, ge=0)
-    last_transition_time: datetime
+    last_transition_time: Time
 
 
 HISTORY_GONE = "HistoryGone"
@@ -583,8 +605,8 @@ class WriteDowntimeStatus(ApiModel):
     """The write-downtime window: from the start of the step that stops the source's writes until writes flow again,
     to the target (traffic moved) or to the source (the freeze undone)."""
 
-    started_at: datetime
-    ended_at: datetime | None = None
+    started_at: Time
+    ended_at: Time | None = None
     seconds: float | None = Field(default=None, ge=0, description="Its length, once it has ended.")
     ended_by: str | None = Field(default=None, description="How writes flowed again: traffic moved, or freeze undone.")
 
@@ -614,6 +636,13 @@ class ControlsStatus(ApiModel):
     acknowledged: dict[str, str] = Field(
         default_factory=dict, description="Annotation name to the value ferry acted on (or rejected)."
     )
+    taken_off: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Annotation name to how often a control ferry had acted on was taken off: given again, even with the same "
+            "value, it is a new control."
+        ),
+    )
     message: str | None = Field(default=None, description="What happened to the last control given.")
 
 
@@ -624,8 +653,21 @@ class DeletionStatus(ApiModel):
     """
 
     message: str
-    waiting_since: datetime
-    deadline: datetime = Field(description="When ferry stops waiting and releases the finalizer anyway.")
+    waiting_since: Time
+    deadline: Time = Field(description="When ferry stops waiting and releases the finalizer anyway.")
+
+    @property
+    def success_shown_first(self) -> bool:
+        """Whether the watcher recorded, while the run closed after its success, that the status showed that success
+        before the deletion was asked for (SUCCESS_SHOWN_FIRST): the fact `Migration.success_timing` reads first."""
+        return SUCCESS_SHOWN_FIRST in self.message
+
+
+SUCCESS_SHOWN_FIRST = "its status showed that success before the deletion was asked for"
+"""Part of status.deletion's message while a run that succeeded closes, when the status the watcher read showed the
+success written before the deletion (`Migration.success_timing`). Its last writes (the retention cleanup's, the one
+saying Succeeded) come later, and then the saga's entry in managedFields no longer tells; this record still does,
+once the run has closed."""
 
 
 class DatabaseIdentity(ApiModel):
@@ -752,7 +794,7 @@ class ProgressStatus(ApiModel):
     seconds_left: int | None = Field(
         default=None, ge=0, description="Estimated at the current throughput; only when a total is known."
     )
-    updated_at: datetime = Field(description="When the activity wrote this.")
+    updated_at: Time = Field(description="When the activity wrote this.")
     summary: str = Field(description="The same in words, e.g. `migrate: 412 MiB of 1.2 GiB, 38 MiB/s, ~21s left`.")
 
 
@@ -762,7 +804,7 @@ class MigrationStatus(ApiModel):
         default=None, description="The step running, or the next one while the saga waits (paused, approval)."
     )
     message: str | None = None
-    transitioned_at: datetime | None = Field(
+    transitioned_at: Time | None = Field(
         default=None,
         description="When the saga made the transition this status shows, by the workflow's clock.",
     )
@@ -780,13 +822,30 @@ class MigrationStatus(ApiModel):
     progress: ProgressStatus | None = None
     databases: CheckedDatabases | None = None
 
-    def succeeded_before(self, requested: datetime) -> bool:
-        """Whether this status says the saga had succeeded before `requested` (within its whole second): the time of
-        its Succeeded transition, by the workflow's clock, not the run's close, which may come much later (the run's
-        last workflow task redone after its worker died)."""
-        if self.phase is not Phase.SUCCEEDED or self.transitioned_at is None:
-            return False
-        return self.transitioned_at < requested + timedelta(seconds=1)
+    @property
+    def every_step_succeeded(self) -> bool:
+        """Whether every step of the run shows Succeeded: the migration was done, whatever the phase says (the saga
+        ignores a cancel from then on; its retention cleanup and the write saying Succeeded come after)."""
+        return bool(self.steps) and all(step.state is StepState.SUCCEEDED for step in self.steps)
+
+    @property
+    def shows_success(self) -> bool:
+        """Whether this status shows the run's success: phase Succeeded, or every step Succeeded and no rollback."""
+        return self.phase is Phase.SUCCEEDED or (self.every_step_succeeded and self.phase is not Phase.ROLLING_BACK)
+
+    @property
+    def succeeded_at(self) -> datetime | None:
+        """When the run succeeded, by the saga's clock (Temporal's, workflow.now()): when its last step finished, as
+        the steps show every one Succeeded. From then on the saga ignores a cancel and undoes nothing (Stage.FINISHED
+        in workflows/controls.py); its retention cleanup (afterSuccess: Delete) and the write saying Succeeded
+        (transitionedAt) come after, seconds later or more. Without the steps' times, the Succeeded transition's;
+        None when the status shows no success."""
+        finished = [step.finished_at for step in self.steps]
+        if self.every_step_succeeded and all(moment is not None for moment in finished):
+            return max(moment for moment in finished if moment is not None)
+        if self.phase is Phase.SUCCEEDED:
+            return self.transitioned_at
+        return None
 
     @property
     def history_gone(self) -> bool:
@@ -802,6 +861,30 @@ class MigrationStatus(ApiModel):
 
 _Part = TypeVar("_Part", bound=ApiModel)
 
+SAGA_FIELD_MANAGER = "ferry-saga"
+"""Field manager of the saga's status writes (server-side apply, activities/status.py), as `kubectl get -o yaml
+--show-managed-fields` shows it. The watcher's (ferry-watcher) and the data activities' (ferry-progress,
+ferry-precheck) are others, each with an entry of its own."""
+
+
+class ManagedFieldsEntry(ApiModel):
+    """One entry of metadata.managedFields, as far as ferry reads it: who wrote, through which subresource, and when.
+    The fields it owns (fieldsV1, most of an object's metadata) are not kept."""
+
+    manager: str = ""
+    subresource: str = ""
+    time: Time | None = None
+    """Set by the API server, by its own clock (whole seconds), whenever this manager adds, changes or removes a field
+    it owns; not when another manager takes one over, nor when a write changes nothing."""
+
+
+def _read_entries(entries: tuple[ManagedFieldsEntry, ...]) -> tuple[ManagedFieldsEntry, ...]:
+    return tuple(entry for entry in entries if entry.subresource == "status" and entry.manager in READ_MANAGERS)
+
+
+READ_MANAGERS = frozenset({SAGA_FIELD_MANAGER})
+"""The field managers whose entries a parsed Migration keeps (of the status subresource): those ferry reads."""
+
 
 class ObjectMeta(ApiModel):
     """The metadata of an object, as far as ferry reads it."""
@@ -811,12 +894,51 @@ class ObjectMeta(ApiModel):
     uid: str
     generation: int = 1
     resource_version: str = ""
-    creation_timestamp: datetime | None = None
-    deletion_timestamp: datetime | None = None
+    creation_timestamp: Time | None = None
+    deletion_timestamp: Time | None = None
     """Set once a deletion was asked for; the object stays while it has finalizers."""
     finalizers: list[str] = Field(default_factory=list)
     annotations: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    managed_fields: Annotated[tuple[ManagedFieldsEntry, ...], AfterValidator(_read_entries)] = ()
+    """Only the entries ferry reads (those of READ_MANAGERS on the status subresource), without the fields they own:
+    each entry kept costs about a kilobyte, and the watcher may hold ten thousand Migrations whole at once (a list
+    after a restart, a burst)."""
+
+    def status_written_at(self, manager: str) -> datetime | None:
+        """When `manager` last changed the status fields it owns, by the API server's clock (whole seconds); None
+        when it owns none, or the object was read without its managedFields."""
+        times = [entry.time for entry in self.managed_fields if entry.manager == manager and entry.time is not None]
+        return max(times, default=None)
+
+
+CLOCK_SKEW_ALLOWANCE = timedelta(minutes=2)
+"""How far two clocks ferry compares may disagree. A success is dated by the saga's clock (Temporal's: the steps'
+finishedAt, transitionedAt, the run's close time), its deletion by the API server's (deletionTimestamp): a success
+counts as after the deletion, which undoes it, only when it is more than this later. Not undoing a success is always
+safe (the migration is done and consistent); undoing one nobody asked to undo destroys the migrated database. The
+watcher also gives another replica's deletion deadline this much more (watcher/deletion.py)."""
+
+
+class SuccessTiming(enum.Enum):
+    """Where a deleted Migration's success stands to its deletion (`Migration.success_timing`)."""
+
+    UNKNOWN = "unknown"
+    """No success shown (nor a run's close time given), or no deletion."""
+    SHOWN_FIRST = "shown-first"
+    """The status showing the success was written before the deletion, by the API server's clock: no clock of
+    another machine enters, so this holds whatever Temporal's clock says."""
+    BEFORE = "before"
+    """The success came before the deletion (within its whole second), by the clocks."""
+    WITHIN_ALLOWANCE = "within-allowance"
+    """By the clocks the success came after the deletion, but by CLOCK_SKEW_ALLOWANCE or less: taken as before."""
+    AFTER = "after"
+    """The success came more than CLOCK_SKEW_ALLOWANCE after the deletion was asked for: the deletion undoes it."""
+
+    @property
+    def kept(self) -> bool:
+        """Whether the deletion keeps the success (it undoes only one AFTER)."""
+        return self in (SuccessTiming.SHOWN_FIRST, SuccessTiming.BEFORE, SuccessTiming.WITHIN_ALLOWANCE)
 
 
 class Migration(ApiModel):
@@ -863,12 +985,47 @@ class Migration(ApiModel):
         (`MigrationStatus.history_gone`) is Abandoned, and yet undone when deleted."""
         if not self.finished or self.status.history_gone:
             return True
-        requested = self.metadata.deletion_timestamp
         return (
-            requested is not None
+            self.metadata.deletion_timestamp is not None
             and self.status.phase is Phase.SUCCEEDED
-            and not self.status.succeeded_before(requested)
+            and not self.success_timing().kept
         )
+
+    def success_time(self, closed: datetime | None = None) -> datetime | None:
+        """When the run succeeded, by the saga's clock: the earliest of its status's `succeeded_at` and `closed`, the
+        close time of a run known to have succeeded (a run closes after its success, by the same clock)."""
+        known = [moment for moment in (self.status.succeeded_at, closed) if moment is not None]
+        return min(known, default=None)
+
+    def success_timing(self, closed: datetime | None = None) -> SuccessTiming:
+        """Where this deleted Migration's success stands to its deletion: the one rule by which the watcher undoes a
+        success (only AFTER; watcher/deletion.py) and by which `may_still_undo` says it may.
+
+        First the fact no clock of another machine enters: the status shows the success, and the saga's last change
+        of its status fields (its entry in managedFields, SAGA_FIELD_MANAGER) is no later than deletionTimestamp
+        (the same second counts as before: never undo a migration someone deleted after it finished), or the watcher
+        recorded that so while the run closed (SUCCESS_SHOWN_FIRST). The saga may write its fields again after the
+        write that showed the success (its retention cleanup's, the write saying Succeeded, a failed write tried
+        again): that makes the entry's time later, never earlier, so it errs only toward the comparison below.
+        Otherwise the saga's clock against the API server's, with CLOCK_SKEW_ALLOWANCE in favour of keeping it.
+        `closed`: the close time of the run, known to have succeeded, when the status may not show it yet."""
+        requested = self.metadata.deletion_timestamp
+        if requested is None:
+            return SuccessTiming.UNKNOWN
+        status = self.status
+        if status.shows_success:
+            recorded = status.deletion is not None and status.deletion.success_shown_first
+            written = self.metadata.status_written_at(SAGA_FIELD_MANAGER)
+            if recorded or (written is not None and written <= requested):
+                return SuccessTiming.SHOWN_FIRST
+        succeeded = self.success_time(closed)
+        if succeeded is None:
+            return SuccessTiming.UNKNOWN
+        if succeeded < requested + timedelta(seconds=1):  # deletionTimestamp has whole seconds
+            return SuccessTiming.BEFORE
+        if succeeded <= requested + CLOCK_SKEW_ALLOWANCE:
+            return SuccessTiming.WITHIN_ALLOWANCE
+        return SuccessTiming.AFTER
 
     def created_no_later_than(self, created: datetime | None) -> bool:
         """Whether this Migration was created before `created`, or in the same second: creation times have whole

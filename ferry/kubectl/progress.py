@@ -30,6 +30,7 @@ STATE_MARKS = {
     "Compensating": "↺",
     "Compensated": "↩",
     "CompensationFailed": "!",
+    "Interrupted": "?",
 }
 STATE_COLOURS = {
     "Running": "cyan",
@@ -39,6 +40,7 @@ STATE_COLOURS = {
     "Compensating": "yellow",
     "Compensated": "yellow",
     "CompensationFailed": "red",
+    "Interrupted": "red",
 }
 PHASE_COLOURS = {
     "Running": "cyan",
@@ -61,9 +63,10 @@ def parse_time(value: object) -> datetime | None:
 
 
 def seconds(step: dict[str, Any], now: datetime | None) -> float | None:
-    """How long the step ran: until it finished, or until `now` while it runs; None before it started."""
+    """How long the step ran: until it finished, or until `now` while it runs; None before it started, and for a step
+    that stopped at a time nobody knows (Interrupted)."""
     begin = parse_time(step.get("startedAt"))
-    end = parse_time(step.get("finishedAt")) or now
+    end = parse_time(step.get("finishedAt")) or (None if step.get("state") == "Interrupted" else now)
     if begin is None or end is None:
         return None
     return max(0.0, (end - begin).total_seconds())
@@ -167,7 +170,8 @@ def step_lines(
     """One line per step: mark, name, state, time, attempts when more than one, and a note.
 
     The steps are those the status lists (the run's own), else `order`. The note is the
-    running step's progress, a retrying step's last error, or an undo's attempts.
+    running step's progress, a retrying step's last error, an undo's attempts, or that an interrupted step's outcome
+    is unknown.
     """
     steps = {step["name"]: step for step in status.get("steps") or []}
     current = status.get("currentStep")
@@ -182,6 +186,8 @@ def step_lines(
             note = progress_note(progress) if progress else detail(name, heartbeat, took)
         if state in ("Retrying", "Failed", "CompensationFailed") and step.get("lastError"):
             note = f"last error: {step['lastError']}"
+        if state == "Interrupted":
+            note = "the run stopped while it was under way: what it did may be done in part"
         attempts = f" (attempt {step['attempts']})" if step.get("attempts", 0) > 1 else ""
         if step.get("undoAttempts", 0) > 1:
             attempts += f" (undo attempt {step['undoAttempts']})"

@@ -220,7 +220,7 @@ BAD_VALUES = [
     (
         ["watcher"],
         {"FERRY_DELETION_TIMEOUT": "-60"},
-        "ferry watcher: --deletion-timeout (FERRY_DELETION_TIMEOUT): input should be greater than or equal to 0 "
+        "ferry watcher: --deletion-timeout (FERRY_DELETION_TIMEOUT): input should be greater than 0 "
         "(got '-60' from FERRY_DELETION_TIMEOUT)",
     ),
     (

@@ -42,6 +42,28 @@ def test_an_acknowledged_value_is_not_sent_again_but_a_new_value_is() -> None:
     assert isinstance(again, controls.Control)
 
 
+def test_a_control_taken_off_is_found_and_given_again_it_is_a_new_request() -> None:
+    acked = {"ferry.dev/retry": "bob", "ferry.dev/pause": "bob", "spec.paused": "true@2"}
+
+    off = migration({"ferry.dev/pause": "bob"}, controls={"acknowledged": acked})
+    assert controls.taken_off(off) == ["ferry.dev/retry"], "spec.paused is no annotation, and pause is still there"
+    assert controls.pending(off) == []
+
+    again = migration({"ferry.dev/retry": "bob"}, controls={"acknowledged": {}, "takenOff": {"ferry.dev/retry": 2}})
+    [retry] = controls.pending(again)
+    assert isinstance(retry, controls.Control)
+    assert retry.request.request_id == retry.event_key == "ferry.dev/retry=bob#2"
+    assert controls.taken_off(again) == []
+
+
+def test_a_bad_value_given_again_after_it_was_taken_off_is_answered_again() -> None:
+    again = migration({"ferry.dev/retry": "no good!"}, controls={"takenOff": {"ferry.dev/retry": 1}})
+
+    [refused] = controls.pending(again)
+    assert isinstance(refused, controls.Rejection)
+    assert refused.event_key == "ferry.dev/retry=no good!#1"
+
+
 def test_unknown_controls_and_bad_values_are_rejected_with_the_reason() -> None:
     found = controls.pending(migration({"ferry.dev/rolback": "alice", "ferry.dev/approve": "not valid!"}))
 

@@ -80,6 +80,18 @@ def test_a_snapshot_shows_bytes_without_a_total_and_a_retrying_step_its_last_err
     assert shown[2].endswith("(attempt 2)  last error: connection refused")
 
 
+def test_a_step_an_abandoned_run_left_under_way_shows_interrupted_with_no_time_running_on() -> None:
+    status = {
+        "phase": "Abandoned",
+        "steps": [{"name": "migrate", "state": "Interrupted", "attempts": 1, "startedAt": _at(10)}],
+    }
+
+    shown = progress.lines(status, None, T0 + timedelta(days=3))
+
+    note = "the run stopped while it was under way: what it did may be done in part"
+    assert shown[1].split() == ["?", "migrate", "Interrupted", *note.split()], "no time: nobody knows when it stopped"
+
+
 def test_an_online_migration_shows_its_own_steps_and_the_replications_progress() -> None:
     online = {"spec": {"driver": {"mode": "Online"}}}
     pending = progress.lines({}, None, None, order=progress.order_of(online))

@@ -137,6 +137,49 @@ async def test_a_control_is_acted_on_once_even_when_the_watcher_sees_it_again(
     assert len(approvals) == 1
 
 
+async def test_a_control_taken_off_and_given_again_with_the_same_value_is_a_new_control(
+    kubectl: Kubectl, migration_crd: str, namespace: str, stack: StackInfo, temporal_client: Client,
+    running_watcher: WatcherSettings, ferry_worker: WorkerSettings,
+) -> None:  # fmt: skip
+    """`kubectl annotate ... ferry.dev/retry-`, then the same `ferry.dev/retry=carol` again: the second was taken for
+    the first, already acknowledged, and nothing was sent or said. Now taking it off is counted in the status, and
+    the one given again is sent to the saga and answered."""
+    ref = apply_migration(kubectl, namespace, migration_manifest(stack, "snapshots", paused=True))
+    await eventually("the Paused phase", lambda: _phase_is(kubectl, namespace, ref.name, "Paused"))
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/retry=carol", by="carol")
+    await eventually(
+        "the retry to be acknowledged", lambda: _acknowledged(kubectl, namespace, ref.name, "ferry.dev/retry", "carol")
+    )
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/retry-", by="carol")
+
+    async def counted() -> bool:
+        controls = (await _get(kubectl, namespace, ref.name))["status"]["controls"]
+        return controls.get("takenOff") == {"ferry.dev/retry": 1} and "ferry.dev/retry" not in controls["acknowledged"]
+
+    await eventually("the retry taken off to be counted", counted)
+
+    await _annotate(kubectl, namespace, ref.name, "ferry.dev/retry=carol", by="carol")
+
+    async def answered_twice() -> bool:
+        refused = [e for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlRefused"]
+        return len(refused) == 2
+
+    await eventually("a second ControlRefused", answered_twice)
+    refused = [e["message"] for e in await _events(kubectl, namespace, ref.name) if e["reason"] == "ControlRefused"]
+    assert refused == ["ferry.dev/retry: retry refused: no failed step waits for a decision"] * 2, "the saga's answer"
+    assert await _acknowledged(kubectl, namespace, ref.name, "ferry.dev/retry", "carol")
+    history = await temporal_client.get_workflow_handle(workflow_id(ref)).fetch_history()
+    asked = {
+        event.workflow_execution_update_accepted_event_attributes.accepted_request.meta.update_id
+        for event in history.events
+        if event.HasField("workflow_execution_update_accepted_event_attributes")
+        and event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == "retry"
+    }
+    assert asked <= {"ferry.dev/retry=carol", "ferry.dev/retry=carol#1"}
+    assert (await _get(kubectl, namespace, ref.name))["status"]["phase"] == "Paused"
+
+
 async def _acknowledged(kubectl: Kubectl, namespace: str, name: str, key: str, value: str) -> bool:
     controls = ((await _get(kubectl, namespace, name)).get("status") or {}).get("controls") or {}
     return bool(controls.get("acknowledged", {}).get(key) == value)

@@ -25,8 +25,17 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.events import Recorded, record_event
+from activities.kube_calls import APPLY_PATCH, migration_status_apply
 from devstack.stack.stack import StackInfo
-from ferry.api.migration import FINALIZER, Migration, Phase, SnapshotSpec
+from ferry.api.migration import (
+    CLOCK_SKEW_ALLOWANCE,
+    FINALIZER,
+    SAGA_FIELD_MANAGER,
+    SUCCESS_SHOWN_FIRST,
+    Migration,
+    Phase,
+    SnapshotSpec,
+)
 from ferry.api.migration import EventType as KubernetesEventType
 from ferry.api.saga import (
     ControlRequest,
@@ -177,7 +186,10 @@ async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_be
     kube_api: k8s.ApiClient, temporal_client: Client, watcher_process: Callable[..., WatcherProcess],
     ferry_worker: WorkerSettings,
 ) -> None:  # fmt: skip
-    """The leader dies between the deletion and the cancel; the run then succeeds; the next leader undoes it."""
+    """The leader dies between the deletion and the cancel; the run then succeeds; the next leader undoes it.
+
+    The success comes more than CLOCK_SKEW_ALLOWANCE (2 minutes) after the deletion: within it, the watcher counts a
+    success as before the deletion (the saga's clock and the API server's are two machines'), and keeps it."""
     first = watcher_process("first")
     first.start()
     ref = apply_migration(kubectl, namespace, migration_manifest(stack, bucket, approval={"required": True}))
@@ -192,10 +204,11 @@ async def test_a_run_that_succeeds_after_its_deletion_was_asked_for_is_undone_be
         ((await _migration(kubectl, namespace, ref.name)) or {})["metadata"]["deletionTimestamp"].replace("Z", "+00:00")
     )
 
-    async def a_second_later() -> bool:
-        return datetime.now(UTC) >= deleted_at + timedelta(seconds=1.5)
+    async def past_the_allowance() -> bool:
+        return datetime.now(UTC) >= deleted_at + CLOCK_SKEW_ALLOWANCE + timedelta(seconds=1.5)
 
-    await eventually("the clock to pass the deletion's second", a_second_later)
+    allowance = CLOCK_SKEW_ALLOWANCE.total_seconds()
+    await eventually("the clock to pass the allowance for skew", past_the_allowance, within=allowance + 30)
     run = temporal_client.get_workflow_handle(workflow_id(ref))
     await run.signal(Signal.APPROVE.value, ControlRequest(by="someone-unaware"))
     assert (await run.result())["phase"] == "Succeeded"
@@ -400,7 +413,8 @@ async def test_a_migration_whose_whole_namespace_is_deleted_is_let_go_at_the_dea
 ) -> None:
     """`kubectl delete namespace` deletes the Migration with everything else, and the API server then refuses every
     new object there, Events included (403, the namespace "is being terminated"). The deadline is the way out when the
-    run cannot end (here no worker runs it at all): ferry lets the Migration go, so the namespace can go too."""
+    run cannot end (here no worker runs it at all): ferry asks it to roll back, and at the deadline lets the Migration
+    go, so the namespace can go too."""
     core, custom = k8s.CoreV1Api(kube_api), k8s.CustomObjectsApi(kube_api)
     doomed = f"t-doomed-{uuid.uuid4().hex[:8]}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=doomed)))
@@ -409,7 +423,7 @@ async def test_a_migration_whose_whole_namespace_is_deleted_is_let_go_at_the_dea
     created = custom.create_namespaced_custom_object(GROUP, VERSION, doomed, PLURAL, manifest)
     ref = MigrationRef(namespace=doomed, name="orders-db-to-16", uid=created["metadata"]["uid"])
     kube = Kube(kube_api, "test")
-    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, doomed, deletion_timeout=0))
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, doomed, deletion_timeout=1))
     try:
         seen = await kube.read_migration(ref)
         assert seen is not None
@@ -425,6 +439,15 @@ async def test_a_migration_whose_whole_namespace_is_deleted_is_let_go_at_the_dea
         doomed_migration = await kube.read_migration(ref)
         assert doomed_migration is not None
         await handler.handle(doomed_migration, gone=False, run_closed=False, received=0.0)
+        asked = [
+            event.event_type
+            async for event in temporal_client.get_workflow_handle(workflow_id(ref)).fetch_history_events()
+        ]
+        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED in asked, "asked to roll back first"
+        await asyncio.sleep(1.5)
+        past_deadline = await kube.read_migration(ref)
+        assert past_deadline is not None
+        await handler.handle(past_deadline, gone=False, run_closed=False, received=0.0)
 
         assert await kube.read_migration(ref) is None, "ferry's finalizer released"
         await eventually(
@@ -937,6 +960,104 @@ async def test_a_migration_deleted_while_its_run_deletes_the_snapshot_for_retent
     assert await kube.read_migration(ref) is None, "released"
     assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
     assert "UndoingBeforeDeletion" not in await _reasons(kubectl, namespace, ref.name)
+
+
+TEMPORAL_AHEAD = timedelta(minutes=10)
+"""How far ahead of the API server's a skewed Temporal's clock runs: the saga dates every step, and its Succeeded
+write, by it (workflow.now())."""
+
+
+def _apply_as_the_saga(custom: k8s.CustomObjectsApi, ref: MigrationRef, status: dict[str, Any]) -> None:
+    """Writes `status` as the saga's mirror does: a server-side apply of the status as ferry-saga."""
+    read = custom.get_namespaced_custom_object(GROUP, VERSION, ref.namespace, PLURAL, ref.name)
+    applied = migration_status_apply(ref, read["metadata"]["resourceVersion"], status)
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ref.namespace, PLURAL, ref.name, applied, field_manager=SAGA_FIELD_MANAGER, force=True,
+        _content_type=APPLY_PATCH,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seen_closing", [False, True], ids=["one-pass-after-close", "a-pass-while-it-closes"])
+async def test_a_success_shown_before_the_deletion_is_not_undone_however_far_ahead_temporals_clock_runs(
+    kubectl: Kubectl, namespace: str, stack: StackInfo, bucket: str, kube_api: k8s.ApiClient, temporal_client: Client,
+    task_queue: str, seen_closing: bool,
+) -> None:  # fmt: skip
+    """`kubectl wait --for=condition=Succeeded`, then `kubectl delete`, with Temporal's clock 10 minutes ahead of the
+    API server's: the steps' finishedAt and transitionedAt say the success came 10 minutes after the deletion, and the
+    run closed after it (its last workflow task late: a worker that died). The API server saw the saga write the
+    success before the deletion (the saga's managedFields entry), so the migration stays; undoing it would empty and
+    delete the live target. Seen while its run closes, the watcher records that fact, which the saga's last write,
+    after the deletion, would hide."""
+    custom = k8s.CustomObjectsApi(kube_api)
+    manifest = migration_manifest(stack, bucket, name="orders-db-to-16")
+    manifest["metadata"].update(namespace=namespace, finalizers=[FINALIZER])
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    ref = MigrationRef(namespace=namespace, name="orders-db-to-16", uid=created["metadata"]["uid"])
+    kube = Kube(kube_api, "test")
+    handler = pass_handler(temporal_client, kube, watcher_settings(stack, task_queue, namespace))
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[_FinishesItsRetentionCleanup],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):  # fmt: skip
+        run = await temporal_client.start_workflow(
+            "FinishesItsRetentionCleanup", id=workflow_id(ref), task_queue=task_queue
+        )
+        by_temporal = (datetime.now(UTC) + TEMPORAL_AHEAD).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        shown = {
+            "phase": "Running" if seen_closing else "Succeeded",
+            "workflow": {"namespace": temporal_client.namespace, "id": workflow_id(ref)},
+            "steps": _every_step_succeeded(datetime.now(UTC) + TEMPORAL_AHEAD),
+            "transitionedAt": by_temporal,
+        }
+        _apply_as_the_saga(custom, ref, shown)
+        before = await kube.read_migration(ref)
+        assert before is not None
+        await asyncio.sleep(1)  # the API server's clock has whole seconds: the deletion comes in a later one
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, ref.name)
+        deleted = await _watched_deletion(kube, ref, before.metadata.resource_version)
+        requested = deleted.metadata.deletion_timestamp
+        assert requested is not None
+        written = deleted.metadata.status_written_at(SAGA_FIELD_MANAGER)
+        assert written is not None
+        assert written < requested, "the fact, as the watcher reads it"
+        dated = deleted.status.succeeded_at
+        assert dated is not None
+        assert dated > requested + TEMPORAL_AHEAD / 2, "by Temporal's clock, long after the deletion"
+        if seen_closing:
+            await handler.handle(deleted, gone=False, run_closed=False, received=0.0)
+            closing = await kube.read_migration(ref)
+            assert closing is not None
+            assert closing.status.deletion is not None
+            assert SUCCESS_SHOWN_FIRST in closing.status.deletion.message
+            await asyncio.sleep(1)
+            _apply_as_the_saga(custom, ref, {**shown, "phase": "Succeeded"})  # its last write, after the deletion
+
+        async def a_second_later() -> bool:
+            return datetime.now(UTC) >= requested + timedelta(seconds=1.5)
+
+        await eventually("the clock to pass the deletion's second", a_second_later)
+        await run.signal("cleaned")
+        assert (await run.result())["phase"] == "Succeeded"
+        closed = await kube.read_migration(ref)
+        assert closed is not None
+
+        await handler.handle(closed, gone=False, run_closed=False, received=0.0)
+
+    assert await kube.read_migration(ref) is None, "released"
+    assert await _started(temporal_client, undo_workflow_id(ref)) is None, "nothing undone"
+    reasons = await _reasons(kubectl, namespace, ref.name)
+    assert "UndoingBeforeDeletion" not in reasons
+    assert "SuccessKept" not in reasons, "kept by the fact, not by the allowance for the clocks"
+
+
+async def _watched_deletion(kube: Kube, ref: MigrationRef, since: str) -> Migration:
+    """The Migration as the watcher's watch brings it once its deletion was asked for (managedFields included)."""
+    async with asyncio.timeout(30), contextlib.aclosing(kube.watch_migrations(ref.namespace, since)) as events:
+        async for event in events:
+            found = event.migration
+            if found is not None and found.metadata.uid == ref.uid and found.metadata.deletion_timestamp is not None:
+                return found
+    raise AssertionError(f"the watch ended without the deletion of Migration {ref}")
 
 
 async def _deleted_while_closing(

@@ -56,7 +56,7 @@ async def test_a_migration_whose_spec_does_not_validate_fails_with_conditions_ku
     conditions = {condition["type"]: condition for condition in status["conditions"]}
     assert {kind: condition["status"] for kind, condition in conditions.items()} == {
         "Succeeded": "False", "Progressing": "False", "AwaitingApproval": "False", "Paused": "False",
-        "RolledBack": "False",
+        "RolledBack": "False", "Planned": "False",
     }  # fmt: skip
     assert {condition["reason"] for condition in conditions.values()} == {"Failed"}
     assert {condition["observedGeneration"] for condition in conditions.values()} == {status["observedGeneration"]}

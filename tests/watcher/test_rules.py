@@ -15,7 +15,7 @@ from tests import samples
 from watcher import controls
 from watcher.abandoned import no_such_run
 from watcher.decisions import Action, decide
-from watcher.deletion import closing_after_success, succeeded_at
+from watcher.deletion import closing_after_success
 from watcher.inventory import Inventory, keep
 
 pytestmark = pytest.mark.unit
@@ -109,20 +109,21 @@ def test_a_success_is_dated_by_when_its_last_step_finished_not_by_the_succeeded_
     last_step = DELETED - timedelta(seconds=5)
     shown = migration(phase="Succeeded", transitionedAt=_at(DELETED + timedelta(seconds=30)), steps=steps(last_step))
 
-    assert succeeded_at(shown) == last_step
-    assert succeeded_at(migration(phase="Running", steps=steps(last_step))) == last_step, "Succeeded not written yet"
+    assert shown.status.succeeded_at == last_step
+    running = migration(phase="Running", steps=steps(last_step))
+    assert running.status.succeeded_at == last_step, "Succeeded not written yet"
 
 
 def test_without_the_steps_times_a_success_is_dated_by_its_succeeded_transition() -> None:
     written = DELETED + timedelta(seconds=3)
 
-    assert succeeded_at(migration(phase="Succeeded", transitionedAt=_at(written), steps=steps(None))) == written
-    assert succeeded_at(migration(phase="Succeeded", transitionedAt=_at(written))) == written
+    assert migration(phase="Succeeded", transitionedAt=_at(written), steps=steps(None)).status.succeeded_at == written
+    assert migration(phase="Succeeded", transitionedAt=_at(written)).status.succeeded_at == written
 
 
 def test_a_run_with_a_step_not_succeeded_has_not_succeeded() -> None:
-    assert succeeded_at(migration(phase="Running", steps=steps(DELETED, last="Running"))) is None
-    assert succeeded_at(migration(phase="RolledBack", steps=steps(DELETED, last="Compensated"))) is None
+    assert migration(phase="Running", steps=steps(DELETED, last="Running")).status.succeeded_at is None
+    assert migration(phase="RolledBack", steps=steps(DELETED, last="Compensated")).status.succeeded_at is None
 
 
 def test_a_run_whose_every_step_succeeded_is_left_to_close_not_cancelled() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ferry.api.migration import STEP_ORDER, Phase, StepState
-from tests.workflows.conftest import migration_input
+from ferry.api.migration import STEP_ORDER, ConditionStatus, Phase, StepState
+from tests.workflows.conftest import migration_input, record_history
 from tests.workflows.fakes import CHECK_CLUSTER, MIRROR, PRECHECK, FakeSaga
 
 Run = Any
@@ -48,6 +48,25 @@ async def test_a_dry_run_runs_only_the_checks_and_ends_planned_with_the_plan(run
     assert plan.estimates.total_seconds == 16.0
 
 
+async def test_a_dry_run_ends_with_the_condition_planned_true_which_kubectl_wait_can_wait_for(run_saga: Run) -> None:
+    """`kubectl wait --for=condition=Planned` returns once the plan is written: that condition is True, of the
+    Migration's generation (kubectl wait takes no condition of an older one). Succeeded stays False: nothing was
+    migrated, and a script waiting for a migration must not take a plan for one."""
+    saga = await run_saga(FakeSaga(), migration_input(dryRun=True))
+
+    await saga.handle.result()
+    # Recorded before the condition existed: a dry run in flight replays on a worker that writes it.
+    await record_history(saga, "dry-run-planned")
+
+    conditions = {condition.type: condition for condition in saga.final_status.conditions}
+    planned = conditions["Planned"]
+    assert (planned.status, planned.reason, planned.observed_generation) == (ConditionStatus.TRUE, "Planned", 1)
+    assert planned.message == saga.final_status.message
+    assert [kind for kind, condition in conditions.items() if condition.status is ConditionStatus.TRUE] == ["Planned"]
+    running = {condition.type: condition.status for condition in saga.fakes.statuses[0].conditions}
+    assert running["Planned"] is ConditionStatus.FALSE, "not before the plan is done"
+
+
 async def test_a_run_that_is_not_dry_writes_the_same_plan_and_goes_on(run_saga: Run) -> None:
     saga = await run_saga(FakeSaga(), migration_input())
 
@@ -56,3 +75,5 @@ async def test_a_run_that_is_not_dry_writes_the_same_plan_and_goes_on(run_saga: 
     assert result.phase is Phase.SUCCEEDED
     assert saga.final_status.plan is not None
     assert saga.final_status.plan.estimates is not None
+    conditions = {condition.type: condition.status for condition in saga.final_status.conditions}
+    assert (conditions["Succeeded"], conditions["Planned"]) == (ConditionStatus.TRUE, ConditionStatus.FALSE)

@@ -126,14 +126,21 @@ async def test_the_status_goes_on_from_the_succeeded_run(time_skipping: Workflow
 STEP_NAMES = ["precheck", "provision", "freeze", "snapshot", "migrate", "verify", "switch-traffic", "scale-down-old"]
 
 
+@pytest.mark.parametrize(
+    "freeze",
+    [StepState.RUNNING, StepState.INTERRUPTED],
+    ids=["as-the-run-left-it", "marked-interrupted-by-the-watcher"],
+)
 async def test_given_a_status_the_undo_takes_back_only_the_steps_that_may_have_run(
-    time_skipping: WorkflowEnvironment, task_queue: str
+    freeze: StepState, time_skipping: WorkflowEnvironment, task_queue: str
 ) -> None:
     """A run whose history went while it froze the source (watcher/deletion.py): the steps after the freeze never ran,
     and the check before switch-traffic's undo, which must reach the target, would hold the rollback for nothing. The
-    step after the last one shown begun counts as begun: it may have started before the status said so."""
+    step after the last one shown begun counts as begun: it may have started before the status said so. The freeze
+    shown Interrupted (the watcher marked the Migration Abandoned, watcher/patching.py) is undone as the Running one
+    it was: it may have had effects."""
     order = [step.name for step in plan.PLAN]
-    shown = {"precheck": StepState.SUCCEEDED, "provision": StepState.SUCCEEDED, "freeze": StepState.RUNNING}
+    shown = {"precheck": StepState.SUCCEEDED, "provision": StepState.SUCCEEDED, "freeze": freeze}
     status = MigrationStatus.model_validate(
         {"phase": "Running", "steps": [{"name": name, "state": shown.get(name, StepState.PENDING)} for name in order]}
     )
