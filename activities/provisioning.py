@@ -37,6 +37,7 @@ from activities import blocked, checks, fences, kube_calls, kube_objects, record
 from activities.api_refusals import explain_refusals, server_message
 from activities.cluster_api import ClusterApi
 from activities.events import record_event
+from activities.heartbeats import Heartbeats
 from activities.ownership import belongs_to, labels_of, name_of, own_selector, owner
 from activities.scaling import refuse_claims_deleted_when_scaled
 from activities.status import REPORTING_COMPONENT
@@ -159,10 +160,14 @@ class Provisioning(ClusterApi):
         Names, in a Warning Event, the Pods the stable Service selects beside the source's,
         which switch-traffic takes its traffic from. Reads only otherwise (the API server's
         dry run stores nothing); the Event is recorded once per Migration, so it is idempotent.
+        It heartbeats throughout: its calls, each waiting up to a read timeout for a slow API
+        server, may outlast the heartbeat timeout together, and the attempt would be taken for
+        lost instead of failing with the API server's error.
         """
-        self._checked_manifests(input.ref, input.spec)
-        self._refuse_secrets_naming_other_pods(input.ref, input.spec)
-        self._name_other_pods_selected(input.ref, input.spec)
+        with Heartbeats(self._settings.poll_interval):
+            self._checked_manifests(input.ref, input.spec)
+            self._refuse_secrets_naming_other_pods(input.ref, input.spec)
+            self._name_other_pods_selected(input.ref, input.spec)
         activity.logger.info("the cluster has what Migration %s needs", input.ref)
 
     def _refuse_secrets_naming_other_pods(self, ref: MigrationRef, spec: MigrationSpec) -> None:

@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 from temporalio import activity
 
 from activities import s3 as snapshot_store
+from activities.heartbeats import Heartbeats
 from activities.secrets import Secrets, retried_until_readable, secrets_from
 from activities.settings import DataActivitySettings
 from ferry.api.migration import SnapshotSpec
@@ -54,19 +55,24 @@ class SnapshotStoreActivities:
         """
         bucket = input.artifact.bucket if input.artifact else input.snapshot.bucket
         key = input.artifact.key if input.artifact else (input.key or snapshot_key(input.ref, input.snapshot))
-        deleted = self._delete(input.ref, input.snapshot, bucket, key, keep_object=input.keep)
+        with Heartbeats(self._settings.heartbeat_interval):  # see _delete
+            deleted = self._delete(input.ref, input.snapshot, bucket, key, keep_object=input.keep)
         return UndoSnapshotResult(deleted=deleted)
 
     @activity.defn(name=SnapshotStoreActivity.DELETE_SNAPSHOT.value)
     def delete_snapshot(self, input: DeleteSnapshotInput) -> None:
         """Deletes the snapshot object for retention. Idempotent: an object already gone counts as deleted."""
-        self._delete(input.ref, input.snapshot, input.artifact.bucket, input.artifact.key, keep_object=False)
+        with Heartbeats(self._settings.heartbeat_interval):  # see _delete
+            self._delete(input.ref, input.snapshot, input.artifact.bucket, input.artifact.key, keep_object=False)
 
     def _delete(self, ref: MigrationRef, spec: SnapshotSpec, bucket: str, key: str, *, keep_object: bool) -> bool:
         """Aborts the unfinished uploads of s3://bucket/key and of its streams, and deletes those objects unless
         `keep_object`; deletes the precheck's probe in any case (nobody's snapshot).
 
-        Returns whether nothing is left there.
+        Returns whether nothing is left there. The callers heartbeat meanwhile: one request to a store that does not
+        answer waits a read timeout (a minute by default), up to its attempts, longer than the heartbeat timeout, and
+        Temporal would take the attempt for lost and start another beside it, instead of the step failing with
+        S3NotAnswering.
         """
         snapshot_store.require_own_snapshot(ref, spec, bucket, key, "delete")
         location = f"s3://{bucket}/{key}"

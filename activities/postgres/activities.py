@@ -52,7 +52,15 @@ from activities.postgres import (
     verifying,
 )
 from activities.postgres.attempts import Attempt
-from activities.postgres.connection import Connection, connect, connect_primary, privileged, said
+from activities.postgres.connection import (
+    CANCEL_TIMEOUT,
+    Connection,
+    answering_within,
+    connect,
+    connect_primary,
+    privileged,
+    said,
+)
 from activities.postgres.identity import Pins
 from activities.progress_status import ProgressWriter
 from activities.secrets import DatabaseConnection, SecretProtection, Secrets, retried_until_readable, secrets_from
@@ -273,6 +281,10 @@ class PostgresActivities:
         failover right after the commit must not promote a standby still frozen under a
         Migration that says RolledBack, and a standby that is stuck must not hold the
         rollback up for ever (see freezing.wait_for_standbys). A retry waits again.
+
+        A late attempt (its worker stood still past its heartbeat timeout, then went on) that
+        finds the source frozen again by an attempt scheduled after its own, a later cycle's
+        freeze, refuses (Overtaken) and leaves that freeze as it is (see freezing.restore).
         """
         db = self._database_to_undo(input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the unfreeze")
         with (
@@ -287,7 +299,8 @@ class PostgresActivities:
 
             attempt = activity.info().start_to_close_timeout
             bound = min(freezing.STANDBY_WAIT, attempt.total_seconds() / 4) if attempt else freezing.STANDBY_WAIT
-            freezing.wait_for_standbys(conn, db, bound, between_polls)
+            with answering_within(conn):
+                freezing.wait_for_standbys(conn, db, bound, between_polls)
 
     def _undo(
         self,
@@ -314,10 +327,13 @@ class PostgresActivities:
         )
 
     def _undo_quietly(self, db: DatabaseConnection, ref: MigrationRef, expected: str, heartbeats: Heartbeats) -> None:
-        """Undoes a freeze that did not complete, on a connection of its own (the freeze's may be what broke)."""
+        """Undoes a freeze that did not complete, on a connection of its own (the freeze's may be what broke). Not when
+        a later attempt froze since (Overtaken, see freezing.restore): the saga goes on from that freeze."""
         try:
             with self._connect(db) as conn:
                 self._undo(conn, db, ref, expected, heartbeats)
+        except Overtaken as error:
+            activity.logger.warning("left the freeze in place: %s", error)
         except Exception as error:  # noqa: BLE001 - the freeze's own failure is what to report
             activity.logger.warning("could not undo the partial freeze of %s: %s", db.describe(), error)
 
@@ -460,7 +476,8 @@ class PostgresActivities:
                 waiting = lambda: heartbeats.raise_if_cancelled("sealing verify's mark")  # noqa: E731
 
                 def unchanged(mark: FenceMark) -> None:
-                    settled = unwritten.settle(conn, waiting)
+                    with answering_within(conn):
+                        settled = unwritten.settle(conn, waiting)
                     with privileged(target, "read every sequence"):
                         present = fencing.read(conn)
                     found = fencing.changes(mark, present, since="verify compared it")
@@ -556,8 +573,9 @@ class PostgresActivities:
             freeze = None
             if target is not None:
                 with self._connect(target) as conn:
-                    with privileged(target, "drop and create schemas"):
-                        restoring.prepare_target(conn, target, owner(input.ref), complete=not groups)
+                    with privileged(target, "end other sessions, drop and create schemas"):
+                        retry = replication.lock_retry(heartbeats, "emptying the target for the restore", LOCK_PAUSE)
+                        restoring.prepare_target(conn, target, owner(input.ref), complete=not groups, retry=retry)
                     freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
             with snapshot_store.permanent_failures(s3, bucket, credentials):
                 if groups:
@@ -724,8 +742,11 @@ class PostgresActivities:
                 return MigrateResult(tables=tables, bytes_restored=artifact.total_bytes, during_snapshot=True)
             credentials = self._secrets.s3_credentials(input.ref.namespace, input.snapshot.credentials_secret)
             with self._progress(input.ref, StepName.MIGRATE) as progress:
-                with privileged(db, "drop and create schemas"):
-                    restoring.prepare_target(conn, db, owner(input.ref), found, complete=not artifact.streams)
+                with privileged(db, "end other sessions, drop and create schemas"):
+                    retry = replication.lock_retry(heartbeats, "emptying the target for the restore", LOCK_PAUSE)
+                    restoring.prepare_target(
+                        conn, db, owner(input.ref), found, complete=not artifact.streams, retry=retry
+                    )
                 freeze = self._freezable(input.ref, input.driver, conn.info.server_version)
                 s3 = snapshot_store.client(input.snapshot, credentials, self._settings)
                 with snapshot_store.permanent_failures(s3, artifact.bucket, credentials):
@@ -774,16 +795,18 @@ class PostgresActivities:
         first, under locks held until the drop commits; else WritesOnTarget, and nothing is
         dropped (see unwritten.vouch). Idempotent, and safe after a migrate that never ran or
         half ran: the removal is one transaction, and its last act removes the marker it
-        looks for. It heartbeats throughout: a lock another session holds is waited for a
-        second at a time (replication.briefly_locked), the transaction tried again in between.
+        looks for. A target verify never marked is ferry's alone: its other client sessions are
+        ended first, so that no lock of theirs holds the drop up (see target_sessions). It
+        heartbeats throughout: a lock another session still holds is waited for a second at a
+        time (replication.briefly_locked), the transaction tried again in between.
         """
         db = self._database_to_undo(
             input.ref, input.driver.target_secret, "spec.driver.targetSecret", "emptying the target"
         )
         doing = "emptying the target"
         self._traffic.refuse_while_served(input.ref, f"emptying {db.describe()}")
+        # A DROP SCHEMA of many tables, or a large object's unlink, is long: a cancellation stops it (connection).
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db) as conn:
-            heartbeats.on_cancel(conn.cancel_safe)  # a DROP SCHEMA of many tables, or a large object's unlink, is long
             retry = replication.lock_retry(heartbeats, doing, LOCK_PAUSE)
             try:
                 with privileged(db, "end other sessions, lock tables, drop schemas and change the database's settings"):
@@ -978,18 +1001,20 @@ class PostgresActivities:
         (DatabaseUnreachable, retried by the undos): traffic goes back only to a source that
         serves.
         """
-        source = self._database_to_undo(
-            input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the check before traffic goes back"
-        )
-        with self._connect(source, **READING):
-            pass  # the database the precheck pinned, else DatabaseReplaced (retried): see above
-        if input.source_only:
-            return CheckUnwrittenResult(compared=False)
-        if self._no_traffic_moved(input):
-            return CheckUnwrittenResult(compared=False, no_traffic_moved=True)
-        db = self._database_to_undo(
-            input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
-        )
+        # Heartbeats from the start: the tries to connect, and the Kubernetes reads, may outlast the heartbeat timeout.
+        with Heartbeats(self._settings.heartbeat_interval):
+            source = self._database_to_undo(
+                input.ref, input.driver.source_secret, "spec.driver.sourceSecret", "the check before traffic goes back"
+            )
+            with self._connect(source, **READING):
+                pass  # the database the precheck pinned, else DatabaseReplaced (retried): see above
+            if input.source_only:
+                return CheckUnwrittenResult(compared=False)
+            if self._no_traffic_moved(input):
+                return CheckUnwrittenResult(compared=False, no_traffic_moved=True)
+            db = self._database_to_undo(
+                input.ref, input.driver.target_secret, "spec.driver.targetSecret", "the check before traffic goes back"
+            )
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, self._connect(db, **READING) as conn:
             mark = input.fence or unwritten.recorded(conn, owner(input.ref))
             if mark is None:
@@ -1000,7 +1025,8 @@ class PostgresActivities:
                     input.ref,
                 )
                 return CheckUnwrittenResult(compared=False)
-            settled = unwritten.settle(conn, lambda: heartbeats.raise_if_cancelled("checking the target"))
+            with answering_within(conn):
+                settled = unwritten.settle(conn, lambda: heartbeats.raise_if_cancelled("checking the target"))
             with privileged(db, "read every sequence"):
                 present = fencing.read(conn)
         if not settled:
@@ -1131,13 +1157,14 @@ def read_both(
     with the row hash both servers compute alike (see checksums.agreed); `counter(side)` is what each side's read
     calls with the tables and rows it has read."""
     with contextlib.ExitStack() as stack:
+        # Opened here, in the activity's thread: a cancellation stops them, the probe's and the reads' calls alike.
         connections = [stack.enter_context(connect(db)) for db in (source, target)]
 
         def cancel_queries() -> None:
             for conn in connections:
-                conn.cancel_safe()
+                with contextlib.suppress(psycopg.Error):  # a server that does not answer: its session's stop ends it
+                    conn.cancel_safe(timeout=CANCEL_TIMEOUT)
 
-        heartbeats.on_cancel(cancel_queries)  # before the probe too: a server may not answer it either
         with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="verify") as pool:
             try:
                 row_hash = checksums.agreed(*connections)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable
 
@@ -46,8 +47,7 @@ def analyze(
     them, and up to `sessions - 1` that `extra` opens. An extra session that cannot connect (a target short of
     connections) is done without: the others take its share."""
     try:
-        with connect() as conn:
-            heartbeats.on_cancel(conn.cancel_safe)
+        with connect() as conn:  # a cancellation stops its ANALYZE (connection.Session)
             relations = collections.deque(
                 sql.Identifier(schema, name) for schema, name in conn.execute(RELATIONS).fetchall()
             )
@@ -99,9 +99,12 @@ def _shared(
                 return
             work(conn)
 
-    heartbeats.on_cancel(stop_all)
+    heartbeats.on_cancel(stopped.set)  # the sessions' own stops end their ANALYZE (connection.Session)
     with concurrent.futures.ThreadPoolExecutor(max_workers=sessions, thread_name_prefix="analyze") as pool:
-        futures = [pool.submit(work, first)] + [pool.submit(another) for _ in range(sessions - 1)]
+        # In a copy of the activity's context each: the sessions `extra` opens there register their stops.
+        futures = [pool.submit(work, first)] + [
+            pool.submit(contextvars.copy_context().run, another) for _ in range(sessions - 1)
+        ]
         try:
             for future in concurrent.futures.as_completed(futures):
                 future.result()

@@ -3,10 +3,17 @@
 A database that refuses the credentials, or does not exist, will not change its mind
 on retry: those fail at once. One that does not answer gets `connect_attempts` tries
 (it may be restarting); after that the step fails for good with DatabaseUnreachable,
-so a person looks at it instead of Temporal retrying for an hour. Every wait is
-bounded: an attempt gives up after connect_timeout even when the server accepted the
-connection and never answered, and TCP keepalives with tcp_user_timeout end a
-connection whose server vanished in the middle of a query (see `parameters`). TLS is as
+so a person looks at it instead of Temporal retrying for an hour. What bounds a wait:
+connecting (the session's first queries included) gives up after connect_timeout even when
+the server accepted the connection and never answered, and TCP keepalives with tcp_user_timeout end a connection whose
+server's machine vanished in the middle of a query (see `parameters`). Neither notices a
+server that is there and stopped answering mid-query (a stopped process, a frozen
+cgroup, storage that hangs): its kernel still answers the keepalives. So a session
+opened while an activity's Heartbeats runs is stopped with the activity, even blocked
+(see Session: its call is cancelled, then its socket shut down), and the polling loops
+bound each of their calls (`answering_within`); a long query of the work itself waits
+as long as the activity's start-to-close timeout, which ends the attempt and its
+sessions with it. TLS is as
 the Secret says (tls.py); a certificate that does not verify fails at once. Every message is
 scrubbed of the password (libpq's messages do not contain it today, but they are
 about to become status and Events, and that must hold whatever libpq says) and of the
@@ -25,14 +32,19 @@ workflow's history unscrubbed.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.abc import RV, PQGen
 from psycopg.conninfo import make_conninfo
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
+from activities import heartbeats
 from activities.postgres import tls
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
@@ -56,17 +68,183 @@ class ServerInRecovery(Exception):
     so retried: after a failover, the address the Secret names usually moves to the new primary within seconds."""
 
 
+CANCEL_TIMEOUT = 2.0
+"""Seconds a stop waits for the server to take its cancel request. psycopg waits 30 s by default; a server whose
+postmaster is frozen too never takes it, and the socket is shut down after this anyway."""
+STOP_GRACE = 2.0
+"""Seconds a stopped call then has to return, its query cancelled, before its socket is shut down. A live server
+ends a cancelled query at once, and its session stays usable (for the activity's cleanup)."""
+POLL_ANSWER = 60.0
+"""Seconds a polling loop's call (a short catalog query, repeated until something happens: replicate's and
+catch-up's waits for the target, the undo's for the standbys, the checks of verify's mark for the statistics) waits
+for the server's answer (see `answering_within`). Such a query answers in milliseconds: a server silent for a minute
+has stopped answering, and waiting longer would only keep the step blocked, heartbeating, until its start-to-close
+timeout (days for some)."""
+
+
 class Session(Connection):
-    """An autocommit session whose `with` block closes it and does nothing else.
+    """An autocommit session whose `with` block closes it and does nothing else, and which `stop` can end while a
+    call on it is blocked.
 
     Every statement commits as it runs, so the end of a block has nothing to commit. psycopg's
     own exit commits all the same, and on a session the server has just ended that commit can
     raise and leave the connection open until it is collected. Closing alone ends the session
     the same way whether the server is still there or not.
+
+    A server that stops answering in the middle of a query (a stopped process, a frozen cgroup,
+    storage that hangs) leaves the call blocked for ever: its kernel still answers TCP
+    keepalives, and a cancel request reaches a postmaster whose backend cannot act on it. What
+    ends the call is shutting the socket down from another thread: the call then raises at once.
+    `watched` keeps a duplicate of libpq's socket for that, so that shutting it down never
+    reaches a descriptor libpq closed meanwhile (it does when the server goes away) and the
+    process reused; `close` closes the duplicate, and libpq its own.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls = threading.Condition()
+        self._started = 0
+        """Calls started on the session: which call `stop` found blocked."""
+        self._in_call = False
+        self._cleaning_up = False
+        """Whether the call in progress began once the activity was cancelled already: its cleanup, which a stop
+        leaves alone."""
+        self._answer_within: float | None = None
+        """Seconds each call waits for the server's answer (see `answering_within`); None: as long as it takes."""
+        self._closing = threading.Lock()
+        """Held while the session is closed, and while a stop cancels or shuts down: neither acts on a closed one."""
+        self._socket: int | None = None
+        """A duplicate of libpq's socket, from `watched` until `close`."""
+        self._given_up = False
+        """Whether `stop` shut the socket down: what the blocked call then raises is the cancellation's."""
+        self._stopped_by: heartbeats.Heartbeats | None = None
 
     def __exit__(self, exc_type: object, exc_val: object, exc_tb: object) -> None:
         self.close()
+
+    def watched(self) -> None:
+        """Keeps a duplicate of the socket, and registers `stop` with the activity's Heartbeats, if one is running
+        (taken back on `close`). Called once connected, before the session's first query."""
+        self._socket = os.dup(self.pgconn.socket)
+        running = heartbeats.current()
+        if running is not None:
+            self._stopped_by = running
+            running.on_cancel(self.stop)
+
+    def stop(self) -> None:
+        """Ends the call in progress, from another thread, for the activity's cancellation: cancels its query, waits
+        STOP_GRACE for it to return, and shuts the socket down when it has not (the blocked call then raises
+        CancelledError). A session between two calls is left as it is, and so is a call begun once the activity was
+        cancelled: what its owner runs then is its cleanup after the cancellation (undoing half a freeze, say), and
+        the stops run in threads of their own, so they may find it under way."""
+        with self._calls:
+            if not self._in_call or self._cleaning_up:
+                return
+            blocked = self._started
+        with self._closing:
+            if self.closed:
+                return
+            with contextlib.suppress(psycopg.Error):  # CancellationTimeout: a server that does not answer that either
+                self.cancel_safe(timeout=CANCEL_TIMEOUT)
+        with self._calls:
+            returned = self._calls.wait_for(lambda: not self._in_call or self._started != blocked, STOP_GRACE)
+        if not returned:
+            activity.logger.warning(
+                "the server did not end a cancelled query within %gs: shutting its session's socket down", STOP_GRACE
+            )
+            self._given_up = True
+            self._shut_down()
+
+    def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        """Every call on the session waits here (psycopg's own, with what `stop` and `answering_within` need)."""
+        bound = self._answer_within
+        ours = bound is not None and (timeout is None or bound < timeout)
+        cleaning_up = _cancelled()
+        with self._calls:
+            self._started += 1
+            self._in_call = True
+            self._cleaning_up = cleaning_up
+        try:
+            return super().wait(gen, interval, bound if ours else timeout)
+        except psycopg.errors._WaitTimeout:  # psycopg's, when `timeout` expires
+            if not ours:
+                raise
+            with self._closing:
+                with contextlib.suppress(psycopg.Error):
+                    self.cancel_safe(timeout=CANCEL_TIMEOUT)
+                self._shut_down_locked()
+            self.close()  # its protocol is halfway through a call: nothing more can run on it
+            raise psycopg.OperationalError(
+                f"the server did not answer within {bound:g}s (a stopped process, a frozen cgroup or storage that "
+                "hangs do that while the server's machine still answers): the session was given up"
+            ) from None
+        except psycopg.OperationalError:
+            if self._given_up:  # the socket `stop` shut down
+                raise CancelledError(
+                    f"cancelled while waiting for the server, which did not end the query within {STOP_GRACE:g}s of "
+                    "the cancel request: the session was given up"
+                ) from None
+            raise
+        finally:
+            with self._calls:
+                self._in_call = False
+                self._calls.notify_all()
+
+    @contextlib.contextmanager
+    def answering_within(self, seconds: float) -> Iterator[None]:
+        """See the module's `answering_within`."""
+        previous, self._answer_within = self._answer_within, seconds
+        try:
+            yield
+        finally:
+            self._answer_within = previous
+
+    def close(self) -> None:
+        with self._closing:
+            try:
+                super().close()
+            finally:
+                if self._socket is not None:
+                    os.close(self._socket)
+                    self._socket = None
+        if self._stopped_by is not None:
+            self._stopped_by.forget(self.stop)
+            self._stopped_by = None
+
+    def _shut_down(self) -> None:
+        with self._closing:
+            self._shut_down_locked()
+
+    def _shut_down_locked(self) -> None:
+        if self._socket is None:  # closed, or never watched
+            return
+        with contextlib.suppress(OSError):
+            shared = socket.socket(fileno=self._socket)
+            try:
+                shared.shutdown(socket.SHUT_RDWR)
+            finally:
+                shared.detach()  # the duplicate stays open, and `close` closes it
+
+
+def _cancelled() -> bool:
+    """Whether the activity whose context this is was cancelled already; False outside an activity."""
+    try:
+        return activity.is_cancelled()
+    except RuntimeError:  # not in an activity (a test's session, the CLI)
+        return False
+
+
+@contextlib.contextmanager
+def answering_within(conn: Connection, seconds: float = POLL_ANSWER) -> Iterator[None]:
+    """Each call on `conn` in the block that the server leaves unanswered for `seconds` is cancelled, its session
+    given up (closed) and psycopg.OperationalError raised: for polling loops, whose short queries a server that
+    stopped answering would otherwise hold for as long as the activity's start-to-close timeout. A connection that
+    is not one of connect's sessions is not bounded."""
+    if not isinstance(conn, Session):
+        yield
+        return
+    with conn.answering_within(seconds):
+        yield
 
 
 MARKERS = (
@@ -77,6 +255,7 @@ MARKERS = (
     "ferry.verified_mark",
     "ferry.replication_ended",
     "ferry.unfrozen_by",
+    "ferry.frozen_attempt",
 )
 """The database settings where ferry keeps what it must remember (see database_settings)."""
 
@@ -172,9 +351,11 @@ def _connect(
             )
             with contextlib.ExitStack() as closing:
                 closing.callback(conn.close)
-                _refuse_another_database(conn, db)
-                if primary:
-                    _refuse_standby(conn, db)
+                conn.watched()  # before the first query: the server may stop answering that one already
+                with conn.answering_within(settings.connect_timeout):  # a part of connecting, and bounded as such
+                    _refuse_another_database(conn, db)
+                    if primary:
+                        _refuse_standby(conn, db)
                 closing.pop_all()
             return conn
         except psycopg.OperationalError as error:  # connecting, or the session ended before its first query

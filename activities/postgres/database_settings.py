@@ -7,6 +7,9 @@ changes:
 - `ferry.frozen_by`, `ferry.read_only_before` and `ferry.connect_before` on a frozen
   source: which Migration froze it, its own default_transaction_read_only before
   (UNSET when it had none), and its ACL before CONNECT was revoked (see grants);
+  `ferry.frozen_attempt` beside them: which activity of that Migration froze it last,
+  so that a late attempt of its undo does not unfreeze a later cycle's freeze (see
+  freezing; a freeze by an older ferry has none);
 - `ferry.restored_by` on a target: which Migration restored into it, so that a retry
   may clean out what an earlier attempt restored;
 - `ferry.verified_mark` on a target: where its writes stood when verify had compared
@@ -35,7 +38,16 @@ from psycopg import sql
 from activities.postgres.connection import MARKERS, Connection
 
 READ_ONLY = "default_transaction_read_only"
-FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, RESTORED_BY, VERIFIED_MARK, REPLICATION_ENDED, UNFROZEN_BY = MARKERS
+(
+    FROZEN_BY,
+    READ_ONLY_BEFORE,
+    CONNECT_BEFORE,
+    RESTORED_BY,
+    VERIFIED_MARK,
+    REPLICATION_ENDED,
+    UNFROZEN_BY,
+    FROZEN_ATTEMPT,
+) = MARKERS
 UNSET = "unset"
 """The recorded previous value of a setting the database did not have: undo resets it."""
 

@@ -38,6 +38,15 @@ ferry.read_only_before and ferry.connect_before, never the frozen state of its o
 earlier attempt. Another Migration's marker means someone else froze this database: the
 freeze refuses, rather than let its undo unfreeze a database it did not freeze.
 
+Late attempts (their worker stood still past the heartbeat timeout, then went on; see
+attempts): the freeze and its undo take one advisory lock (`LOCK`) and each records its
+attempt, the undo in ferry.unfrozen_by, the freeze in ferry.frozen_attempt beside
+ferry.frozen_by. A freeze scheduled before an undo that ran refuses (Overtaken), or
+nothing would ever undo it; an undo (or a freeze's cleanup of itself) scheduled before
+the freeze in place refuses too, or, under failurePolicy Pause, a first cycle's undo
+going on late would unfreeze the source under the second cycle's snapshot. A freeze by
+an older ferry records no attempt, and its undo goes on as before.
+
 Standbys: the freeze and its undo are WAL like any write, and the physical standbys of the
 source (a failover manager's replicas) replay them. The sessions of the freeze, its undo and
 the checks refuse a standby (connection.ServerInRecovery). The undo, once committed, waits a
@@ -63,6 +72,7 @@ from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
+    FROZEN_ATTEMPT,
     FROZEN_BY,
     READ_ONLY,
     READ_ONLY_BEFORE,
@@ -226,7 +236,8 @@ def freeze(conn: Connection, db: DatabaseConnection, owner: str, attempt: Attemp
 
     `attempt`, the freeze's own: refused (Overtaken, nothing changed) when an undo of `owner`'s freeze scheduled after
     it has run (see `restore`). Such an attempt is one the saga wrote off (its worker stood still past its heartbeat
-    timeout, then went on): the saga rolled back, and nothing would ever undo the freeze it would make now."""
+    timeout, then went on): the saga rolled back, and nothing would ever undo the freeze it would make now. Else it is
+    recorded in ferry.frozen_attempt, so that an undo scheduled before it refuses to take this freeze back."""
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
         current = database_settings.read(conn)
@@ -249,6 +260,7 @@ def freeze(conn: Connection, db: DatabaseConnection, owner: str, attempt: Attemp
             database_settings.change(conn, FROZEN_BY, owner)
         if frozen_by != owner or CONNECT_BEFORE not in current:  # a freeze by ferry 0.1 recorded no ACL
             database_settings.change(conn, CONNECT_BEFORE, grants.current(conn))
+        _record_freeze(conn, db, current, owner, attempt, again=frozen_by == owner)
         if current.get(READ_ONLY) != "on":
             database_settings.change(conn, READ_ONLY, "on")
         revoked = grants.revoke(conn)
@@ -276,14 +288,18 @@ def restore(
     before the read-only sessions ended leaves a retry something to find. First, in the
     same transaction, it records `attempt` (the undo's) in ferry.unfrozen_by, whether or
     not it finds a freeze: a late attempt of the freeze that has not committed yet then
-    refuses to (see `freeze`).
+    refuses to (see `freeze`). Before that, it refuses (Overtaken, nothing changed) when
+    the freeze in place was made by an attempt scheduled after `attempt`: a later cycle's
+    (see `_refuse_if_frozen_since`).
     """
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
         current = database_settings.read(conn)
+        frozen_by = current.get(FROZEN_BY)
+        if attempt is not None and frozen_by == owner:
+            _refuse_if_frozen_since(current, db, owner, attempt, "unfreeze")
         if attempt is not None:
             _record_undo(conn, db, current, owner, attempt)
-        frozen_by = current.get(FROZEN_BY)
         if frozen_by != owner:
             if frozen_by is not None:
                 activity.logger.warning(
@@ -336,13 +352,74 @@ def _refuse_if_undone_since(current: dict[str, str], db: DatabaseConnection, own
         )
 
 
+def _freezer(current: dict[str, str], owner: str) -> Attempt | None:
+    """The attempt ferry.frozen_attempt records for `owner`'s freeze; None for none (a freeze by an older ferry, or
+    another Migration's record) or an unreadable one, which refuses nothing."""
+    try:
+        entries = json.loads(current.get(FROZEN_ATTEMPT) or "{}")
+        entry = entries.get(owner) if isinstance(entries, dict) else None
+        return None if entry is None else Attempt.from_json(entry.get("attempt"))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        activity.logger.warning("the setting %s is not ferry's: %r", FROZEN_ATTEMPT, current.get(FROZEN_ATTEMPT))
+        return None
+
+
+def _record_freeze(
+    conn: Connection, db: DatabaseConnection, current: dict[str, str], owner: str, attempt: Attempt | None, again: bool
+) -> None:
+    """Records in ferry.frozen_attempt that `attempt` froze for `owner`; in the caller's transaction, holding LOCK.
+
+    `again`: the database was frozen for `owner` already (a retry, or a late attempt), and an attempt recorded there
+    scheduled after `attempt` stays. A first freeze without an attempt removes a record left by a freeze undone by
+    hand, which its undo would otherwise take for its own. A user who may not set it (granted SET on the other
+    markers only) is warned about: the freeze goes on, and a late undo would not be refused."""
+    recorded = _freezer(current, owner) if again else None
+    if recorded is not None and (attempt is None or attempt.before(recorded)):
+        return
+    if attempt is None and FROZEN_ATTEMPT not in current:
+        return
+    value = None if attempt is None else json.dumps({owner: {"attempt": attempt.as_json()}}, sort_keys=True)
+    try:
+        with conn.transaction():
+            database_settings.change(conn, FROZEN_ATTEMPT, value)
+    except psycopg.errors.InsufficientPrivilege as error:
+        activity.logger.warning(
+            "could not record on %s which attempt froze it for Migration %s (%s): a late attempt of its undo would "
+            "not be refused. As a superuser, GRANT SET ON PARAMETER %s TO %s.",
+            db.describe(), owner, str(error).strip(), FROZEN_ATTEMPT, db.username,
+        )  # fmt: skip
+
+
+def _refuse_if_frozen_since(
+    current: dict[str, str], db: DatabaseConnection, owner: str, attempt: Attempt, doing: str
+) -> None:
+    """Raises Overtaken when `owner`'s freeze in place was made by an attempt scheduled after `attempt` (an undo's,
+    or a freeze's cleaning up after itself): `attempt` is a late one the saga wrote off, and the freeze is a later
+    cycle's (failurePolicy Pause, then retry), which the saga goes on from."""
+    frozen = _freezer(current, owner)
+    if frozen is not None and attempt.before(frozen):
+        raise Overtaken(
+            f"refused to {doing} {db.describe()}: Migration {owner} froze it again ({frozen.describe()}) after this "
+            f"attempt ({attempt.describe()}) was scheduled. It is a late attempt the saga has moved past (its worker "
+            "stood still past its heartbeat timeout, then went on), and the freeze is a later one's, which the saga "
+            "goes on from. It changed nothing. Nothing to do."
+        )
+
+
 def _record_undo(
     conn: Connection, db: DatabaseConnection, current: dict[str, str], owner: str, attempt: Attempt
 ) -> None:
     """Records in ferry.unfrozen_by that `attempt` undoes `owner`'s freeze, keeping the newest entries; in the caller's
-    transaction, holding LOCK. A user who may not set it (granted SET on the other markers only) is warned about:
-    the undo goes on, and a late freeze would not be refused."""
+    transaction, holding LOCK. An entry of an undo scheduled after `attempt` stays as it is. A user who may not set it
+    (granted SET on the other markers only) is warned about: the undo goes on, and a late freeze would not be
+    refused."""
     entries = _undos(current)
+    try:
+        recorded = Attempt.from_json(entries[owner].get("attempt"))
+    except (KeyError, TypeError, ValueError):
+        recorded = None
+    if recorded is not None and attempt.before(recorded):
+        return  # a late undo: the later one's record stays, and refuses the freezes scheduled before it
     entries[owner] = {"attempt": attempt.as_json(), "at": kept_records.stamp(conn)}
     kept = kept_records.newest(entries, lambda entry: entry.get("at"), UNFREEZES_KEPT, owner)
     try:
@@ -359,9 +436,11 @@ def _record_undo(
 def forget(conn: Connection, owner: str) -> None:
     """Removes `owner`'s freeze markers: the undo is complete."""
     with conn.transaction():
-        if database_settings.read(conn).get(FROZEN_BY) == owner:
-            for marker in (READ_ONLY_BEFORE, CONNECT_BEFORE, FROZEN_BY):
-                database_settings.change(conn, marker, None)
+        current = database_settings.read(conn)
+        if current.get(FROZEN_BY) == owner:
+            for marker in (READ_ONLY_BEFORE, CONNECT_BEFORE, FROZEN_BY, FROZEN_ATTEMPT):
+                if marker in current:  # a user granted SET on an older ferry's markers only may not reset the others
+                    database_settings.change(conn, marker, None)
 
 
 def frozen_by(conn: Connection) -> str | None:

@@ -44,6 +44,7 @@ from activities.postgres import (
 from activities.postgres.connection import Connection, connect, identity_of, in_recovery, said
 from activities.postgres.database_settings import (
     CONNECT_BEFORE,
+    FROZEN_ATTEMPT,
     FROZEN_BY,
     READ_ONLY,
     READ_ONLY_BEFORE,
@@ -749,7 +750,9 @@ def _may_change(conn: Connection, db: DatabaseConnection, what: str, problems: P
             "(ALTER DATABASE ... OWNER TO ...)."
         )
     markers = (
-        [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, UNFROZEN_BY] if what == "freeze" else [RESTORED_BY, VERIFIED_MARK]
+        [FROZEN_BY, READ_ONLY_BEFORE, CONNECT_BEFORE, UNFROZEN_BY, FROZEN_ATTEMPT]
+        if what == "freeze"
+        else [RESTORED_BY, VERIFIED_MARK]
     )
     unsettable = [marker for marker in markers if not superuser and not _may_set(conn, marker)]
     if unsettable:

@@ -23,8 +23,9 @@ replication_ended).
 
 Like the other driver activities, they read the Secrets when they start, and are defined
 with `no_thread_cancel_exception`: a cancellation reaches them through `Heartbeats`,
-which cancels a query that waits (creating the slot) or kills pg_dump and pg_restore;
-the waits look at the cancellation between two polls.
+which stops the query a session waits for (creating the slot; see connection.Session) or
+kills pg_dump and pg_restore; the waits look at the cancellation between two polls, and
+each poll waits at most connection.POLL_ANSWER for a server's answer.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from activities.postgres import (
 )
 from activities.postgres.activities import WRITABLE, owner, read_both
 from activities.postgres.attempts import Attempt
-from activities.postgres.connection import Connection, connect, privileged
+from activities.postgres.connection import Connection, answering_within, connect, privileged
 from activities.postgres.identity import Pins
 from activities.secrets import DatabaseConnection, Secrets, retried_until_readable, secrets_from
 from activities.serving import TargetTraffic
@@ -273,9 +274,10 @@ class ReplicationActivities:
                 found = None
             schema_copied = found is None
             if found is None:
-                with privileged(target, "drop and create schemas"), tgt.transaction():
+                with privileged(target, "end other sessions, drop and create schemas"), tgt.transaction():
                     replication_ended.hold_in_transaction(tgt, ref.uid, between_tries)
-                    restoring.prepare_target(tgt, target, owner(ref))
+                    retry = self._lock_retry(heartbeats, "emptying the target for the schema")
+                    restoring.prepare_target(tgt, target, owner(ref), retry=retry)
                     # Raises as well when the source's session, and with it the lock, was ended meanwhile.
                     replication_ended.refuse_if_ended(src, source, ref.uid, "empty the target")
                 size = schema_copy.copy(source, target, self._settings, heartbeats)
@@ -363,8 +365,7 @@ class ReplicationActivities:
             )  # fmt: skip
             if not replication.has_slot(src, name):
                 self._wait_for_prepared(src, db, heartbeats)
-            heartbeats.on_cancel(src.cancel_safe)  # creating the slot waits for the source's running transactions
-            try:
+            try:  # creating the slot waits for the source's running transactions; a cancellation stops it (connection)
                 if replication.create_slot(src, name):
                     activity.logger.info("created replication slot %s on %s", name, db.describe())
             except psycopg.errors.QueryCanceled:
@@ -380,10 +381,12 @@ class ReplicationActivities:
         never commits would hold create_slot until the step's timeout, saying nothing. Those
         prepared after the first look are young, and create_slot waits for them.
         """
-        first = {transaction.gid for transaction in freezing.prepared(src, every_database=True)}
+        with answering_within(src):
+            first = {transaction.gid for transaction in freezing.prepared(src, every_database=True)}
         deadline = time.monotonic() + PREPARED_WAIT
         while first:
-            left = [t for t in freezing.prepared(src, every_database=True) if t.gid in first]
+            with answering_within(src):
+                left = [t for t in freezing.prepared(src, every_database=True) if t.gid in first]
             if not left:
                 return
             if time.monotonic() > deadline:
@@ -413,8 +416,9 @@ class ReplicationActivities:
         """Polls until every table is copied and the lag is at most `threshold` bytes; returns both."""
         stall = Stall(self._settings.replication_stall_timeout, self._settings.replication_poll_interval)
         while True:
-            progress = subscription.progress(tgt, found)
-            behind = replication.lag(src, name)
+            with answering_within(tgt), answering_within(src):
+                progress = subscription.progress(tgt, found)
+                behind = replication.lag(src, name)
             if behind is None:
                 raise RuntimeError(
                     f"the replication slot {name} is gone from the source; the next attempt starts again"
@@ -487,7 +491,7 @@ class ReplicationActivities:
         wanted = materialized_views.populated(src)
         if not wanted:
             return []
-        heartbeats.on_cancel(tgt.cancel_safe)  # a refresh is one statement, as long as its query
+        # A refresh is one statement, as long as its query: a cancellation stops it (connection).
         with privileged(target, "refresh materialized views"):
             try:
                 refreshed = materialized_views.refresh(
@@ -506,7 +510,8 @@ class ReplicationActivities:
         """Polls until the slot's consumer confirmed `lsn`; returns what it confirmed."""
         stall = Stall(self._settings.replication_stall_timeout, self._settings.replication_poll_interval)
         while True:
-            left = replication.still_to_apply(src, name, lsn)
+            with answering_within(src):
+                left = replication.still_to_apply(src, name, lsn)
             if left is None:
                 raise ReplicationBroken(
                     f"the replication slot {name} is gone from the source, so the target cannot get the last changes. "
@@ -515,7 +520,8 @@ class ReplicationActivities:
             heartbeats.progress(frozen_lsn=lsn, lsn_to_apply_bytes=left.bytes)
             if left.bytes == 0:
                 return left.confirmed
-            progress = subscription.progress(tgt, found)
+            with answering_within(tgt):
+                progress = subscription.progress(tgt, found)
             streaming = left.streaming and progress.worker
             stalled = stall.seconds(left.confirmed, progress.errors, streaming)
             if stalled is not None:

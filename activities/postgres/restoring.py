@@ -54,6 +54,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -64,7 +65,16 @@ from psycopg import sql
 from temporalio import activity
 
 from activities.heartbeats import Heartbeats
-from activities.postgres import database_settings, replication, subscription, tablespaces, tls, tools, unwritten
+from activities.postgres import (
+    database_settings,
+    replication,
+    subscription,
+    tablespaces,
+    target_sessions,
+    tls,
+    tools,
+    unwritten,
+)
 from activities.postgres.attempts import Attempt
 from activities.postgres.connection import Connection, connect
 from activities.postgres.database_settings import RESTORED_BY
@@ -81,6 +91,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 CHUNK = MIB
+PAUSE = 0.5
+"""Seconds prepare_target pauses between two tries to take the locks it needs, when its caller gives no `retry`."""
 KILLED = (-signal.SIGKILL, -signal.SIGPIPE)
 """How a tool ends when ferry kills it, or when the other end of its pipe was killed: never the first failure."""
 
@@ -164,28 +176,52 @@ def find(conn: Connection) -> Found:
 
 
 def prepare_target(
-    conn: Connection, db: DatabaseConnection, owner: str, found: Found | None = None, *, complete: bool = True
+    conn: Connection,
+    db: DatabaseConnection,
+    owner: str,
+    found: Found | None = None,
+    *,
+    complete: bool = True,
+    retry: replication.Retry | None = None,
 ) -> None:
     """Leaves the target empty and marked as `owner`'s, or refuses a target that holds someone else's data.
 
     `found` is what the caller read of the target on `conn` (see `find`); without it, this reads it.
     Without `complete`, the marker says the restore is incomplete until `mark_complete`: for a
     restore that commits in several transactions (see streams).
+
+    A target that holds `owner`'s earlier restore is emptied in a transaction that holds unwritten.LOCK and found no
+    verify's mark, so it is ferry's alone: its other sessions are ended first (see target_sessions), and each
+    statement waits at most replication.LOCK_WAIT for a lock; then the transaction is rolled back and tried again
+    after `retry` (the activity's heartbeats it, and raises once it is cancelled; by default a pause), each try naming
+    the sessions that hold locks there.
     """
     if found is None:
         found = find(conn)
     _refuse_others(found, db, owner)
-    with conn.transaction():
+
+    def work() -> None:
         unwritten.refuse_if_verified(conn, db, "empty the target for a new restore")
         # Again under refuse_if_verified's lock, which every prepare_target of this database takes: of two Migrations
         # that found it empty and unmarked at once, the second finds the first one's marker here.
-        found = find(conn)
-        _refuse_others(found, db, owner)
-        if found.contents:
+        now = find(conn)
+        _refuse_others(now, db, owner)
+        if now.contents:
+            target_sessions.end_others(conn)  # no mark, and none until this transaction ends: see target_sessions
             _clean(conn)
         marker = owner if complete else owner + INCOMPLETE
-        if found.restored_by != marker:
+        if now.restored_by != marker:
             database_settings.change(conn, RESTORED_BY, marker)
+
+    replication.briefly_locked(conn, work, target_sessions.naming_holders(conn, retry or _pause))
+
+
+def _pause(why: str) -> None:
+    """The `retry` of a caller that gives none: a pause, saying why."""
+    activity.logger.info(
+        "a lock on the target was not granted within %s (%s); trying again", replication.LOCK_WAIT, why
+    )
+    time.sleep(PAUSE)
 
 
 def refusal(found: Found, db: DatabaseConnection, owner: str) -> str | None:
@@ -235,10 +271,12 @@ def remove(
     One transaction: the target is either as migrate left it or empty and unmarked. A target verify has marked may
     have taken traffic: it is emptied only if it is still as the mark says, compared once `end_sessions` (required
     then) has ended its other sessions, under locks that keep any write out until the drop has committed; otherwise
-    WritesOnTarget, and nothing is dropped (see unwritten.vouch). With `retry` (an undo, which
-    heartbeats), each statement waits at most replication.LOCK_WAIT for a lock (DROP SCHEMA waits behind any session
-    using a table), then the transaction is rolled back and tried again after `retry` (see replication.briefly_locked);
-    without it, as long as the session's lock_timeout says.
+    WritesOnTarget, and nothing is dropped (see unwritten.vouch). Given `end_sessions` (an undo), a target without
+    the mark has its other sessions ended before the drop (see target_sessions): ferry moved no traffic to it. With
+    `retry` (an undo, which heartbeats), each statement waits at most replication.LOCK_WAIT for a lock (DROP SCHEMA
+    waits behind any session using a table), then the transaction is rolled back and tried again after `retry` (see
+    replication.briefly_locked), each try naming the sessions holding locks there; without it, as long as the
+    session's lock_timeout says.
     With `only_incomplete` (a failed restore in streams cleaning up after itself), a restore
     marked complete is left as it is: it is another attempt's, which finished after this one
     was written off (its worker stopped past its heartbeat timeout, then went on), and it may
@@ -259,6 +297,10 @@ def remove(
             return False
         if end_sessions is None:
             unwritten.refuse_if_verified(conn, db, "empty the target of a partial restore")
+        elif unwritten.unmarked(conn):
+            # Never verified, so ferry moved no traffic to it, and no mark can come before this transaction ends: the
+            # target is ferry's alone, and no client's lock may hold the drop up (see target_sessions).
+            target_sessions.end_others(conn)
         else:
             unwritten.vouch(conn, db, owner, end_sessions, attempt)
         _clean(conn)
@@ -267,7 +309,7 @@ def remove(
         return True
 
     if retry is not None:
-        return replication.briefly_locked(conn, work, retry)
+        return replication.briefly_locked(conn, work, target_sessions.naming_holders(conn, retry))
     with conn.transaction():
         return work()
 

@@ -14,6 +14,19 @@ cloud credentials) and PG* settings meant for nobody but the worker. A thread re
 stderr, keeping the tail, so a chatty tool never blocks on a full pipe; that tail is
 scrubbed of the password and of every value the server quoted (ferry.api.scrubbing)
 before it becomes part of a message.
+
+Each child runs in a session, and so a process group, of its own, and `Tool.kill` ends the
+whole group: pg_restore --jobs forks a worker per job, each with a session of its own on
+the server, and a kill of the leader alone left them running: they held its stderr open
+(so leaving the Tool waited for them) and, once a lock they waited for was free, committed
+their COPY into the target of a restore that had been cancelled. A child in a group of its
+own gets none of the signals sent to the worker's (a terminal's Ctrl-C, a `kill` of the
+worker's group): the worker stops it itself. On SIGTERM the worker shuts down, and once its
+graceful shutdown is over Temporal cancels the activities still running, whose Heartbeats
+kill their tools (activities/heartbeats.py); a tool that outlives a worker killed outright
+ends with it in its container (the worker is its PID 1, and the kernel kills every other
+process there when it ends), and one fed or read through a pipe ends anyway at the pipe's
+end, rolling back what it had not committed.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import collections
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -118,7 +132,13 @@ def version(bindir: Path, tool: str) -> str:
     """The version `tool --version` reports, e.g. 15.18; raises RuntimeError when it cannot tell."""
     try:
         said = subprocess.run(
-            [str(bindir / tool), "--version"], capture_output=True, text=True, timeout=30, check=True, env=MESSAGES
+            [str(bindir / tool), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            env=MESSAGES,
+            start_new_session=True,  # as every child of the worker's (see Tool)
         ).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise RuntimeError(f"could not run {bindir / tool} --version: {error}") from None
@@ -171,6 +191,9 @@ class Tool:
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._files = contextlib.ExitStack()
         """What the child reads while it runs, removed once it has exited: the Secret's CA."""
+        self._reaping = threading.Lock()
+        """Held while the child's group is signalled and while the child is reaped: its pid names its group only
+        until it is reaped (then the number may go to another process)."""
         ca = self._files.enter_context(tls.ca_file(db))
         try:
             self._process = subprocess.Popen(
@@ -179,6 +202,7 @@ class Tool:
                 stdout=subprocess.PIPE if writes else subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env={**environment(db, settings), **tls.environment(db, ca)},
+                start_new_session=True,  # its own group, which `kill` ends whole (see the module's docstring)
             )
         except BaseException:
             self._files.close()
@@ -197,16 +221,19 @@ class Tool:
         return self._process.stdout
 
     def kill(self) -> None:
-        """Stops the tool at once; a pg_restore's open transaction is then rolled back by the server."""
-        with contextlib.suppress(ProcessLookupError):
-            self._process.kill()
+        """Stops the tool at once, with every process it started (pg_restore's workers); the server then rolls back
+        their open transactions. Callable from any thread, also once the tool has exited."""
+        with self._reaping:
+            if self._process.returncode is None:  # not reaped yet: its pid still names its group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
 
     def exit_code(self) -> int:
         """Waits for the tool to exit and returns its code; `wait` also reaps what reads its stderr."""
-        return self._process.wait()
+        return self._reap()
 
     def wait(self) -> int:
-        code = self._process.wait()
+        code = self._reap()
         self._reader.join()
         assert self._process.stderr is not None
         self._process.stderr.close()
@@ -231,13 +258,25 @@ class Tool:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._process.poll() is None:
-            self.kill()
+        self.kill()  # running or not: nothing of its group outlives the block
         for pipe in (self._process.stdin, self._process.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
         self.wait()
+
+    def _reap(self) -> int:
+        """Waits for the tool to exit, ends what it left running in its group, and reaps it; returns its exit code.
+
+        A leader that died alone (killed by someone else, or it crashed) would leave its workers restoring, and the
+        stderr pipe open. Its exit is awaited without reaping it (WNOWAIT), so that its pid names its group until
+        the group is killed."""
+        if self._process.returncode is None:
+            with contextlib.suppress(ChildProcessError):  # reaped by another thread meanwhile
+                os.waitid(os.P_PID, self._process.pid, os.WEXITED | os.WNOWAIT)
+            self.kill()
+        with self._reaping:
+            return self._process.wait()
 
     def _read_stderr(self) -> None:
         assert self._process.stderr is not None

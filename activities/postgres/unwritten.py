@@ -358,6 +358,13 @@ def refuse_if_verified(conn: Connection, db: DatabaseConnection, doing: str) -> 
     )
 
 
+def unmarked(conn: Connection) -> bool:
+    """Takes LOCK in the caller's transaction on `conn`, then tells whether the target carries no verify's mark: none
+    can be made until the transaction ends (verify's marking takes LOCK), so until then no traffic can move to it."""
+    conn.execute("select pg_advisory_xact_lock(%s)", (LOCK,))
+    return VERIFIED_MARK not in database_settings.read(conn)
+
+
 @contextlib.contextmanager
 def unverified(conn: Connection, db: DatabaseConnection, doing: str) -> Iterator[None]:
     """Holds, on `conn` (a session of its own), a transaction that found no verify's mark on the target (see

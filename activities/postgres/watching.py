@@ -19,8 +19,11 @@ close enough to make one episode of trouble (see replicating.Stall), for longer 
 ReplicationBroken, naming what went wrong in that episode; one bad look on an idle
 source, whose slot stands still for hours, does not. The slot or the subscription gone
 fails it at once. A source that cannot be reached is waited for: nothing can be told
-about the slot then. The activity changes nothing, so it is idempotent; a retry (after a
-lost worker) watches afresh.
+about the slot then. A side that stops answering in the middle of a look (a stopped
+process, a frozen cgroup, storage that hangs; TCP keepalives do not notice) fails the
+look within LOOK_TIMEOUT and a few seconds, as a side that cannot be reached: the watch
+never blocks on a look, heartbeating, while the slot keeps the source's WAL. The activity
+changes nothing, so it is idempotent; a retry (after a lost worker) watches afresh.
 
 The precheck warns of the same danger before anything starts (see slot_wal).
 """
@@ -36,7 +39,7 @@ from temporalio import activity
 
 from activities.heartbeats import Heartbeats
 from activities.postgres import replication, subscription
-from activities.postgres.connection import Connection, connect
+from activities.postgres.connection import Connection, answering_within, connect
 from activities.postgres.identity import Pins
 from activities.postgres.replicating import Stall
 from activities.secrets import DatabaseConnection, Secrets, secrets_from
@@ -47,6 +50,15 @@ from ferry.api.saga import DriverOperation, WatchReplicationInput, driver_activi
 
 READING = {"default_transaction_read_only": "on"}
 """The watch only reads: its sessions could not write even by mistake."""
+LOOK_TIMEOUT = 30.0
+"""Seconds a look's query may take. A look reads a few catalog rows, in milliseconds; one still unanswered after
+this never will be, and a watch blocked on it would heartbeat as if all were well for as long as its attempt's
+timeout (a day), while the slot keeps the source's WAL. The server ends a query at this bound (statement_timeout); a
+server that stopped answering (a stopped process, a frozen cgroup, storage that hangs) cannot, and ferry gives its
+session up GIVE_UP_AFTER later (connection.answering_within)."""
+GIVE_UP_AFTER = 5.0
+"""Seconds past LOOK_TIMEOUT ferry waits before giving a silent session up: a live server's own statement_timeout
+comes first, and says what it was doing."""
 APPLY_WORKERS = "select count(*) from pg_stat_subscription where subid = %s and relid is null and pid is not null"
 """The subscription's apply worker (table synchronization workers have a relid)."""
 FAILING, DISABLED, UNREACHABLE, NO_WORKER = "failing", "disabled", "unreachable", "no apply worker"
@@ -59,12 +71,19 @@ class ReplicationWatch:
     """Watches a Migration's replication (mode Online), reading connections from the Secrets the Migration names."""
 
     def __init__(
-        self, api_client: k8s.ApiClient | None, settings: DataActivitySettings, *, secrets: Secrets | None = None
+        self,
+        api_client: k8s.ApiClient | None,
+        settings: DataActivitySettings,
+        *,
+        secrets: Secrets | None = None,
+        look_timeout: float = LOOK_TIMEOUT,
     ) -> None:
-        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark."""
+        """`secrets` replaces the Kubernetes Secrets read through `api_client`, e.g. in a benchmark; `look_timeout`
+        replaces LOOK_TIMEOUT, e.g. in a test."""
         self._secrets = secrets_from(api_client, secrets)
         self._pins = Pins(self._secrets, api_client if secrets is None else None)
         self._settings = settings
+        self._look_timeout = look_timeout
 
     @activity.defn(
         name=driver_activity(DriverType.POSTGRESQL.value, DriverOperation.WATCH_REPLICATION),
@@ -79,7 +98,7 @@ class ReplicationWatch:
         ref, driver = input.ref, input.driver
         source = self._pins.database(ref, driver.source_secret, "spec.driver.sourceSecret")
         target = self._pins.database(ref, driver.target_secret, "spec.driver.targetSecret")
-        look = Look(source, target, replication.name(ref.uid), self._settings)
+        look = Look(source, target, replication.name(ref.uid), self._settings, self._look_timeout)
         with Heartbeats(self._settings.heartbeat_interval) as heartbeats, look:
             while True:
                 look.once(heartbeats)
@@ -91,9 +110,16 @@ class Look:
     """What the watch knows between two looks: its sessions, the slot's last position, and what went wrong."""
 
     def __init__(
-        self, source: DatabaseConnection, target: DatabaseConnection, name: str, settings: DataActivitySettings
+        self,
+        source: DatabaseConnection,
+        target: DatabaseConnection,
+        name: str,
+        settings: DataActivitySettings,
+        timeout: float = LOOK_TIMEOUT,
     ) -> None:
         self._source, self._target, self._name, self._settings = source, target, name, settings
+        self._session = {**READING, "statement_timeout": str(round(timeout * 1000))}
+        self._give_up = timeout + GIVE_UP_AFTER
         self._stall = Stall(settings.replication_stall_timeout, settings.replication_poll_interval)
         self._src: Connection | None = None
         self._tgt: Connection | None = None
@@ -117,7 +143,9 @@ class Look:
     def once(self, heartbeats: Heartbeats) -> None:
         """One look: raises ReplicationBroken when the replication is broken, else heartbeats what it saw."""
         try:
-            behind = replication.lag(self._source_session(), self._name)
+            src = self._source_session()
+            with answering_within(src, self._give_up):
+                behind = replication.lag(src, self._name)
         except (psycopg.Error, DatabaseUnreachable) as error:
             self._close_source()
             activity.logger.warning("could not look at the source's slot %s: %s", self._name, error)
@@ -147,12 +175,13 @@ class Look:
         statistics counted."""
         try:
             tgt = self._target_session()
-            found = subscription.find(tgt, self._name)
-            if found is None:
-                raise self._gone(f"the subscription {self._name} is gone from the target {self._target.describe()}")
-            counted = subscription.progress(tgt, found).errors
-            row = tgt.execute(APPLY_WORKERS, (found.oid,)).fetchone()
-            workers = int(row[0]) if row else 0
+            with answering_within(tgt, self._give_up):
+                found = subscription.find(tgt, self._name)
+                if found is None:
+                    raise self._gone(f"the subscription {self._name} is gone from the target {self._target.describe()}")
+                counted = subscription.progress(tgt, found).errors
+                row = tgt.execute(APPLY_WORKERS, (found.oid,)).fetchone()
+                workers = int(row[0]) if row else 0
         except (psycopg.Error, DatabaseUnreachable) as error:
             self._close_target()
             return UNREACHABLE, (
@@ -219,12 +248,12 @@ class Look:
 
     def _source_session(self) -> Connection:
         if self._src is None:
-            self._src = connect(self._source, self._settings, **READING)
+            self._src = connect(self._source, self._settings, **self._session)
         return self._src
 
     def _target_session(self) -> Connection:
         if self._tgt is None:
-            self._tgt = connect(self._target, self._settings, **READING)
+            self._tgt = connect(self._target, self._settings, **self._session)
         return self._tgt
 
     def _close_source(self) -> None:

@@ -17,6 +17,7 @@ from kubernetes import watch
 from temporalio.testing import ActivityEnvironment
 
 from activities.cluster import ClusterActivities
+from activities.settings import KubeActivitySettings
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec
 from ferry.api.migration import MigrationSpec, ResourceRequirements
@@ -146,3 +147,22 @@ def test_a_watch_stays_open_longer_than_the_read_timeout(stack: StackInfo, names
 
     assert time.monotonic() - started >= 2.5, "the API server ended the watch after its timeoutSeconds"
     assert {event["type"] for event in events} <= {"ADDED"}, "at most kube-root-ca.crt appears, then silence"
+
+
+def test_check_cluster_heartbeats_while_the_api_server_does_not_answer_then_fails_with_its_timeout(
+    silent_server: SilentServer,
+    activity_env: ActivityEnvironment,
+    heartbeats: list[tuple[object, ...]],
+    ref: MigrationRef,
+    spec: MigrationSpec,
+) -> None:
+    # The precheck's guard has a 30 s heartbeat timeout, and each of its calls may wait a read timeout (30 s): without
+    # heartbeats, Temporal took the attempt for lost and started another beside it, instead of seeing the timeout.
+    settings = KubeActivitySettings(poll_interval=0.2)
+    with (
+        contextlib.closing(kubernetes_client(silent_server.kubeconfig, timeouts=RequestTimeouts(read=2))) as api,
+        pytest.raises(urllib3.exceptions.ReadTimeoutError),
+    ):
+        activity_env.run(ClusterActivities(api, settings).check_cluster, ProvisionInput(ref=ref, spec=spec))
+
+    assert len(heartbeats) >= 5, heartbeats

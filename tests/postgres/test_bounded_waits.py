@@ -4,6 +4,11 @@ Once, an S3 endpoint that accepted connections and said nothing kept a source fr
 twenty minutes without an error: the activity's watchdog went on heartbeating while
 the upload waited forever. Now each client has connect and read timeouts, and the step
 ends with a message naming the endpoint and the timeout.
+
+A database server that took a query and then stopped answering (a stopped process, a
+frozen cgroup, storage that hangs) is another silence: its kernel still answers TCP
+keepalives, and its postmaster takes a cancel request its backend cannot act on. The
+tests make one for real, stopping the backend of a session (SIGSTOP).
 """
 
 from __future__ import annotations
@@ -16,19 +21,24 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeats import Heartbeats
 from activities.postgres import dumping
 from activities.postgres.activities import PostgresActivities
+from activities.postgres.connection import connect
 from activities.s3 import S3NotAnswering
 from activities.secrets import DatabaseConnection
 from activities.settings import DataActivitySettings
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import DatabaseUnreachable
 from ferry.api.saga import SnapshotResult
+from tests.cluster import eventually, stopped
 from tests.end_to_end import Databases
 from tests.postgres.conftest import Steps, create_secret
+from tests.postgres.data import connect as connect_as_superuser
 
 SILENT_DB = "silent-db"
 
@@ -175,3 +185,62 @@ def test_pg_dump_against_a_database_that_never_answers_gives_up_after_its_connec
         ActivityEnvironment().run(dump)
 
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+LONG_QUERY = "select pg_sleep(600) -- the test's long query"
+
+
+def _backend_running(databases: Databases, query: str) -> int | None:
+    """The process ID of the session running `query` on the source, if one is."""
+    with connect_as_superuser(databases.source) as conn:
+        row = conn.execute(
+            "select pid from pg_stat_activity where query = %s and state = 'active'", (query,)
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+@pytest.mark.timeout(180)
+def test_a_cancelled_activity_whose_database_stopped_answering_in_the_middle_of_a_query_is_released(
+    databases: Databases, data_settings: DataActivitySettings
+) -> None:
+    """Without its session's stop, the activity's thread, its worker slot and its session stayed blocked for ever
+    after the cancellation (or the start-to-close timeout, which the SDK turns into one): nothing else ends the call."""
+    source = databases.source
+    db = DatabaseConnection(source.host, source.port, source.user, source.password, source.database, secret="t/s")
+    env = ActivityEnvironment()
+    ended: list[BaseException] = []
+
+    @activity.defn(no_thread_cancel_exception=True)  # as ferry's: only the stops reach the work
+    def work() -> None:
+        with Heartbeats(0.2), connect(db, data_settings) as conn:
+            conn.execute(LONG_QUERY)
+
+    def running_activity() -> None:
+        try:
+            env.run(work)
+        except BaseException as error:  # noqa: BLE001 - what the activity raised, for the assertions
+            ended.append(error)
+
+    running = threading.Thread(target=running_activity, name="activity", daemon=True)
+    running.start()
+    found: list[int] = []
+
+    def query_running() -> bool:
+        pid = _backend_running(databases, LONG_QUERY)
+        found.extend([] if pid is None else [pid])
+        return pid is not None
+
+    eventually("the query to run", query_running)
+    backend = found[-1]
+    try:
+        with stopped(backend):
+            env.cancel()
+            running.join(60)
+    finally:
+        if running.is_alive():  # a test that failed leaves no query running for ten minutes
+            with connect_as_superuser(source) as conn:
+                conn.execute("select pg_terminate_backend(%s)", (backend,))
+
+    assert not running.is_alive(), "the activity's thread is still blocked on its query"
+    assert [type(error) for error in ended] == [CancelledError], ended
+    eventually("the stopped session to end", lambda: _backend_running(databases, LONG_QUERY) is None)

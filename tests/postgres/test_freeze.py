@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -464,6 +465,142 @@ def test_a_freeze_that_committed_before_its_undo_is_taken_back_by_it(steps: Step
 
     assert database_settings(source.source) == []
     assert not new_session_is_read_only(source.source)
+
+
+def _frozen_attempt(endpoint: PostgresEndpoint) -> dict[str, dict[str, Any]] | None:
+    """The source's setting ferry.frozen_attempt (which attempt froze it, by Migration); None when it has none."""
+    for entry in database_settings(endpoint):
+        name, _, value = entry.partition("=")
+        if name == "ferry.frozen_attempt":
+            found: dict[str, dict[str, Any]] = json.loads(value)
+            return found
+    return None
+
+
+def _owner(steps: Steps) -> str:
+    return f"{steps.ref.namespace}/{steps.ref.name}/{steps.ref.uid}"
+
+
+def test_a_late_undo_of_an_earlier_cycle_leaves_the_later_freeze_in_place(steps: Steps, source: Databases) -> None:
+    """failurePolicy Pause: the undo of the first cycle's freeze stands still (SIGSTOP, a frozen VM) past its heartbeat
+    timeout; the saga writes it off, and its retry unfreezes. A person sends retry, and the second cycle freezes the
+    source again and goes on. The first undo, going on, must not unfreeze the source under the running saga: writes
+    would reach it after its snapshot."""
+    first = scheduled_as(steps, 10).freeze()
+    late = scheduled_as(steps, 20)
+    scheduled_as(steps, 21).undo_freeze(first.previous_setting)  # the saga's retry of the undo
+    scheduled_as(steps, 30).freeze()  # the second cycle
+    frozen = database_settings(source.source)
+    undone = _unfrozen_by(source.source)
+    privileges = connect_privileges(source.source)
+
+    with pytest.raises(Overtaken, match="late attempt"):
+        late.undo_freeze(first.previous_setting)
+
+    assert database_settings(source.source) == frozen, "the second cycle's freeze and its markers as they were"
+    assert connect_privileges(source.source) == privileges, "CONNECT still revoked"
+    assert _unfrozen_by(source.source) == undone
+    assert new_session_is_read_only(source.source)
+    with connect(source.source) as conn, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        conn.execute("insert into public.orders values (1)")
+
+
+def test_an_undo_scheduled_after_the_freeze_unfreezes_it(steps: Steps, source: Databases) -> None:
+    """The freeze records its attempt, the latest of those that froze; an undo scheduled after it unfreezes: one of
+    the same run, or of a reset's new run, whose activity ids start again but which Temporal schedules later."""
+    privileges_before = connect_privileges(source.source)
+    scheduled_as(steps, 30).freeze()
+    frozen = scheduled_as(steps, 30, attempt=2).freeze()  # Temporal's retry of the same activity (saga version 1)
+    assert _frozen_attempt(source.source) == {
+        _owner(steps): {"attempt": Attempt(RUN, "30", SCHEDULED + timedelta(seconds=30), 2).as_json()}
+    }
+
+    scheduled_as(steps, 31).undo_freeze(frozen.previous_setting)
+
+    assert database_settings(source.source) == []
+    assert connect_privileges(source.source) == privileges_before
+    assert not new_session_is_read_only(source.source)
+
+    scheduled_as(steps, 40).freeze()
+    scheduled_as(steps, 5, run="run-2", scheduled=SCHEDULED + timedelta(minutes=5)).undo_freeze()
+
+    assert database_settings(source.source) == []
+    assert not new_session_is_read_only(source.source)
+
+
+def test_a_freeze_that_recorded_no_attempt_is_undone_as_before(
+    steps: Steps, source: Databases, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    """A freeze by an older ferry records no attempt (nor does one whose user was granted SET on an older ferry's
+    markers only, as its README asked): its undo cannot tell whether it is late, and unfreezes as it always did,
+    though scheduled before that freeze."""
+    with database_owner(source.source, may_set_markers=False) as as_owner, application_role(source.source) as app:
+        older = [marker for marker in MARKERS if marker != "ferry.frozen_attempt"]
+        with connect(source.source) as conn:
+            conn.execute(f"grant set on parameter {', '.join(older)} to {as_owner.user}")
+        create_secret(kube_api, namespace, "owner-db", connection_of(as_owner))
+        by_owner = dataclasses.replace(steps, driver=steps.driver.model_copy(update={"source_secret": "owner-db"}))
+        privileges_before = connect_privileges(source.source)
+        undo = scheduled_as(by_owner, 20)
+
+        frozen = scheduled_as(by_owner, 30).freeze()
+
+        assert new_session_is_read_only(source.source)
+        assert _frozen_attempt(source.source) is None
+        undo.undo_freeze(frozen.previous_setting)
+        assert database_settings(source.source) == []
+        assert connect_privileges(source.source) == privileges_before
+        with connect(app) as conn:
+            conn.execute("insert into public.orders values (1)")
+
+
+def test_a_late_undo_leaves_a_later_undos_record_so_a_freeze_scheduled_between_them_is_refused(
+    steps: Steps, source: Databases
+) -> None:
+    """The first cycle's undo stands still; the second cycle's freeze stands still too, before it commits, and the
+    saga rolls back again (nothing is frozen). The first undo goes on, then the freeze: the record of the second
+    undo must still be there to refuse that freeze, which nothing would ever undo."""
+    late_undo, late_freeze = scheduled_as(steps, 20), scheduled_as(steps, 30)
+    scheduled_as(steps, 35).undo_freeze()  # the second cycle's rollback
+
+    late_undo.undo_freeze()
+    with pytest.raises(Overtaken, match="late attempt"):
+        late_freeze.freeze()
+
+    assert _unfrozen_by(source.source)[_owner(steps)]["attempt"]["activity"] == "35"
+    assert not new_session_is_read_only(source.source)
+
+
+def test_a_late_freeze_failing_after_a_later_cycle_froze_leaves_that_freeze_in_place(
+    steps: Steps, source: Databases
+) -> None:
+    """The first cycle's freeze commits, then stands still; the saga writes it off and undoes it, and a second cycle
+    freezes again. The first attempt, going on, fails (the undo and the second freeze ended its session): its cleanup
+    of itself must not unfreeze the second cycle's freeze."""
+    late = scheduled_as(steps, 10)
+    later: list[str] = []
+    once = threading.Lock()  # the watchdog's heartbeats come from a thread of their own
+
+    def meanwhile(*details: Any) -> None:
+        if details[0].get("frozen") and once.acquire(blocking=False):
+            # In a thread of its own, as other workers run them: the late attempt's activity context stays its own.
+            def saga() -> None:
+                scheduled_as(steps, 12).undo_freeze()
+                scheduled_as(steps, 20).freeze()
+
+            thread = threading.Thread(target=saga)
+            thread.start()
+            thread.join()
+            later.extend(database_settings(source.source))
+
+    late.env.on_heartbeat = meanwhile
+
+    with pytest.raises(psycopg.OperationalError):
+        late.freeze()
+
+    assert later, "the second cycle froze while the late attempt stood still"
+    assert database_settings(source.source) == later
+    assert new_session_is_read_only(source.source)
 
 
 def _unfrozen_by(endpoint: PostgresEndpoint) -> dict[str, dict[str, Any]]:

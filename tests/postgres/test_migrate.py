@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from activities.postgres import unwritten
 from devstack.stack.stack import StackInfo
 from ferry.api.errors import InvalidSpec, SnapshotCorrupt
 from ferry.api.saga import SnapshotResult, UndoMigrateResult
@@ -136,23 +137,25 @@ def test_undo_migrate_empties_the_target_so_that_another_migration_can_migrate_i
     assert contents(databases.target) == contents(databases.source)
 
 
-def test_undo_migrate_behind_a_session_holding_a_lock_keeps_heartbeating_and_empties_the_target_once_it_lets_go(
+def test_undo_migrate_behind_a_lock_it_leaves_keeps_heartbeating_naming_its_holder_and_empties_the_target_once_free(
     steps: Steps, databases: Databases, snapshot: SnapshotResult, heartbeats: list[dict[str, Any]]
 ) -> None:
-    """DROP SCHEMA waits for every session using a table: a long report on the target, or one left idle in its
-    transaction. The undo must not go silent meanwhile (the saga gives it a 30 s heartbeat timeout, and an attempt
-    taken for dead would be tried again behind the first): it waits a second at a time and heartbeats between."""
+    """The undo ends the client sessions of a target never verified, whose locks would hold its DROP SCHEMA up
+    (test_locked_target), once it holds the lock of verify's mark (unwritten.LOCK), which ferry's own sessions take: a
+    restore of an attempt the saga wrote off holds it until that restore commits or fails. The undo must not go silent
+    meanwhile (the saga gives it a 30 s heartbeat timeout, and an attempt taken for dead would be tried again behind
+    the first): it waits a second at a time and heartbeats between, naming who holds locks there."""
     steps.migrate(snapshot)
     undone: list[UndoMigrateResult] = []
-    with connect(databases.target) as holder:
+    with connect(databases.target, application_name="late-restore") as holder:
         holder.execute("begin")
-        holder.execute("lock table shop.orders in access share mode")  # as any query of the table holds it
+        holder.execute("select pg_advisory_xact_lock(%s)", (unwritten.LOCK,))  # as a restore's guard holds it
         undo = threading.Thread(target=lambda: undone.append(steps.undo_migrate()), name="undo-migrate")
         undo.start()
         try:
             eventually(
-                "the undo to heartbeat that it waits for a lock",
-                lambda: sum("waiting_for_lock" in beat for beat in heartbeats) >= 3,
+                "the undo to heartbeat that it waits for a lock held by the late restore",
+                lambda: sum("late-restore" in str(beat.get("waiting_for_lock")) for beat in heartbeats) >= 3,
                 timeout=30,
             )
             assert _target_tables(databases) != [], "nothing is dropped while the lock is held"

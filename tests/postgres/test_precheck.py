@@ -381,8 +381,8 @@ def test_precheck_names_an_owner_that_may_not_keep_ferrys_markers(
 
     assert problem.startswith(f"the user in Secret {namespace}/{OTHER} may not keep ferry's markers in database")
     assert problem.endswith(
-        f"GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before, ferry.unfrozen_by TO "
-        f"{owner.user}, "
+        "GRANT SET ON PARAMETER ferry.frozen_by, ferry.read_only_before, ferry.connect_before, ferry.unfrozen_by, "
+        f"ferry.frozen_attempt TO {owner.user}, "
         "or use a superuser."
     )
 

@@ -30,7 +30,7 @@ from activities.settings import DataActivitySettings
 from devstack.stack.readiness import LOOPBACK
 from ferry.api.errors import ReplicationBroken
 from ferry.api.saga import WatchReplicationInput
-from tests.cluster import eventually
+from tests.cluster import eventually, stopped
 from tests.end_to_end import Databases
 from tests.postgres.conftest import create_secret
 from tests.postgres.data import connect, create_shop
@@ -277,6 +277,63 @@ def test_a_target_unreachable_for_a_moment_while_the_source_writes_nothing_keeps
 
     assert running.is_alive(), f"the watch ended after a moment's trouble: {ended}"
     assert looks.seen[-1][1].get("trouble") is None, "it finds nothing wrong"
+    watching_env.cancel()
+    running.join(30)
+    assert [type(error) for error in ended] == [CancelledError]
+    online.undo_replicate()
+    assert leftovers(databases) == NOTHING
+
+
+def _watch_sessions_on(databases: Databases) -> set[int]:
+    """The process IDs of the watch's sessions on the source (their last query read the slot's lag)."""
+    with connect(databases.source) as conn:
+        rows = conn.execute(
+            "select pid from pg_stat_activity where datname = current_database() and application_name = 'ferry' "
+            "and backend_type = 'client backend' and query like '%pg_current_wal_lsn()%'"
+        ).fetchall()
+    return {int(pid) for (pid,) in rows}
+
+
+def test_a_source_that_stops_answering_in_the_middle_of_a_look_fails_that_look_and_the_watch_goes_on(
+    online: OnlineSteps, databases: Databases, kube_api: k8s.ApiClient, data_settings: DataActivitySettings
+) -> None:
+    """A server that stops answering (a stopped process, a frozen cgroup, storage that hangs) still answers TCP
+    keepalives: a look without a bound blocked on it, and the watch heartbeated as if all were well for as long as its
+    attempt's timeout (a day) while the slot kept the source's WAL. The look fails as one that cannot reach the source
+    does, and the next one, on a session of its own, looks again. The bound is a second here, not 30."""
+    create_shop(databases.source, customers=10, orders=10)
+    online.replicate()
+    settings = dataclasses.replace(data_settings, replication_poll_interval=0.2, replication_stall_timeout=LIMIT)
+    watch = ReplicationWatch(kube_api, settings, look_timeout=1.0)
+    looks = Looks()
+    watching_env = ActivityEnvironment()
+    watching_env.on_heartbeat = looks.record
+    ended: list[BaseException] = []
+
+    def watching() -> None:
+        try:
+            watching_env.run(watch.watch_replication, WatchReplicationInput(ref=online.ref, driver=online.driver))
+        except BaseException as error:  # noqa: BLE001 - cancelled, as the saga cancels it once the wait ends
+            ended.append(error)
+
+    running = threading.Thread(target=watching, daemon=True)
+    running.start()
+    eventually("the watch to look at the source's slot", lambda: len(_watch_sessions_on(databases)) == 1)
+    (silent,) = _watch_sessions_on(databases)
+    with stopped(silent):
+        since = time.monotonic()
+        eventually(
+            "a look to find that the source does not answer",
+            lambda: any(
+                "did not answer within 6s" in beat.get("source_unreachable", "") for beat in looks.after(since)
+            ),
+        )
+        eventually(
+            "a later look to read the slot again, on a session of its own",
+            lambda: bool(_watch_sessions_on(databases) - {silent}),
+        )
+
+    assert running.is_alive(), f"the watch ended: {ended}"
     watching_env.cancel()
     running.join(30)
     assert [type(error) for error in ended] == [CancelledError]
