@@ -13,8 +13,10 @@ ten sessions must stop in the time of one.
 Every session connection.connect opens while a Heartbeats is entered registers a stop of
 its own with it (`current`), and takes it back when it closes: a call that a server
 leaves unanswered is cancelled, then its socket shut down (see connection.Session), so
-no activity's thread stays blocked on a database after its cancellation, or after its
-start-to-close timeout (which the SDK turns into one).
+the work's calls do not keep an activity's thread blocked on a database after its
+cancellation, or after its start-to-close timeout (which the SDK turns into one). A call
+begun after the cancellation is the cleanup's, and is left to finish: a cleanup on a
+server that stopped answering can still block.
 
 The activities using this are defined with `no_thread_cancel_exception=True`: the SDK
 then never raises into their thread at an arbitrary point, so their cleanup always

@@ -333,9 +333,13 @@ def stream_objects(s3: S3Client, bucket: str, key: str) -> list[str]:
 
 CONDITIONAL_TRIES = 3
 """Completions of one upload refused because its key changed since the check, before the upload gives up."""
-CHANGED = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
-"""S3's answers to a conditional write whose condition no longer holds (409: another write to the key was under
-way)."""
+NOT_MET = frozenset({"PreconditionFailed", "412"})
+"""S3's answer to a conditional write whose condition no longer holds."""
+CHANGED = NOT_MET | {"ConditionalRequestConflict", "409"}
+"""NOT_MET, or 409: another write to the key was under way; either way the key is looked at again."""
+CONDITIONS_REFUSED = frozenset({"NotImplemented", "501"})
+"""A store's answer to a conditional header it does not implement (some S3-compatible stores): the upload completes
+without one, as it did before ferry used them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +409,8 @@ class MultipartUpload:
         `check` may return a Precondition, what it saw at the key: the upload then completes only if that is still
         there (a conditional write), so nothing written between the check and the completion is replaced. When
         the store says it changed meanwhile, the check runs again (and may refuse now), up to CONDITIONAL_TRIES
-        times. A store that does not take conditional writes completes as it would without one."""
+        times. A store that ignores the condition completes as it would without one; one that says it does not take
+        it (NotImplemented) completes without it, after the check has looked again."""
         while self._in_flight:
             self._collect(concurrent.futures.ALL_COMPLETED)
         self._pool.shutdown()
@@ -419,17 +424,29 @@ class MultipartUpload:
                 self._s3.complete_multipart_upload(**request, **(precondition.headers() if precondition else {}))
                 return
             except ClientError as error:
-                if precondition is None or error_code(error) not in CHANGED:
+                code = error_code(error)
+                if precondition is None or (code not in CHANGED and code not in CONDITIONS_REFUSED):
                     raise
-                if precondition.absent and tries > 1:
-                    # Nothing there to match, at two looks, and still refused: a store that counts a delete marker
-                    # as an object (versitygw does). Completing without the condition is what ferry did before.
+                if code in CONDITIONS_REFUSED:
+                    # A store without conditional writes that says so: a look again, then as ferry did before them.
+                    log.warning(
+                        "s3://%s/%s: the store does not take conditional writes (%s): completing the upload without "
+                        "one, after looking at the key again",
+                        self._bucket, self._key, code,
+                    )  # fmt: skip
+                    self._complete_unconditionally(check, request)
+                    return
+                if precondition.absent and code in NOT_MET and tries > 1:
+                    # Nothing there at two looks and refused twice: a store that counts a delete marker as an
+                    # object (versitygw does). If a third look still finds nothing, complete as before the condition.
+                    again = check() if check is not None else None
+                    if again is not None and not again.absent:
+                        continue  # something is there now: the next try's look decides
                     log.warning(
                         "s3://%s/%s: the store refuses If-None-Match although no object is there (a delete marker?); "
                         "completing the upload without the condition",
-                        self._bucket,
-                        self._key,
-                    )
+                        self._bucket, self._key,
+                    )  # fmt: skip
                     self._s3.complete_multipart_upload(**request)
                     return
                 log.info("s3://%s/%s changed while its upload completed; looking again", self._bucket, self._key)
@@ -438,6 +455,13 @@ class MultipartUpload:
             "its completion: something else is writing that key. The upload is aborted and the step tries again; "
             "if this repeats, find what writes the snapshot's key (another Migration or tool sharing the bucket)."
         )
+
+    def _complete_unconditionally(
+        self, check: Callable[[], Precondition | None] | None, request: dict[str, Any]
+    ) -> None:
+        if check is not None:
+            check()  # may refuse, as before every completion
+        self._s3.complete_multipart_upload(**request)
 
     def abort(self) -> None:
         """Stops the upload and has S3 drop its parts; safe to call after a failure of any kind."""

@@ -11,9 +11,10 @@ watcher/abandoned.py).
 A finished Migration that is not being deleted and has no new control decides
 `nothing`: it costs neither a Temporal call nor an API write, and a list keeps no more
 of it than a summary (watcher/inventory.py). The one exception is a finished Migration
-whose deletion still has work (a snapshot kept until then, or the undo of an Abandoned
-one whose run Temporal lost: HISTORY_GONE) and which lost ferry's finalizer (`kubectl
-replace` of a manifest without it): one write puts it back.
+whose deletion still has work (a snapshot kept until then) and which lost ferry's
+finalizer (`kubectl replace` of a manifest without it): one write puts it back. An
+Abandoned one whose run Temporal lost (HISTORY_GONE) does not get it back: its deletion
+would undo what its steps did, and taking the finalizer off is how a person keeps that.
 
 A new Migration's workflow starts before ferry's finalizer is added (with the
 annotation, in one write), so a deleted Migration without the finalizer may have a run
@@ -139,10 +140,11 @@ def decide(migration: Migration, *, gone: bool = False, run_closed: bool = False
     given, off = tuple(pending(migration)), tuple(taken_off(migration))
     if migration.finished:
         # Held only where its deletion still has work: `kubectl replace` of a manifest without finalizers drops
-        # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it, or (its run
-        # gone from Temporal before it finished) what its steps did, which its deletion undoes.
-        has_work = deleting_it_has_work(migration) or migration.status.history_gone
-        held = FINALIZER in migration.metadata.finalizers or not has_work
+        # ferry's, and a Migration let go at once would leave the snapshot its retention deletes with it. Not one
+        # Abandoned because its run went from Temporal (HISTORY_GONE): its deletion would undo what its steps did,
+        # and taking ferry's finalizer off is how a person keeps that instead (README); put back, the deletion that
+        # follows would empty and delete the target they meant to keep.
+        held = FINALIZER in migration.metadata.finalizers or not deleting_it_has_work(migration)
         return Action(controls=given, taken_off=off, add_finalizer=not held)
     if migration.spec is None:
         return Action(invalid_spec=migration.spec_problem or "the spec does not validate")

@@ -307,10 +307,12 @@ class DeletionHandler:
     async def _wait_for(
         self, migration: Migration, handle: WorkflowHandle[Any, Any], deadline: datetime, why: str
     ) -> None:
-        """Records why the Migration waits (once), then looks at it again when `handle` finishes or at the deadline."""
+        """Records why the Migration waits (once, and keeping what was shown: `keeping_what_was_shown`), then looks at
+        it again when `handle` finishes or at the deadline."""
         ref = ref_of(migration)
+        why = keeping_what_was_shown(migration, why)
+        waiting = migration.status.deletion
         if not _recorded(migration, why):
-            waiting = migration.status.deletion
             deletion = DeletionStatus(
                 message=_message(why, deadline),
                 waiting_since=waiting.waiting_since if waiting else datetime.now(UTC),
@@ -484,6 +486,17 @@ def as_the_run_left_it(status: MigrationStatus) -> MigrationStatus:
         for step in status.steps
     ]
     return status.model_copy(update={"steps": steps})
+
+
+def keeping_what_was_shown(migration: Migration, why: str) -> str:
+    """`why`, the reason the deletion waits now, with the record that the success was shown before the deletion
+    (SUCCESS_SHOWN_FIRST) when status.deletion holds it. Once the run's last writes land it is the only fact left of
+    that, and a reason written without it (the retention cleanup's wait, which comes next) would let the pass after
+    the cleanup date the success by the clocks alone, and undo it."""
+    waiting = migration.status.deletion
+    if waiting is not None and waiting.success_shown_first and SUCCESS_SHOWN_FIRST not in why:
+        return f"{why}, and {SUCCESS_SHOWN_FIRST}"
+    return why
 
 
 def _message(why: str, deadline: datetime) -> str:

@@ -226,7 +226,8 @@ class MigrationWriter:
             # The CRD installed predates the state Interrupted (Helm never upgrades CRDs): the phase matters more.
             log.warning(
                 "Migration %s: the API server refused the step state %s (its CRD is older than this watcher: "
-                "kubectl apply --server-side -f deploy/crd/); writing phase %s with status.steps as the run left them",
+                "kubectl apply --server-side --force-conflicts -f deploy/crd/); writing phase %s with status.steps as "
+                "the run left them",
                 ref, StepState.INTERRUPTED.value, phase.value,
             )  # fmt: skip
             return await self.patch_status(

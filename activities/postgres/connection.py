@@ -136,24 +136,28 @@ class Session(Connection):
         STOP_GRACE for it to return, and shuts the socket down when it has not (the blocked call then raises
         CancelledError). A session between two calls is left as it is, and so is a call begun once the activity was
         cancelled: what its owner runs then is its cleanup after the cancellation (undoing half a freeze, say), and
-        the stops run in threads of their own, so they may find it under way."""
+        the stops run in threads of their own, so they may find it under way.
+
+        The call's lock is held from the look at the call to the cancel, and again from the end of the grace to the
+        shutdown (a next call waits for it to start): a cancel or a shutdown meant for the blocked call never reaches
+        one begun after it, the cleanup's."""
         with self._calls:
             if not self._in_call or self._cleaning_up:
                 return
             blocked = self._started
-        with self._closing:
-            if self.closed:
-                return
-            with contextlib.suppress(psycopg.Error):  # CancellationTimeout: a server that does not answer that either
-                self.cancel_safe(timeout=CANCEL_TIMEOUT)
-        with self._calls:
+            with self._closing:  # always taken after `_calls`, never the other way round
+                if self.closed:
+                    return
+                with contextlib.suppress(psycopg.Error):  # CancellationTimeout: a server that answers that neither
+                    self.cancel_safe(timeout=CANCEL_TIMEOUT)
             returned = self._calls.wait_for(lambda: not self._in_call or self._started != blocked, STOP_GRACE)
+            if not returned:
+                self._given_up = True
+                self._shut_down()
         if not returned:
             activity.logger.warning(
-                "the server did not end a cancelled query within %gs: shutting its session's socket down", STOP_GRACE
+                "the server did not end a cancelled query within %gs: its session's socket was shut down", STOP_GRACE
             )
-            self._given_up = True
-            self._shut_down()
 
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         """Every call on the session waits here (psycopg's own, with what `stop` and `answering_within` need)."""

@@ -21,9 +21,11 @@ The last read and the completion are two requests, and a worker may stand still 
 them. So the completion is a conditional write (`before_completing` returns what it saw
 at the key: If-Match its ETag, or If-None-Match * where nothing was there): an object
 written there meanwhile makes the store refuse it, and the check runs again, now refusing
-with Overtaken. A store without conditional writes ignores them, and that gap stays open
-there. What is left open everywhere: the main object is looked at before a stream's upload
-completes, but the condition covers only the stream's own key. And an unfinished upload
+with Overtaken. A store without conditional writes either ignores them, and the gap stays
+open there, or says so (NotImplemented), and the upload completes without one after the
+check has looked again (activities/s3.py, `MultipartUpload.complete`). What is left open
+everywhere: the main object is looked at before a stream's upload completes, but the
+condition covers only the stream's own key. And an unfinished upload
 carries no metadata to read (ListMultipartUploads does not return it), so a late attempt
 may abort a later attempt's upload still under way: that attempt then fails and the saga
 tries again, with nothing of it stored yet to lose.

@@ -66,13 +66,13 @@ def test_a_retried_snapshot_empties_its_earlier_restore_ending_a_client_that_hol
     try:
         again.join(120)
         assert not again.is_alive(), "the retry waited for the client's lock"
+        assert _ended(client), "the client's session on the target was ended"
     finally:
         client.close()  # without the fix, the retry goes on once the lock is free
         again.join(120)
 
     assert "error" not in ended, ended
     assert contents(databases.target) == contents(databases.source)
-    assert _ended(client), "the client's session on the target was ended"
 
 
 @pytest.mark.timeout(300)
@@ -88,6 +88,7 @@ def test_the_undo_empties_a_target_never_verified_ending_a_client_that_holds_a_l
     try:
         undo.join(120)
         assert not undo.is_alive(), "the undo waited for the client's lock"
+        assert _ended(client), "the client's session on the target was ended"
     finally:
         client.close()
         undo.join(120)

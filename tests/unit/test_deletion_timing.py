@@ -22,6 +22,7 @@ from ferry.api.migration import (
     Phase,
     SuccessTiming,
 )
+from watcher.deletion import keeping_what_was_shown
 
 pytestmark = pytest.mark.unit
 
@@ -132,6 +133,27 @@ def test_the_watchers_record_that_the_success_was_shown_first_outlasts_the_sagas
 
     assert migration.success_timing() is SuccessTiming.SHOWN_FIRST
     assert not migration.may_still_undo
+
+
+def test_the_record_that_the_success_was_shown_first_outlasts_the_wait_for_the_retention_cleanup() -> None:
+    """Once the run has closed, the next reason the deletion waits is its retention cleanup (afterSuccess:
+    DeleteWithMigration, the default): written without the record, the pass after the cleanup dated the success by the
+    clocks alone, ten minutes after the deletion by Temporal's, and undid it."""
+    waiting = {
+        "message": f"its run has succeeded and is closing, and {SUCCESS_SHOWN_FIRST}; the finalizer ...",
+        "waitingSince": _at(DELETED), "deadline": _at(DELETED + timedelta(minutes=30)),
+    }  # fmt: skip
+    closed = succeeded(DELETED + AHEAD, saga_wrote=DELETED + timedelta(seconds=40), deletion=waiting)
+
+    why = keeping_what_was_shown(closed, "deleting the snapshot (retention) before deletion")
+
+    after_the_cleanup = succeeded(
+        DELETED + AHEAD, saga_wrote=DELETED + timedelta(seconds=40), deletion={**waiting, "message": f"{why}; ..."}
+    )
+    assert after_the_cleanup.success_timing() is SuccessTiming.SHOWN_FIRST
+    assert keeping_what_was_shown(closed, why) == why, "once"
+    never_shown = succeeded(DELETED + AHEAD, saga_wrote=DELETED + timedelta(seconds=40))
+    assert keeping_what_was_shown(never_shown, "deleting the snapshot") == "deleting the snapshot"
 
 
 def test_a_status_that_shows_no_success_is_no_fact_of_one() -> None:
